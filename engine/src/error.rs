@@ -1,0 +1,110 @@
+//! The engine's error type. Every error a file-system operation can return is
+//! one variant here; the FUSE layer maps them to errno values in one place
+//! (`Error::errno`).
+
+use std::io;
+
+/// Result alias for engine operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error from the engine. Each message is a sentence a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such file or directory.
+    #[error("no such file or directory")]
+    NotFound,
+    /// The name already exists.
+    #[error("file exists")]
+    Exists,
+    /// A path component is not a directory.
+    #[error("not a directory")]
+    NotDir,
+    /// The operation needs a non-directory.
+    #[error("is a directory")]
+    IsDir,
+    /// The directory still has entries.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// The caller lacks the permission (EACCES).
+    #[error("permission denied")]
+    Access,
+    /// The operation is not permitted for this caller (EPERM).
+    #[error("operation not permitted")]
+    Perm,
+    /// An argument is invalid.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// A name is longer than 255 bytes.
+    #[error("file name too long")]
+    NameTooLong,
+    /// The extended attribute does not exist.
+    #[error("no such extended attribute")]
+    NoXattr,
+    /// A caller's buffer is too small for the value.
+    #[error("result does not fit the buffer")]
+    Range,
+    /// A file would grow beyond the largest size the format can hold.
+    #[error("file too large")]
+    FileTooBig,
+    /// The volume or a quota is full.
+    #[error("no space left on the volume")]
+    NoSpace,
+    /// A rename across volumes or exports.
+    #[error("cross-device link")]
+    CrossDevice,
+    /// The volume is mounted read-only.
+    #[error("read-only file system")]
+    ReadOnly,
+    /// The operation is not supported by this engine or volume.
+    #[error("operation not supported: {0}")]
+    NotSupported(String),
+    /// The file handle is unknown or closed.
+    #[error("bad file handle")]
+    BadHandle,
+    /// The stored data failed its integrity check or could not be read.
+    #[error("data integrity or I/O failure: {0}")]
+    Corrupt(String),
+    /// The metadata engine failed (connection, SQL, schema).
+    #[error("metadata engine failure: {0}")]
+    Meta(String),
+    /// The object store failed.
+    #[error("object store failure on {key}: {source}")]
+    Object {
+        /// The object key involved.
+        key: String,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+    /// Any other I/O error.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl Error {
+    /// The errno a FUSE reply carries for this error. This is the one place
+    /// where engine errors become errno values.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::Access => libc::EACCES,
+            Error::Perm => libc::EPERM,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::NoXattr => libc::ENODATA,
+            Error::Range => libc::ERANGE,
+            Error::FileTooBig => libc::EFBIG,
+            Error::NoSpace => libc::ENOSPC,
+            Error::CrossDevice => libc::EXDEV,
+            Error::ReadOnly => libc::EROFS,
+            Error::NotSupported(_) => libc::EOPNOTSUPP,
+            Error::BadHandle => libc::EBADF,
+            Error::Corrupt(_) | Error::Meta(_) | Error::Object { .. } => libc::EIO,
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! Metadata: the types every metadata engine shares and the [`Meta`] trait
+//! that the SQLite engine (and later Redis) implements on JuiceFS 1.x's schema.
+//!
+//! The trait speaks in inodes, names, attributes and slices — never in SQL or
+//! Redis keys — so the data path and the FUSE layer work with any engine.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::format::Format;
+
+/// An inode number. JuiceFS's root is 1.
+pub type Ino = u64;
+
+/// The root directory's inode.
+pub const ROOT_INO: Ino = 1;
+/// The trash directory's inode (JuiceFS `TrashInode`); its hourly
+/// subdirectories get the inodes after it.
+pub const TRASH_INO: Ino = 0x7FFF_FFFF_0000_0000;
+/// The size of a chunk: 64 MiB of file offset.
+pub const CHUNK_SIZE: u64 = 64 << 20;
+/// The longest name a directory entry may have.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The type of a node, with JuiceFS's numeric codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FileType {
+    /// A regular file.
+    File = 1,
+    /// A directory.
+    Directory = 2,
+    /// A symbolic link.
+    Symlink = 3,
+    /// A named pipe.
+    Fifo = 4,
+    /// A block device.
+    BlockDev = 5,
+    /// A character device.
+    CharDev = 6,
+    /// A unix socket.
+    Socket = 7,
+}
+
+impl FileType {
+    /// The type for JuiceFS's numeric code.
+    pub fn from_code(code: u8) -> Option<FileType> {
+        Some(match code {
+            1 => FileType::File,
+            2 => FileType::Directory,
+            3 => FileType::Symlink,
+            4 => FileType::Fifo,
+            5 => FileType::BlockDev,
+            6 => FileType::CharDev,
+            7 => FileType::Socket,
+            _ => return None,
+        })
+    }
+
+    /// The `S_IF*` bits of `st_mode` for this type.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::File => libc::S_IFREG,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::Fifo => libc::S_IFIFO,
+            FileType::BlockDev => libc::S_IFBLK,
+            FileType::CharDev => libc::S_IFCHR,
+            FileType::Socket => libc::S_IFSOCK,
+        }
+    }
+
+    /// The type named by the `S_IF*` bits of a mode, if any.
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileType::File,
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFIFO => FileType::Fifo,
+            libc::S_IFBLK => FileType::BlockDev,
+            libc::S_IFCHR => FileType::CharDev,
+            libc::S_IFSOCK => FileType::Socket,
+            _ => return None,
+        })
+    }
+}
+
+/// A point in time: seconds and nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+pub struct Timestamp {
+    /// Whole seconds since the epoch.
+    pub secs: i64,
+    /// Nanoseconds within the second (0..1e9).
+    pub nsecs: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nsecs: d.subsec_nanos(),
+        }
+    }
+}
+
+/// The attributes of a node, as JuiceFS keeps them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    /// JuiceFS node flags (immutable, append-only, ...).
+    pub flags: u8,
+    /// The node type.
+    pub typ: FileType,
+    /// Permission bits, including setuid/setgid/sticky (no type bits).
+    pub mode: u16,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number for device nodes.
+    pub rdev: u32,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last data modification.
+    pub mtime: Timestamp,
+    /// Last attribute change.
+    pub ctime: Timestamp,
+    /// Number of hard links (for a directory: 2 + subdirectories).
+    pub nlink: u32,
+    /// Length in bytes of a regular file (of a symlink: its target; of a
+    /// directory: JuiceFS's nominal 4096).
+    pub length: u64,
+    /// The parent directory; 0 when the node has several parents (hard links).
+    pub parent: Ino,
+}
+
+impl Attr {
+    /// `st_mode`: type bits plus permission bits.
+    pub fn st_mode(&self) -> u32 {
+        self.typ.mode_bits() | u32::from(self.mode)
+    }
+}
+
+/// A directory entry with the attributes of the node it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The node's inode.
+    pub inode: Ino,
+    /// The entry's name (bytes: names need not be UTF-8).
+    pub name: Vec<u8>,
+    /// The node's attributes.
+    pub attr: Attr,
+}
+
+/// A slice record inside a chunk, exactly JuiceFS's 24-byte record:
+/// the bytes `off..off+len` of slice `id` (which is `size` bytes long) appear
+/// at chunk offset `pos`. Slice id 0 is a hole (zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slice {
+    /// Offset of this piece within the chunk.
+    pub pos: u32,
+    /// Slice id (0 = hole).
+    pub id: u64,
+    /// Total size of the stored slice.
+    pub size: u32,
+    /// Offset of this piece within the stored slice.
+    pub off: u32,
+    /// Length of this piece.
+    pub len: u32,
+}
+
+impl Slice {
+    /// The length of one encoded record.
+    pub const RECORD_LEN: usize = 24;
+
+    /// Encodes the record big-endian, as JuiceFS stores it.
+    pub fn encode(&self) -> [u8; Self::RECORD_LEN] {
+        let mut b = [0u8; Self::RECORD_LEN];
+        b[0..4].copy_from_slice(&self.pos.to_be_bytes());
+        b[4..12].copy_from_slice(&self.id.to_be_bytes());
+        b[12..16].copy_from_slice(&self.size.to_be_bytes());
+        b[16..20].copy_from_slice(&self.off.to_be_bytes());
+        b[20..24].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Decodes one record; `None` when `b` is not exactly 24 bytes.
+    pub fn decode(b: &[u8]) -> Option<Slice> {
+        let b: &[u8; Self::RECORD_LEN] = b.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[4..12]);
+        Some(Slice {
+            pos: u32_at(0),
+            id: u64::from_be_bytes(id),
+            size: u32_at(12),
+            off: u32_at(16),
+            len: u32_at(20),
+        })
+    }
+
+    /// Decodes a concatenation of records (a `jfs_chunk.slices` blob or a
+    /// Redis list); `None` when the length is not a multiple of 24.
+    pub fn decode_all(b: &[u8]) -> Option<Vec<Slice>> {
+        if b.len() % Self::RECORD_LEN != 0 {
+            return None;
+        }
+        b.chunks_exact(Self::RECORD_LEN)
+            .map(Slice::decode)
+            .collect()
+    }
+}
+
+/// Who is asking: the caller's credentials, for permission checks and for
+/// the owner of new nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+    /// Supplementary groups (may be empty when the transport doesn't say).
+    pub gids: Vec<u32>,
+    /// The calling process.
+    pub pid: u32,
+    /// Whether permission checks are skipped (internal maintenance work).
+    pub privileged: bool,
+}
+
+impl Context {
+    /// A context for the engine's own maintenance work (root, no checks).
+    pub fn internal() -> Context {
+        Context {
+            privileged: true,
+            ..Context::default()
+        }
+    }
+}
+
+/// A time change requested by setattr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeChange {
+    /// Set to this time.
+    At(Timestamp),
+    /// Set to the current time.
+    Now,
+}
+
+/// The fields a setattr changes; `None` leaves a field as it is. A size change
+/// goes through [`Meta::truncate`], not here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u16>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New access time.
+    pub atime: Option<TimeChange>,
+    /// New modification time.
+    pub mtime: Option<TimeChange>,
+}
+
+/// Flags of a rename (Linux `renameat2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the destination exists.
+    pub noreplace: bool,
+    /// Atomically swap source and destination (both must exist).
+    pub exchange: bool,
+}
+
+/// How setxattr treats an existing or missing attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XattrMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// Fail with `Exists` if it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with `NoXattr` if it is missing (`XATTR_REPLACE`).
+    Replace,
+}
+
+/// Space and inode usage of the volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total bytes (capacity quota, or a large nominal number when unlimited).
+    pub total_space: u64,
+    /// Bytes still available.
+    pub avail_space: u64,
+    /// Inodes in use.
+    pub used_inodes: u64,
+    /// Inodes still available.
+    pub avail_inodes: u64,
+}
+
+/// A stored slice that no chunk references any more: its objects may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReleasedSlice {
+    /// The slice id.
+    pub id: u64,
+    /// The slice's stored size (names its objects).
+    pub size: u32,
+}
+
+/// Called when slices lose their last reference, so the data layer deletes
+/// their objects. Returns whether the deletion succeeded; failed deletions are
+/// kept by the engine (JuiceFS's `jfs_delslices`) and retried by `cleanup`.
+pub type SliceReleaser = Arc<dyn Fn(ReleasedSlice) -> bool + Send + Sync>;
+
+/// A metadata engine on JuiceFS 1.x's schema. Each method is one atomic
+/// change (one SQL transaction, one Redis MULTI/EXEC or Lua script).
+///
+/// Permission checks (`Access`/`Perm`) happen inside the engine against
+/// `ctx`, as JuiceFS's do, unless `ctx.privileged`.
+pub trait Meta: Send + Sync + std::fmt::Debug {
+    /// The engine's name for logs ("sqlite3", "redis").
+    fn name(&self) -> &'static str;
+
+    /// Writes the volume settings into an empty store and creates the root
+    /// (and the trash directory). If a volume exists, succeeds only when it is
+    /// the same volume (same name and UUID) and updates the settings that may
+    /// change (trash days); otherwise fails with `Exists`.
+    fn init(&self, format: &Format) -> Result<()>;
+    /// Reads the volume settings; `NotFound` when the store holds no volume.
+    fn load(&self) -> Result<Format>;
+
+    /// Registers this client's session (JuiceFS `jfs_session2`) and returns
+    /// its id; the engine heartbeats it in the background.
+    fn new_session(&self, info: &str) -> Result<u64>;
+    /// Removes this client's session, releasing what it alone kept (files
+    /// unlinked while it held them open).
+    fn close_session(&self) -> Result<()>;
+    /// Background maintenance: expires dead sessions, deletes files whose last
+    /// opener is gone, empties expired trash, retries failed slice deletions.
+    fn cleanup(&self) -> Result<()>;
+    /// Installs the callback that deletes the objects of released slices.
+    fn set_slice_releaser(&self, releaser: SliceReleaser);
+
+    /// Space and inode usage.
+    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
+    /// Looks up `name` in directory `parent` (`.` and `..` included).
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)>;
+    /// The attributes of a node.
+    fn getattr(&self, ino: Ino) -> Result<Attr>;
+    /// Changes mode, owner or times.
+    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr>;
+    /// Sets a regular file's length; chunks past the end are dropped and
+    /// their slices released. Returns the new attributes.
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr>;
+    /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
+    /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
+    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
+
+    /// Creates a node of any type but directory and symlink (mknod).
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        typ: FileType,
+        mode: u16,
+        umask: u16,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)>;
+    /// Creates a directory.
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)>;
+    /// Creates a symbolic link.
+    fn symlink(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<(Ino, Attr)>;
+    /// The target of a symbolic link.
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
+    /// Removes a non-directory entry. With trash enabled the node moves to
+    /// the trash; a file still open somewhere is kept until its last close.
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Removes an empty directory.
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Renames (or exchanges) an entry; a replaced destination is unlinked as
+    /// `unlink` would. Returns the moved node.
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent_src: Ino,
+        name_src: &[u8],
+        parent_dst: Ino,
+        name_dst: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(Ino, Attr)>;
+    /// Adds a hard link to `ino` as `name` in `parent`.
+    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr>;
+    /// All entries of a directory, `.` and `..` first; with `plus`, each
+    /// entry carries full attributes (otherwise only `typ` is meaningful).
+    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>>;
+
+    /// Creates and opens a regular file (or fails with `Exists`).
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)>;
+    /// Checks `flags` (`O_ACCMODE` bits) against the node's permissions and
+    /// records that this session holds it open.
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr>;
+    /// Records one close; the last close of an unlinked file releases it.
+    fn close(&self, ino: Ino) -> Result<()>;
+    /// Checks access `mask` (`R_OK|W_OK|X_OK`, or `F_OK`).
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()>;
+
+    /// The slice list of chunk `indx` of a file, as stored (in write order;
+    /// later slices win). Empty when the chunk holds no data.
+    fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>>;
+    /// Hands out a new slice id (ids are taken from the counter in batches).
+    fn new_slice_id(&self) -> Result<u64>;
+    /// Appends a slice to chunk `indx`, creates its reference, grows the
+    /// length to cover it, sets mtime, and updates usage and directory stats.
+    /// Returns how many slices the chunk now holds (a hint for compaction).
+    fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize>;
+    /// Replaces the chunk's first `old.len()` slices by `new` (one slice that
+    /// covers what they showed), provided those slices are still exactly
+    /// `old`; releases slices that lose their last reference. Returns `false`
+    /// (and changes nothing) when the chunk changed meanwhile.
+    fn compact_chunk(&self, ino: Ino, indx: u32, old: &[Slice], new: &[Slice]) -> Result<bool>;
+    /// Every (inode, chunk index, slice list) in the volume, for gc, fsck and
+    /// `sluice info`.
+    fn list_chunks(&self) -> Result<Vec<(Ino, u32, Vec<Slice>)>>;
+    /// Whether a slice id with this size is referenced by any chunk.
+    fn slice_referenced(&self, id: u64, size: u32) -> Result<bool>;
+
+    /// Reads an extended attribute.
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
+    /// Lists extended attribute names.
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>>;
+    /// Sets an extended attribute.
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()>;
+    /// Removes an extended attribute.
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
+}
