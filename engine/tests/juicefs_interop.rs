@@ -295,3 +295,58 @@ fn sluice_reads_and_extends_a_volume_juicefs_wrote() {
         large
     );
 }
+
+#[test]
+fn juicefs_mounts_a_volume_sluice_wrote() {
+    let Some(jfs) = juicefs() else { return };
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipping: /dev/fuse is missing, so juicefs cannot mount");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("meta.db");
+    let url = format!("sqlite3://{}", db.display());
+    let bucket = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mountpoint");
+    let vol = "mountvol";
+    let body = pattern(300_000, 9);
+    {
+        let m = SqliteMeta::open(&db).expect("open");
+        let mut f = format(vol, &bucket);
+        f.trash_days = 0;
+        m.init(&f).expect("init");
+        let f = m.load().expect("load");
+        std::fs::create_dir_all(bucket.join(vol)).expect("bucket");
+        std::fs::write(bucket.join(vol).join("juicefs_uuid"), &f.uuid).expect("uuid object");
+        let c = Context::default();
+        let (d, _) = m.mkdir(&c, ROOT_INO, b"dir", 0o755, 0).expect("mkdir");
+        let (ino, _) = m.create(&c, d, b"file.bin", 0o644, 0).expect("create");
+        write_file(&m, &bucket, vol, ino, &body);
+        m.close(ino).expect("close");
+    }
+    run(Command::new(&jfs).args(["mount", "-d", &url, &mnt.display().to_string()]));
+    let result = std::panic::catch_unwind(|| {
+        assert_eq!(
+            std::fs::read(mnt.join("dir/file.bin")).expect("read via FUSE"),
+            body
+        );
+        let info = run(Command::new(&jfs).arg("info").arg(mnt.join("dir/file.bin")));
+        assert!(info.contains("length"), "{info}");
+        std::fs::write(mnt.join("dir/by-juicefs.txt"), b"juicefs wrote this").expect("write");
+        std::fs::remove_file(mnt.join("dir/file.bin")).expect("unlink via FUSE");
+    });
+    run(Command::new(&jfs).args(["umount", &mnt.display().to_string()]));
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    let m = SqliteMeta::open(&db).expect("reopen");
+    m.load().expect("load");
+    let c = Context::default();
+    let (d, _) = m.lookup(&c, ROOT_INO, b"dir").expect("dir");
+    let (_, a) = m
+        .lookup(&c, d, b"by-juicefs.txt")
+        .expect("file juicefs wrote");
+    assert_eq!(a.length, 18);
+    assert!(m.lookup(&c, d, b"file.bin").is_err());
+}

@@ -19,17 +19,16 @@ struct Edge {
 }
 
 fn get_edge(c: &Connection, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
-    Ok(c.query_row(
-        "SELECT inode, type FROM jfs_edge WHERE parent=? AND name=?",
-        params![parent as i64, name],
-        |r| {
+    let mut stmt =
+        c.prepare_cached("SELECT inode, type FROM jfs_edge WHERE parent=? AND name=?")?;
+    Ok(stmt
+        .query_row(params![parent as i64, name], |r| {
             Ok(Edge {
                 inode: r.get::<_, i64>(0)? as u64,
                 typ: r.get::<_, i64>(1)? as u8,
             })
-        },
-    )
-    .optional()?)
+        })
+        .optional()?)
 }
 
 fn insert_edge(

@@ -145,7 +145,7 @@ pub(super) fn close_session(inner: &Inner) -> Result<()> {
         ids
     };
     for ino in removed {
-        delete_sustained(inner, 0, ino)?;
+        delete_sustained(inner, sid, ino)?;
     }
     clean_session(inner, sid)
 }
@@ -171,14 +171,9 @@ fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
     })
 }
 
-/// Deletes a file kept for an open handle after its last link went
-/// (JuiceFS `doDeleteSustainedInode`). `sid` 0 means this client's own.
+/// Deletes a file kept for an open handle of session `sid` after its last
+/// link went (JuiceFS `doDeleteSustainedInode`).
 fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
-    let sid = if sid == 0 {
-        inner.sid.load(Ordering::Relaxed)
-    } else {
-        sid
-    };
     inner.write(|tx| {
         tx.execute(
             "DELETE FROM jfs_sustained WHERE sid=? AND inode=?",
@@ -223,7 +218,7 @@ pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
         removed
     };
     if delete {
-        delete_sustained(inner, 0, ino)?;
+        delete_sustained(inner, inner.sid.load(Ordering::Relaxed), ino)?;
     }
     Ok(())
 }
