@@ -141,6 +141,11 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
         m.close(gone).expect("close");
         m.unlink(&c, ROOT_INO, b"gone.txt")
             .expect("unlink to trash");
+        let status = run(Command::new(&jfs).args(["status", &url]));
+        assert!(
+            status.contains("\"Sid\": 1"),
+            "juicefs status lacks the session:\n{status}"
+        );
         m.close_session().expect("close session");
     }
     run(Command::new(&jfs).args(["fsck", &url]));
@@ -165,6 +170,9 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
     );
     assert_eq!(std::fs::read(out.join("hard.txt")).expect("hard"), hello);
     assert_eq!(std::fs::read(out.join("big.bin")).expect("big"), big);
+    // JuiceFS finds no leaked or missing object.
+    let gc = run(Command::new(&jfs).args(["gc", &url]));
+    assert!(gc.contains(" 0 leaked"), "juicefs gc:\n{gc}");
     let dump = dir.path().join("dump.json");
     run(Command::new(&jfs).args(["dump", &url, &dump.display().to_string()]));
     let dumped = std::fs::read_to_string(&dump).expect("dump");
@@ -181,7 +189,7 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
         "--bucket",
         &format!("{}/", bucket.display()),
     ]));
-    eprintln!("juicefs format (again):\n{again}");
+    assert!(again.contains("Volume is formatted"), "{again}");
     let m = SqliteMeta::open(&db).expect("reopen");
     assert_eq!(m.load().expect("load after juicefs format").name, vol);
 }

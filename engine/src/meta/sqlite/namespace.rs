@@ -191,7 +191,7 @@ pub(super) fn parse_hour_name(name: &[u8]) -> Option<i64> {
 }
 
 // Gregorian calendar conversions (Howard Hinnant's algorithms).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(super) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
