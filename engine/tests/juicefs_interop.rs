@@ -134,6 +134,31 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
         m.link(&c, h, ROOT_INO, b"hard.txt").expect("link");
         m.setxattr(&c, h, b"user.origin", b"sluice", XattrMode::Create)
             .expect("xattr");
+        // Namespace churn whose link counts and directory statistics JuiceFS
+        // recomputes below.
+        let (a, _) = m.mkdir(&c, ROOT_INO, b"a", 0o755, 0).expect("mkdir a");
+        let (b, _) = m.mkdir(&c, ROOT_INO, b"b", 0o755, 0).expect("mkdir b");
+        m.mkdir(&c, a, b"x", 0o755, 0).expect("mkdir a/x");
+        let (y, _) = m.create(&c, b, b"y", 0o644, 0).expect("create b/y");
+        write_file(&*m, &bucket, vol, y, b"yyyy");
+        m.close(y).expect("close");
+        let exchange = sluice_engine::meta::RenameFlags {
+            noreplace: false,
+            exchange: true,
+        };
+        m.rename(&c, a, b"x", b, b"y", exchange)
+            .expect("exchange across dirs");
+        let (sparse, _) = m.create(&c, b, b"sparse", 0o644, 0).expect("sparse");
+        m.truncate(&c, sparse, 10 << 20).expect("grow");
+        m.fallocate(&c, sparse, 0, 0, 12 << 20)
+            .expect("preallocate");
+        m.truncate(&c, sparse, 9 << 20).expect("shrink");
+        m.close(sparse).expect("close");
+        m.link(&c, y, ROOT_INO, b"y-link").expect("link");
+        m.mkdir(&c, b, b"tmpdir", 0o755, 0).expect("mkdir");
+        m.rmdir(&c, b, b"tmpdir").expect("rmdir to trash");
+        m.rename(&c, b, b"y", ROOT_INO, b"x-moved", Default::default())
+            .expect("move dir");
         let (gone, _) = m
             .create(&c, ROOT_INO, b"gone.txt", 0o644, 0)
             .expect("create");
@@ -170,13 +195,25 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
     );
     assert_eq!(std::fs::read(out.join("hard.txt")).expect("hard"), hello);
     assert_eq!(std::fs::read(out.join("big.bin")).expect("big"), big);
+    assert_eq!(std::fs::read(out.join("a/x")).expect("exchanged"), b"yyyy");
+    assert_eq!(std::fs::read(out.join("y-link")).expect("link"), b"yyyy");
+    let sparse = std::fs::read(out.join("b/sparse")).expect("sparse");
+    assert_eq!(sparse.len(), 9 << 20);
+    assert!(sparse.iter().all(|&x| x == 0));
     // JuiceFS finds no leaked or missing object.
     let gc = run(Command::new(&jfs).args(["gc", &url]));
     assert!(gc.contains(" 0 leaked"), "juicefs gc:\n{gc}");
     let dump = dir.path().join("dump.json");
     run(Command::new(&jfs).args(["dump", &url, &dump.display().to_string()]));
     let dumped = std::fs::read_to_string(&dump).expect("dump");
-    for needle in ["hello.txt", "user.origin", "d/hello.txt", "\"Setting\""] {
+    for needle in [
+        "hello.txt",
+        "user.origin",
+        "d/hello.txt",
+        "\"Setting\"",
+        "x-moved",
+        "tmpdir",
+    ] {
         assert!(dumped.contains(needle), "dump lacks {needle}");
     }
     // Formatting the same volume again is accepted as an update.
