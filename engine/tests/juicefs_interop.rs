@@ -370,8 +370,30 @@ fn juicefs_mounts_a_volume_sluice_wrote() {
         write_file(&m, &bucket, vol, ino, &body);
         m.close(ino).expect("close");
     }
-    run(Command::new(&jfs).args(["mount", "-d", &url, &mnt.display().to_string()]));
+    run(Command::new(&jfs).args([
+        "mount",
+        "-d",
+        "--attr-cache=0",
+        "--entry-cache=0",
+        "--dir-entry-cache=0",
+        &url,
+        &mnt.display().to_string(),
+    ]));
     let result = std::panic::catch_unwind(|| {
+        // sluice writes into the volume while JuiceFS has it mounted.
+        let live = SqliteMeta::open(&db).expect("open beside the mount");
+        live.load().expect("load");
+        live.new_session("{}").expect("session beside juicefs");
+        let c = Context::default();
+        let (d, _) = live.lookup(&c, ROOT_INO, b"dir").expect("dir");
+        let (ino, _) = live.create(&c, d, b"live.txt", 0o644, 0).expect("create");
+        write_file(&live, &bucket, vol, ino, b"written beside a mount");
+        live.close(ino).expect("close");
+        assert_eq!(
+            std::fs::read(mnt.join("dir/live.txt")).expect("juicefs sees sluice's file"),
+            b"written beside a mount"
+        );
+        live.close_session().expect("close session");
         assert_eq!(
             std::fs::read(mnt.join("dir/file.bin")).expect("read via FUSE"),
             body
