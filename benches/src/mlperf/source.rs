@@ -132,7 +132,11 @@ impl DataSource for DirSource {
     }
 
     fn display_path(&self, rel: &Path) -> PathBuf {
-        self.root.join(rel)
+        if rel.as_os_str().is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        }
     }
 
     fn list(&self, rel: &Path) -> Result<Vec<String>, MlperfError> {

@@ -379,7 +379,7 @@ mod tests {
         let spec = DatasetSpec {
             workload: WorkloadKind::Unet3d,
             format: FileFormat::Npz,
-            files: 20_000,
+            files: 4_000,
             samples_per_file: 1,
             sample_size: 146_600_628,
             sample_stdev: 68_341_808,
