@@ -315,6 +315,25 @@ fn write_text(path: &Path, text: &str) -> Result<(), MlperfError> {
     std::fs::write(path, text).map_err(|e| MlperfError::io("write", path, e))
 }
 
+/// Writes an SVG plot and, when `rsvg-convert` is installed, a PNG beside it; returns the
+/// paths written.
+fn write_plot(svg_path: &Path, chart: &plot::LineChart) -> Result<Vec<String>, MlperfError> {
+    write_text(svg_path, &chart.to_svg())?;
+    let mut written = vec![svg_path.display().to_string()];
+    let png = svg_path.with_extension("png");
+    let converted = std::process::Command::new("rsvg-convert")
+        .arg(svg_path)
+        .arg("-o")
+        .arg(&png)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if converted {
+        written.push(png.display().to_string());
+    }
+    Ok(written)
+}
+
 fn print_run(report: &RunReport) {
     let w = &report.workload;
     for e in &report.epochs {
@@ -390,11 +409,8 @@ fn run_training(args: &RunArgs) -> Result<(), MlperfError> {
             workload.dataset.workload, workload.accelerator, report.accelerators
         );
         let wait = PathBuf::from(format!("{}-wait.svg", base.display()));
-        write_text(
-            &wait,
-            &plot::wait_chart(&title, &report.step_wait_ms).to_svg(),
-        )?;
-        println!("results: {} {}", json.display(), wait.display());
+        let plots = write_plot(&wait, &plot::wait_chart(&title, &report.step_wait_ms))?;
+        println!("results: {} {}", json.display(), plots.join(" "));
         return Ok(());
     }
     let mut cap = args.max_accelerators.max(1);
@@ -435,22 +451,21 @@ fn run_training(args: &RunArgs) -> Result<(), MlperfError> {
         "{} {}: AU against accelerators",
         workload.dataset.workload, workload.accelerator
     );
-    write_text(
+    let mut written = vec![json.display().to_string()];
+    written.extend(write_plot(
         &au_svg,
-        &plot::au_chart(&title, &points, workload.threshold * 100.0).to_svg(),
-    )?;
-    let mut written = vec![json.display().to_string(), au_svg.display().to_string()];
+        &plot::au_chart(&title, &points, workload.threshold * 100.0),
+    )?);
     if let Some(confirmed) = &report.confirmed {
         let wait = PathBuf::from(format!("{}-wait.svg", base.display()));
         let title = format!(
             "{} {}: data wait per step, {} accelerators",
             workload.dataset.workload, workload.accelerator, confirmed.accelerators
         );
-        write_text(
+        written.extend(write_plot(
             &wait,
-            &plot::wait_chart(&title, &confirmed.step_wait_ms).to_svg(),
-        )?;
-        written.push(wait.display().to_string());
+            &plot::wait_chart(&title, &confirmed.step_wait_ms),
+        )?);
     }
     println!("results: {}", written.join(" "));
     Ok(())

@@ -205,7 +205,9 @@ impl LineChart {
 
 /// AU (percent) against the number of accelerators, with the pass threshold.
 pub fn au_chart(title: &str, points: &[(usize, f64)], threshold_percent: f64) -> LineChart {
-    let mut points: Vec<(f64, f64)> = points.iter().map(|&(n, au)| (n as f64, au)).collect();
+    // Where a count ran more than once (a search run, then its confirmation), the later
+    // run is the one drawn: reverse, sort stably, keep the first of each count.
+    let mut points: Vec<(f64, f64)> = points.iter().rev().map(|&(n, au)| (n as f64, au)).collect();
     points.sort_by(|a, b| a.0.total_cmp(&b.0));
     points.dedup_by(|a, b| a.0 == b.0);
     LineChart {
@@ -244,7 +246,7 @@ mod tests {
     fn draws_every_point_and_the_threshold() {
         let chart = au_chart(
             "unet3d <h100>",
-            &[(1, 99.0), (4, 95.5), (2, 98.0), (8, 60.0)],
+            &[(1, 99.0), (4, 95.5), (2, 98.0), (8, 60.0), (4, 93.0)],
             90.0,
         );
         let svg = chart.to_svg();
@@ -258,6 +260,8 @@ mod tests {
             chart.points.iter().map(|p| p.0).collect::<Vec<_>>(),
             vec![1.0, 2.0, 4.0, 8.0]
         );
+        // The confirming run at 4 (listed last) is the one drawn.
+        assert_eq!(chart.points[2].1, 93.0);
     }
 
     #[test]
