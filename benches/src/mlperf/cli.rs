@@ -149,20 +149,15 @@ impl WorkloadArgs {
         found: DatasetSpec,
         dir: &str,
     ) -> Result<(), MlperfError> {
-        let mismatch = |what: &str| MlperfError::DatasetMismatch {
+        let mismatch = |reason: String| MlperfError::DatasetDoesNotMatch {
             dir: dir.to_string(),
-            found: format!(
-                "{what} differs from the data set's manifest; regenerate it or drop the option"
-            ),
+            reason,
         };
         if found.workload != workload.dataset.workload {
-            return Err(MlperfError::DatasetMismatch {
-                dir: dir.to_string(),
-                found: format!(
-                    "a {} data set, not {}",
-                    found.workload, workload.dataset.workload
-                ),
-            });
+            return Err(mismatch(format!(
+                "it is a {} data set, not {}",
+                found.workload, workload.dataset.workload
+            )));
         }
         let checks = [
             (self.files, found.files, "--files"),
@@ -176,7 +171,10 @@ impl WorkloadArgs {
         ];
         for (given, on_disk, name) in checks {
             if given.is_some_and(|g| g != on_disk) {
-                return Err(mismatch(name));
+                return Err(mismatch(format!(
+                    "{name} {} differs from its manifest's {on_disk}",
+                    given.unwrap_or_default()
+                )));
             }
         }
         workload.dataset = found;
@@ -281,6 +279,7 @@ fn run_datagen(args: &DatagenArgs) -> Result<(), MlperfError> {
     let workload = args.workload.workload()?;
     let source = args.target.open()?;
     let spec = &workload.dataset;
+    datagen::check_target(source.as_ref(), spec)?;
     println!(
         "writing {} data set to {}: {} files × {} samples × {} (stdev {}), {} in all",
         spec.workload,

@@ -102,13 +102,9 @@ pub fn load_complete(source: &dyn DataSource) -> Result<DatasetSpec, MlperfError
     }
 }
 
-/// Writes the data set `spec` into `source` with `threads` writers.
-pub fn generate(
-    source: &dyn DataSource,
-    spec: &DatasetSpec,
-    threads: usize,
-    show_progress: bool,
-) -> Result<GenerateReport, MlperfError> {
+/// Checks that `spec` may be written into `source`: the directory is empty of training
+/// files, or holds the same data set (possibly unfinished).
+pub fn check_target(source: &dyn DataSource, spec: &DatasetSpec) -> Result<(), MlperfError> {
     spec.validate()?;
     let dir = source.display_path(Path::new("")).display().to_string();
     match read_manifest(source)? {
@@ -128,6 +124,17 @@ pub fn generate(
             }
         }
     }
+    Ok(())
+}
+
+/// Writes the data set `spec` into `source` with `threads` writers.
+pub fn generate(
+    source: &dyn DataSource,
+    spec: &DatasetSpec,
+    threads: usize,
+    show_progress: bool,
+) -> Result<GenerateReport, MlperfError> {
+    check_target(source, spec)?;
     let mut manifest = Manifest {
         version: MANIFEST_VERSION,
         dataset: spec.clone(),

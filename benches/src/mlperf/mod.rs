@@ -59,6 +59,16 @@ pub enum MlperfError {
         /// What is there.
         found: String,
     },
+    /// The data set on disk is not the one the run asks for.
+    #[error(
+        "{dir} holds a data set that does not match this run: {reason}; generate a matching one with `sluice bench mlperf datagen` or point --data-dir at one"
+    )]
+    DatasetDoesNotMatch {
+        /// Data directory.
+        dir: String,
+        /// What differs.
+        reason: String,
+    },
     /// No complete data set in the directory.
     #[error(
         "{dir} holds no complete data set; run `sluice bench mlperf datagen` with the same --workload first"
