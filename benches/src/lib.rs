@@ -1,1 +1,8 @@
-//! sluice benches crate.
+//! sluice benchmarks: the MLPerf Storage training emulation (`sluice bench mlperf`),
+//! a `juicefs bench`-style file-system benchmark (`sluice bench PATH`) and the
+//! command-line glue the `sluice` binary mounts under `sluice bench`.
+pub mod command;
+pub mod fsbench;
+pub mod mlperf;
+pub mod page_cache;
+pub mod size;

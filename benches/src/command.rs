@@ -1,0 +1,121 @@
+//! The `sluice bench` command line.
+//!
+//! `sluice bench` takes either a subcommand (`mlperf`, `fs`, and those other modules add)
+//! or a PATH, which runs the file-system benchmark: `sluice bench /mnt/jfs` is
+//! `sluice bench fs /mnt/jfs`. Subcommand names win, so a directory that happens to be
+//! called `mlperf` is benchmarked with `sluice bench ./mlperf` or `sluice bench fs mlperf`.
+
+use crate::fsbench::{self, FsBenchArgs, FsBenchError};
+use crate::mlperf::MlperfError;
+use crate::mlperf::cli::{self as mlperf_cli, MlperfArgs};
+
+/// `sluice bench`: benchmarks and workload emulators.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct BenchArgs {
+    /// A benchmark; without one, PATH gets the file-system benchmark.
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub fs: FsBenchArgs,
+}
+
+/// The `sluice bench` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// MLPerf Storage emulation: data generation, training runs, checkpointing.
+    Mlperf(MlperfArgs),
+    /// The file-system benchmark (same as `sluice bench PATH`).
+    Fs(FsBenchArgs),
+}
+
+/// Errors of `sluice bench`.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The MLPerf emulation failed.
+    #[error(transparent)]
+    Mlperf(#[from] MlperfError),
+    /// The file-system benchmark failed.
+    #[error(transparent)]
+    Fs(#[from] FsBenchError),
+}
+
+/// Runs `sluice bench ...`.
+pub fn run(args: BenchArgs) -> Result<(), BenchError> {
+    match args.command {
+        Some(BenchCommand::Mlperf(a)) => mlperf_cli::run(a)?,
+        Some(BenchCommand::Fs(a)) => run_fs(&a)?,
+        None => run_fs(&args.fs)?,
+    }
+    Ok(())
+}
+
+fn run_fs(args: &FsBenchArgs) -> Result<(), FsBenchError> {
+    let report = fsbench::run(args)?;
+    print!("{}", fsbench::format_table(args, &report));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    #[test]
+    fn a_path_or_a_subcommand() {
+        let cli = Cli::try_parse_from(["bench", "/mnt/x", "-p", "4"]).unwrap();
+        assert!(cli.bench.command.is_none());
+        assert_eq!(
+            cli.bench.fs.path.as_deref(),
+            Some(std::path::Path::new("/mnt/x"))
+        );
+        assert_eq!(cli.bench.fs.threads, 4);
+
+        let cli = Cli::try_parse_from([
+            "bench",
+            "mlperf",
+            "run",
+            "--workload",
+            "unet3d",
+            "--data-dir",
+            "/d",
+            "--accelerators",
+            "3",
+        ])
+        .unwrap();
+        assert!(matches!(cli.bench.command, Some(BenchCommand::Mlperf(_))));
+
+        let cli = Cli::try_parse_from(["bench", "fs", "mlperf"]).unwrap();
+        match cli.bench.command {
+            Some(BenchCommand::Fs(a)) => {
+                assert_eq!(a.path.as_deref(), Some(std::path::Path::new("mlperf")))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["bench"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "mlperf", "run", "--workload", "unet3d"]).is_err());
+    }
+
+    #[test]
+    fn engine_is_refused_clearly() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "mlperf",
+            "run",
+            "--workload",
+            "resnet50",
+            "--engine",
+            "sqlite3:///x.db",
+        ])
+        .unwrap();
+        let err = run(cli.bench).unwrap_err();
+        assert!(err.to_string().contains("not available yet"), "{err}");
+    }
+}
