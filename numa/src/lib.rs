@@ -19,7 +19,7 @@ pub mod topology;
 
 pub use cpuset::CpuSet;
 pub use memory::{NodeBuffer, PageLocations, PageSize};
-pub use placement::{Plan, PlacementOptions, VmRequest, plan};
+pub use placement::{PlacementOptions, Plan, VmRequest, plan};
 pub use reactor::{BackendKind, Reactor, ReactorConfig, ReactorHandle};
 pub use topology::{NodeId, Topology};
 

@@ -44,9 +44,9 @@ pub enum Adjustment {
 
 /// Decides how to make `needed` bytes lockable given the current `soft`/`hard` limits.
 pub fn adjustment(soft: u64, hard: u64, needed: u64) -> Adjustment {
-    if soft == libc::RLIM_INFINITY as u64 || soft >= needed {
+    if soft == libc::RLIM_INFINITY || soft >= needed {
         Adjustment::Enough
-    } else if hard == libc::RLIM_INFINITY as u64 || hard >= needed {
+    } else if hard == libc::RLIM_INFINITY || hard >= needed {
         Adjustment::RaiseSoft { soft: hard }
     } else {
         Adjustment::RaiseBoth { limit: needed }
@@ -63,13 +63,13 @@ pub fn current() -> io::Result<(u64, u64)> {
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((lim.rlim_cur as u64, lim.rlim_max as u64))
+    Ok((lim.rlim_cur, lim.rlim_max))
 }
 
 fn set(soft: u64, hard: u64) -> io::Result<()> {
     let lim = libc::rlimit {
-        rlim_cur: soft as libc::rlim_t,
-        rlim_max: hard as libc::rlim_t,
+        rlim_cur: soft,
+        rlim_max: hard,
     };
     // SAFETY: lim is a valid rlimit.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
@@ -103,7 +103,7 @@ mod tests {
 
     #[test]
     fn decides_how_to_raise() {
-        let inf = libc::RLIM_INFINITY as u64;
+        let inf = libc::RLIM_INFINITY;
         assert_eq!(adjustment(8 << 20, 8 << 20, 1 << 20), Adjustment::Enough);
         assert_eq!(adjustment(inf, inf, u64::MAX / 2), Adjustment::Enough);
         assert_eq!(
@@ -124,7 +124,10 @@ mod tests {
             source: io::Error::from_raw_os_error(libc::EPERM),
         };
         let text = e.to_string();
-        assert!(text.contains("1024 MiB") && text.contains("ulimit -l unlimited"), "{text}");
+        assert!(
+            text.contains("1024 MiB") && text.contains("ulimit -l unlimited"),
+            "{text}"
+        );
         assert!(text.contains("LimitMEMLOCK=infinity"), "{text}");
     }
 }

@@ -141,7 +141,8 @@ impl NodeBuffer {
                 Ok(buf) => return Ok(buf),
                 Err(e) if pages == PageSize::Huge => {
                     return Err(match e {
-                        MemoryError::Map { len, source } | MemoryError::Populate { len, source, .. } => {
+                        MemoryError::Map { len, source }
+                        | MemoryError::Populate { len, source, .. } => {
                             MemoryError::NoHugePages { len, source }
                         }
                         other => other,
@@ -162,10 +163,13 @@ impl NodeBuffer {
         } else {
             page_size()
         };
-        let map_len = len.div_ceil(unit).checked_mul(unit).ok_or(MemoryError::Map {
-            len,
-            source: io::Error::from_raw_os_error(libc::EOVERFLOW),
-        })?;
+        let map_len = len
+            .div_ceil(unit)
+            .checked_mul(unit)
+            .ok_or(MemoryError::Map {
+                len,
+                source: io::Error::from_raw_os_error(libc::EOVERFLOW),
+            })?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         if huge {
             flags |= libc::MAP_HUGETLB;
@@ -214,13 +218,8 @@ impl NodeBuffer {
     /// Faults every page in so the policy places it now, not on first use by a worker.
     fn populate(&mut self, node: Option<NodeId>) -> Result<(), MemoryError> {
         // SAFETY: the range is our own mapping; MADV_POPULATE_WRITE only faults pages in.
-        let rc = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().cast(),
-                self.map_len,
-                MADV_POPULATE_WRITE,
-            )
-        };
+        let rc =
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.map_len, MADV_POPULATE_WRITE) };
         if rc == 0 {
             return Ok(());
         }

@@ -68,7 +68,8 @@ pub fn allowed_cpus() -> io::Result<CpuSet> {
     // SAFETY: cpu_set_t is a plain bit array; all-zero is valid.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: set is a writable cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -137,9 +138,14 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(mask, allowed);
-        let r = thread::spawn(|| pin_current_thread(100_000)).join().unwrap();
+        let r = thread::spawn(|| pin_current_thread(100_000))
+            .join()
+            .unwrap();
         assert!(matches!(r, Err(PinError::Core { cpu: 100_000 })));
-        let r = spawn_pinned("nowhere".into(), 100_000, || ()).unwrap().join().unwrap();
+        let r = spawn_pinned("nowhere".into(), 100_000, || ())
+            .unwrap()
+            .join()
+            .unwrap();
         assert!(r.is_err());
     }
 }

@@ -169,7 +169,12 @@ pub fn plan(
                 vm: vm.name.clone(),
             });
         }
-        if let Some(node) = vm.memory.per_node.keys().find(|n| topology.node(**n).is_none()) {
+        if let Some(node) = vm
+            .memory
+            .per_node
+            .keys()
+            .find(|n| topology.node(**n).is_none())
+        {
             return Err(PlacementError::UnknownNode {
                 vm: vm.name.clone(),
                 node: *node,
@@ -260,7 +265,9 @@ pub fn plan(
             let n = cpus.len();
             if n > 0 {
                 for queue in 0..vm_plans[*vm].queues {
-                    workers[base + queue % n].queues.push(QueueRef { vm: *vm, queue });
+                    workers[base + queue % n]
+                        .queues
+                        .push(QueueRef { vm: *vm, queue });
                 }
                 if vm_plans[*vm].queues > n {
                     notes.push(format!(
@@ -394,7 +401,11 @@ impl fmt::Display for Plan {
             for q in &worker.queues {
                 let _ = write!(line, " {}:q{}", self.vms[q.vm].name, q.queue);
             }
-            writeln!(f, "  worker cpu {} (node {}):{line}", worker.cpu, worker.node)?;
+            writeln!(
+                f,
+                "  worker cpu {} (node {}):{line}",
+                worker.cpu, worker.node
+            )?;
         }
         for note in &self.notes {
             writeln!(f, "note: {note}")?;
@@ -409,7 +420,9 @@ mod tests {
     use std::path::Path;
 
     fn fixture(name: &str) -> Topology {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
         Topology::from_sysfs(&root).unwrap()
     }
 
@@ -494,9 +507,18 @@ mod tests {
     #[test]
     fn spread_memory_goes_to_majority_node_with_a_note() {
         let t = fixture("kunpeng920-2s");
-        let p = plan(&t, &[vm("s", 2, &[(1, 60), (3, 40)])], PlacementOptions::default()).unwrap();
+        let p = plan(
+            &t,
+            &[vm("s", 2, &[(1, 60), (3, 40)])],
+            PlacementOptions::default(),
+        )
+        .unwrap();
         assert_eq!(p.vms[0].worker_node, 1);
-        assert!(p.notes.iter().any(|n| n.contains("40% of its pages are remote")));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("40% of its pages are remote"))
+        );
     }
 
     #[test]

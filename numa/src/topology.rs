@@ -155,12 +155,10 @@ impl Topology {
             let package = read_optional_u32(&dir.join("physical_package_id"))?.unwrap_or(0);
             let core = read_optional_u32(&dir.join("core_id"))?.unwrap_or(id as u32);
             let siblings = match read_optional(&dir.join("thread_siblings_list"))? {
-                Some(text) => {
-                    CpuSet::parse(&text).map_err(|source| TopologyError::CpuList {
-                        path: dir.join("thread_siblings_list"),
-                        source,
-                    })?
-                }
+                Some(text) => CpuSet::parse(&text).map_err(|source| TopologyError::CpuList {
+                    path: dir.join("thread_siblings_list"),
+                    source,
+                })?,
                 None => CpuSet::from_cpus([id]),
             };
             let siblings = CpuSet::from_cpus(siblings.iter().filter(|c| online.contains(*c)));
@@ -242,7 +240,12 @@ impl Topology {
 /// Prints a summary like `numactl --hardware`.
 impl fmt::Display for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let threads = self.cpus.iter().map(|c| c.siblings.len()).max().unwrap_or(1);
+        let threads = self
+            .cpus
+            .iter()
+            .map(|c| c.siblings.len())
+            .max()
+            .unwrap_or(1);
         writeln!(
             f,
             "topology: {} node(s), {} socket(s), {} CPU(s), {} thread(s) per core",
@@ -334,13 +337,12 @@ fn parse_mem_total(text: &str, path: &Path) -> Result<u64, TopologyError> {
     for line in text.lines() {
         let mut words = line.split_whitespace();
         if words.nth(2) == Some("MemTotal:") {
-            let kib: u64 = words
-                .next()
-                .and_then(|w| w.parse().ok())
-                .ok_or_else(|| TopologyError::Malformed {
+            let kib: u64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(|| {
+                TopologyError::Malformed {
                     path: path.to_path_buf(),
                     what: "MemTotal is not a number of kB".into(),
-                })?;
+                }
+            })?;
             return Ok(kib.saturating_mul(1024));
         }
     }
@@ -367,7 +369,9 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> Topology {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
         Topology::from_sysfs(&root).unwrap()
     }
 
@@ -442,7 +446,10 @@ mod tests {
         fs::create_dir_all(&cpu).unwrap();
         fs::write(cpu.join("online"), "zero\n").unwrap();
         let err = Topology::from_sysfs(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("devices/system/cpu/online"), "{err}");
+        assert!(
+            err.to_string().contains("devices/system/cpu/online"),
+            "{err}"
+        );
         let missing = Topology::from_sysfs(&dir.path().join("nope")).unwrap_err();
         assert!(matches!(missing, TopologyError::Read { .. }));
     }

@@ -48,7 +48,9 @@ pub fn open_direct(path: &Path, write: bool) -> Result<File, DirectError> {
     if write {
         options.write(true).create(true).truncate(false);
     }
-    options.open(path).map_err(|source| open_error(path, source))
+    options
+        .open(path)
+        .map_err(|source| open_error(path, source))
 }
 
 /// EINVAL from open(O_DIRECT) means the file system refuses direct I/O (tmpfs before 6.6,
@@ -107,9 +109,15 @@ mod tests {
 
     #[test]
     fn einval_from_open_names_the_file_system_problem() {
-        let err = open_error(Path::new("/dev/shm/x"), io::Error::from_raw_os_error(libc::EINVAL));
+        let err = open_error(
+            Path::new("/dev/shm/x"),
+            io::Error::from_raw_os_error(libc::EINVAL),
+        );
         assert!(matches!(err, DirectError::Unsupported { .. }));
-        assert!(err.to_string().contains("does not support O_DIRECT"), "{err}");
+        assert!(
+            err.to_string().contains("does not support O_DIRECT"),
+            "{err}"
+        );
         let err = open_direct(Path::new("/nonexistent/x"), false).unwrap_err();
         assert!(matches!(err, DirectError::Open { .. }), "{err}");
         assert!(err.to_string().contains("/nonexistent/x"), "{err}");

@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender};
 
 pub use direct::{DEFAULT_DIRECT_ALIGN, DirectAlign, DirectError, direct_align, open_direct};
 
@@ -637,12 +637,14 @@ impl<M: Send + 'static> Reactor<M> {
     }
 
     fn clear_buffer(&mut self, slot: u16) -> Result<Option<NodeBuffer>, ReactorError> {
-        let entry = self.buffers.get(slot as usize).and_then(Option::as_ref).ok_or(
-            ReactorError::NotRegistered {
+        let entry = self
+            .buffers
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .ok_or(ReactorError::NotRegistered {
                 table: "buffer",
                 index: slot.into(),
-            },
-        )?;
+            })?;
         if entry.inflight > 0 {
             return Err(ReactorError::Busy {
                 table: "buffer",
@@ -855,7 +857,8 @@ impl<M: Send + 'static> Reactor<M> {
     ) -> Result<(), ReactorError> {
         let entry = self.file_entry(file.0)?;
         let align = entry.align;
-        let pool_file = matches!(self.backend, Backend::Threads(_)).then(|| Arc::clone(&entry.file));
+        let pool_file =
+            matches!(self.backend, Backend::Threads(_)).then(|| Arc::clone(&entry.file));
         let buf = self
             .buffers
             .get(buffer.0 as usize)
@@ -1020,11 +1023,8 @@ impl<M: Send + 'static> Reactor<M> {
                 result,
             }));
         }
-        loop {
-            match self.inbox.rx.try_recv() {
-                Ok(msg) => events.push(Event::Message(msg)),
-                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => break,
-            }
+        while let Ok(msg) = self.inbox.rx.try_recv() {
+            events.push(Event::Message(msg));
         }
         events.len() - before
     }

@@ -137,7 +137,8 @@ fn o_direct_round_trip_and_alignment_errors() {
         r.buffer_mut(buf).unwrap().fill(0);
         // Scattered 4 KiB reads back into place, all in one batch.
         for (i, at) in (0..(1 << 20)).step_by(4096).enumerate() {
-            r.read_fixed(i as u64, slot, at as u64, buf, at, 4096).unwrap();
+            r.read_fixed(i as u64, slot, at as u64, buf, at, 4096)
+                .unwrap();
         }
         let done = wait_for(&mut r, 256);
         assert!(done.iter().all(|c| *c.result.as_ref().unwrap() == 4096));
@@ -157,9 +158,14 @@ fn guest_regions_split_into_pieces_and_are_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blocks");
         let data = pattern(256 << 10, 5);
-        std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
         let mut r = Reactor::<()>::new(&config(backend)).unwrap();
-        let slot = r.register_file(std::fs::File::open(&path).unwrap()).unwrap();
+        let slot = r
+            .register_file(std::fs::File::open(&path).unwrap())
+            .unwrap();
         // Stand-in for guest RAM: memory the reactor does not own.
         let mut guest = vec![0u8; 200 << 10];
         // SAFETY: `guest` outlives every use: the region is replaced below before it is
@@ -167,7 +173,10 @@ fn guest_regions_split_into_pieces_and_are_replaced() {
         let region = unsafe { r.register_region(guest.as_mut_ptr(), guest.len()) }.unwrap();
         assert_eq!(region.pieces().len(), 4);
         assert_eq!(region.pieces()[3].len, (200 - 192) << 10);
-        assert_eq!(region.locate(64 << 10, 10), Some((region.pieces()[1].buffer, 0)));
+        assert_eq!(
+            region.locate(64 << 10, 10),
+            Some((region.pieces()[1].buffer, 0))
+        );
         assert_eq!(region.locate((64 << 10) - 5, 10), None);
         assert_eq!(region.locate(200 << 10, 1), None);
         // A "FUSE_READ" into guest address 70000: buffer index + offset.
@@ -222,7 +231,10 @@ fn io_errors_come_back_as_completions() {
         ));
         assert!(matches!(
             r.read_fixed(5, slot, 0, BufferId(200), 0, 1),
-            Err(ReactorError::NotRegistered { table: "buffer", .. })
+            Err(ReactorError::NotRegistered {
+                table: "buffer",
+                ..
+            })
         ));
     }
 }
@@ -241,7 +253,10 @@ fn tables_report_when_full() {
         let err = r
             .register_file(std::fs::File::open("/dev/null").unwrap())
             .unwrap_err();
-        assert!(err.to_string().contains("all 1 file slots are in use"), "{err}");
+        assert!(
+            err.to_string().contains("all 1 file slots are in use"),
+            "{err}"
+        );
         r.register_buffer(NodeBuffer::new(4096, None, PageSize::Normal).unwrap())
             .unwrap();
         assert!(matches!(
@@ -323,5 +338,8 @@ fn backend_names_parse() {
         BackendChoice::Threads
     );
     let err = BackendChoice::parse(Some("epoll")).unwrap_err();
-    assert!(err.to_string().contains("SLUICE_IO_BACKEND must be"), "{err}");
+    assert!(
+        err.to_string().contains("SLUICE_IO_BACKEND must be"),
+        "{err}"
+    );
 }

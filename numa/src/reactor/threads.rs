@@ -90,10 +90,8 @@ impl Drop for ThreadPool {
 }
 
 fn worker(jobs: Receiver<Job>, done: Sender<(u64, i32)>, cpus: Option<CpuSet>) {
-    if let Some(cpus) = cpus {
-        if let Err(e) = pinning::pin_current_thread_to(&cpus) {
-            log::warn!("I/O pool thread stays unpinned: {e}");
-        }
+    if let Some(Err(e)) = cpus.map(|cpus| pinning::pin_current_thread_to(&cpus)) {
+        log::warn!("I/O pool thread stays unpinned: {e}");
     }
     for job in jobs {
         let op = job.op;
@@ -109,7 +107,9 @@ fn worker(jobs: Receiver<Job>, done: Sender<(u64, i32)>, cpus: Option<CpuSet>) {
             }
         };
         let res = if n < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+            -std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
         } else {
             i32::try_from(n).unwrap_or(i32::MAX)
         };

@@ -35,7 +35,9 @@ impl UringBackend {
             Ok(ring) => (ring, true),
             // Kernels before 6.1 reject the flags with EINVAL; anything else is final.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
-                IoUring::builder().setup_cqsize(entries * 2).build(entries)?,
+                IoUring::builder()
+                    .setup_cqsize(entries * 2)
+                    .build(entries)?,
                 false,
             ),
             Err(e) => return Err(e),
@@ -140,7 +142,12 @@ impl UringBackend {
         match self.ring.submit() {
             Ok(_) => Ok(()),
             // Completions are backed up; they are reaped next and the SQEs stay queued.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
+                ) =>
+            {
                 Ok(())
             }
             Err(e) => Err(e),
@@ -150,7 +157,12 @@ impl UringBackend {
     pub(super) fn wait_one(&mut self) -> io::Result<()> {
         match self.ring.submit_and_wait(1) {
             Ok(_) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)) => {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
+                ) =>
+            {
                 Ok(())
             }
             Err(e) => Err(e),
@@ -170,10 +182,10 @@ impl UringBackend {
             self.wake_armed = false;
             super::drain_eventfd(self.wake_fd);
         }
-        if !self.wake_armed {
-            if let Err(e) = self.arm_wake() {
-                log::warn!("cannot re-arm the reactor's wake-up poll: {e}");
-            }
+        if !self.wake_armed
+            && let Err(e) = self.arm_wake()
+        {
+            log::warn!("cannot re-arm the reactor's wake-up poll: {e}");
         }
     }
 }
