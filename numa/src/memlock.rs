@@ -78,8 +78,37 @@ fn set(soft: u64, hard: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes sure this process may lock `needed` bytes, raising RLIMIT_MEMLOCK if allowed.
+/// `CAP_IPC_LOCK`'s bit in the capability sets.
+const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether this process holds CAP_IPC_LOCK, which exempts it from RLIMIT_MEMLOCK accounting
+/// (the kernel then does not count fixed buffers against the limit at all).
+pub fn exempt() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| ipc_lock_in(&status))
+}
+
+/// Whether the `CapEff:` line of a /proc/PID/status text includes CAP_IPC_LOCK.
+fn ipc_lock_in(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|caps| u64::from_str_radix(caps.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// Makes sure this process may lock `needed` bytes, raising RLIMIT_MEMLOCK if allowed; a
+/// process with CAP_IPC_LOCK needs no raise.
 pub fn ensure(needed: u64) -> Result<(), MemlockError> {
+    match raise(needed) {
+        Err(_) if exempt() => {
+            log::debug!("RLIMIT_MEMLOCK stays low; CAP_IPC_LOCK exempts this process from it");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn raise(needed: u64) -> Result<(), MemlockError> {
     let fail = |hard: u64, source| MemlockError {
         needed_mib: needed.div_ceil(1 << 20),
         hard_mib: hard >> 20,
@@ -100,6 +129,16 @@ pub fn ensure(needed: u64) -> Result<(), MemlockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_ipc_lock_capability() {
+        // A container's root: everything but CAP_SYS_RESOURCE.
+        assert!(ipc_lock_in("Name:\tx\nCapEff:\t000001fffeffffff\n"));
+        assert!(!ipc_lock_in("CapEff:\t0000000000000000\n"));
+        assert!(!ipc_lock_in("CapEff:\t0000000000004000x\n"));
+        assert!(ipc_lock_in("CapEff:\t0000000000004000\n"));
+        assert!(!ipc_lock_in(""));
+    }
 
     #[test]
     fn decides_how_to_raise() {
