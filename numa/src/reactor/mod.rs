@@ -445,7 +445,7 @@ impl<M: Send + 'static> Reactor<M> {
             Ok((Backend::Threads(pool), text))
         };
         let (backend, description) = match config.backend {
-            BackendChoice::Threads => pool(Some(format!("{BACKEND_ENV}=threads")))?,
+            BackendChoice::Threads => pool(Some("requested".to_string()))?,
             choice => {
                 match uring::UringBackend::new(config.entries, max_files, max_buffers, wake_fd) {
                     Ok(ring) => {
