@@ -271,7 +271,13 @@ mod tests {
     /// A short run on a small file: both sides complete reads and the report shows both.
     #[test]
     fn compares_both_backends_side_by_side() {
-        let dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        // The temp dir, unless its file system refuses O_DIRECT (tmpfs before Linux 6.6).
+        let mut dir = tempfile::tempdir_in(std::env::temp_dir()).unwrap();
+        if let Err(sluice_numa::reactor::DirectError::Unsupported { .. }) =
+            open_direct(&dir.path().join("probe"), true)
+        {
+            dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        }
         let path = dir.path().join("reactor-bench");
         let report = match run(&path, 8 << 20, 0.05, 2) {
             Ok(r) => r,

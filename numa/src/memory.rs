@@ -449,7 +449,11 @@ mod tests {
             assert_eq!(loc.sampled, (1 << 20) / page_size() as u64);
             assert_eq!(loc.majority_node(), Some(0));
         } else {
-            assert_eq!(buf.binding(), Binding::Unsupported(0));
+            // Without move_pages (qemu-user) mbind may still exist; either way node 0 was asked.
+            assert!(matches!(
+                buf.binding(),
+                Binding::Unsupported(0) | Binding::Bound(0)
+            ));
         }
     }
 

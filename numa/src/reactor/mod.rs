@@ -962,7 +962,8 @@ impl<M: Send + 'static> Reactor<M> {
         Ok(self.collect(events))
     }
 
-    /// Submits queued operations and blocks until at least one event is collected.
+    /// Submits queued operations and blocks until at least one event is collected; with
+    /// nothing in flight it sleeps until a message arrives through a [`ReactorHandle`].
     pub fn wait(&mut self, events: &mut Vec<Event<M>>) -> Result<usize, ReactorError> {
         self.submit()?;
         loop {
