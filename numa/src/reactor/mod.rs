@@ -27,6 +27,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -43,6 +44,10 @@ pub const BACKEND_ENV: &str = "SLUICE_IO_BACKEND";
 
 /// The largest fixed buffer the kernel accepts; larger regions are split.
 pub const MAX_FIXED_BUFFER: usize = 1 << 30;
+
+/// Bytes registered as fixed buffers by all io_uring reactors of this process: RLIMIT_MEMLOCK
+/// must cover their sum, not one reactor's share.
+static LOCKED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// The most fixed buffers one ring can hold (the kernel's limit, and `u16` buffer indexes).
 pub const MAX_BUFFERS: u32 = 1 << 14;
@@ -406,7 +411,6 @@ pub struct Reactor<M: Send + 'static = ()> {
     ops: Vec<Option<OpState>>,
     free_ops: Vec<u32>,
     inflight: usize,
-    locked_bytes: u64,
     max_piece: usize,
     inbox: Inbox<M>,
     done: Vec<(u64, i32)>,
@@ -469,7 +473,6 @@ impl<M: Send + 'static> Reactor<M> {
             ops: Vec::new(),
             free_ops: Vec::new(),
             inflight: 0,
-            locked_bytes: 0,
             max_piece: config.max_piece.clamp(1, MAX_FIXED_BUFFER),
             inbox,
             done: Vec::new(),
@@ -608,13 +611,14 @@ impl<M: Send + 'static> Reactor<M> {
         owned: Option<NodeBuffer>,
     ) -> Result<(), ReactorError> {
         if let Backend::Uring(ring) = &mut self.backend {
-            memlock::ensure(self.locked_bytes + len as u64)?;
+            let needed = LOCKED_BYTES.load(Ordering::Relaxed) + len as u64;
+            memlock::ensure(needed)?;
             // SAFETY: addr/len is either an owned NodeBuffer kept in the table until the slot is
             // cleared, or foreign memory whose validity the caller of register_region promised.
             unsafe { ring.update_buffer(slot, addr, len) }.map_err(|e| {
                 if e.raw_os_error() == Some(libc::ENOMEM) {
                     ReactorError::Memlock(MemlockError {
-                        needed_mib: (self.locked_bytes + len as u64).div_ceil(1 << 20),
+                        needed_mib: needed.div_ceil(1 << 20),
                         hard_mib: memlock::current().map(|l| l.1 >> 20).unwrap_or(0),
                         source: e,
                     })
@@ -625,7 +629,7 @@ impl<M: Send + 'static> Reactor<M> {
                     }
                 }
             })?;
-            self.locked_bytes += len as u64;
+            LOCKED_BYTES.fetch_add(len as u64, Ordering::Relaxed);
         }
         self.buffers[slot as usize] = Some(BufferEntry {
             addr,
@@ -660,7 +664,7 @@ impl<M: Send + 'static> Reactor<M> {
                     source,
                 }
             })?;
-            self.locked_bytes = self.locked_bytes.saturating_sub(len);
+            LOCKED_BYTES.fetch_sub(len, Ordering::Relaxed);
         }
         Ok(self.buffers[slot as usize].take().and_then(|e| e.owned))
     }
@@ -1050,6 +1054,10 @@ impl<M: Send + 'static> Drop for Reactor<M> {
                 break;
             }
             sink.clear();
+        }
+        if let Backend::Uring(_) = self.backend {
+            let registered: u64 = self.buffers.iter().flatten().map(|e| e.len as u64).sum();
+            LOCKED_BYTES.fetch_sub(registered, Ordering::Relaxed);
         }
     }
 }
