@@ -139,34 +139,11 @@ impl UringBackend {
     }
 
     pub(super) fn submit(&mut self) -> io::Result<()> {
-        match self.ring.submit() {
-            Ok(_) => Ok(()),
-            // Completions are backed up; they are reaped next and the SQEs stay queued.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        transient_ok(self.ring.submit())
     }
 
     pub(super) fn wait_one(&mut self) -> io::Result<()> {
-        match self.ring.submit_and_wait(1) {
-            Ok(_) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
-                ) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        transient_ok(self.ring.submit_and_wait(1))
     }
 
     pub(super) fn reap(&mut self, done: &mut Vec<(u64, i32)>) {
@@ -187,5 +164,23 @@ impl UringBackend {
         {
             log::warn!("cannot re-arm the reactor's wake-up poll: {e}");
         }
+    }
+}
+
+/// io_uring_enter's transient failures are not errors for the reactor: EBUSY/EAGAIN mean
+/// completions are backed up (they are reaped next; unsubmitted SQEs stay queued), EINTR a
+/// signal. The caller's loop simply comes round again.
+fn transient_ok(result: io::Result<usize>) -> io::Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EBUSY | libc::EAGAIN | libc::EINTR)
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }
