@@ -53,9 +53,11 @@ cache=$(cd "$cache" && pwd)
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found: build.sh needs a Debian or Ubuntu host"
 
 for b in "${bins[@]}"; do
-    [ -f "$b" ] && [ -x "$b" ] || die "--bin $b is not an executable file"
+    if [ ! -f "$b" ] || [ ! -x "$b" ]; then die "--bin $b is not an executable file"; fi
+    case "${b##*/}" in busybox | init) die "--bin $b: the guest already has a /bin/${b##*/}; rename it" ;; esac
     # A dynamically linked program cannot run in the initramfs (no libc there).
-    if command -v ldd >/dev/null && ! ldd "$b" 2>&1 | grep -qE 'not a dynamic executable|statically linked'; then
+    if command -v ldd >/dev/null &&
+        ! { ldd "$b" 2>&1 || true; } | grep -qE 'not a dynamic executable|statically linked'; then
         die "--bin $b is dynamically linked; build it statically (e.g. --target x86_64-unknown-linux-musl)"
     fi
 done
@@ -123,8 +125,8 @@ busybox=$bbdir/bin/busybox
 # Skip the initramfs when nothing that goes into it changed.
 stamp=$( {
     printf 'kernel %s\n' "$kernel_pkg"
-    sha256sum "$here/guest-init.sh" "$busybox" "$0"
-    for b in "${bins[@]}"; do sha256sum "$b"; done
+    sha256sum "$here/guest-init.sh" "$busybox" "$here/build.sh" | cut -d' ' -f1
+    for b in "${bins[@]}"; do printf '%s %s\n' "${b##*/}" "$(sha256sum <"$b" | cut -d' ' -f1)"; done
 } | sha256sum | cut -d' ' -f1)
 if [ -s "$out/initramfs.cpio.gz" ] && [ -s "$out/vmlinuz" ] &&
     [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then

@@ -48,6 +48,7 @@ mntopts=
 script=
 shell=0
 probe=0
+# shellcheck disable=SC2013 # the command line is one line of words
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
     sluice.tag=*) tag=${arg#*=} ;;
@@ -129,7 +130,7 @@ if [ -n "$script" ]; then
         finish 254
     fi
     echo "SLUICE-GUEST-SCRIPT $script"
-    if [ "$mounted" = 1 ]; then cd "$mnt"; else cd /; fi
+    if [ "$mounted" = 1 ]; then cd "$mnt" || finish 253; else cd /; fi
     SLUICE_TAG=$tag SLUICE_MNT=$mnt sh "$script"
     rc=$?
     cd /

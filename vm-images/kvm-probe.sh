@@ -50,8 +50,9 @@ if [ "$fresh" -eq 0 ] && [ -s "$cache_file" ]; then
     exit
 fi
 
-[ -s "$kernel" ] && [ -s "$initrd" ] ||
+if [ ! -s "$kernel" ] || [ ! -s "$initrd" ]; then
     die "no guest image at $kernel / $initrd; run vm-images/build.sh first"
+fi
 need_command qemu-system-x86_64 qemu-system-x86
 
 log=$(mktemp)

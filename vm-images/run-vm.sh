@@ -92,10 +92,15 @@ while [ $# -gt 0 ]; do
 done
 
 is_count() { [[ "$1" =~ ^[1-9][0-9]{0,4}$ ]]; }
-is_count "$queues" && [ "$queues" -le 1023 ] || bad_arg "--queues must be 1..1023, not '$queues'"
-is_count "$queue_size" && [ "$queue_size" -le 1024 ] && [ $((queue_size & (queue_size - 1))) -eq 0 ] ||
+if ! is_count "$queues" || [ "$queues" -gt 1023 ]; then
+    bad_arg "--queues must be 1..1023, not '$queues'"
+fi
+if ! is_count "$queue_size" || [ "$queue_size" -gt 1024 ] || [ $((queue_size & (queue_size - 1))) -ne 0 ]; then
     bad_arg "--queue-size must be a power of two up to 1024, not '$queue_size'"
-is_count "$cpus" && [ "$cpus" -le 288 ] || bad_arg "--cpus must be 1..288, not '$cpus'"
+fi
+if ! is_count "$cpus" || [ "$cpus" -gt 288 ]; then
+    bad_arg "--cpus must be 1..288, not '$cpus'"
+fi
 is_count "$timeout_s" || bad_arg "--timeout must be a whole number of seconds, not '$timeout_s'"
 [[ "$mem" =~ ^[1-9][0-9]*[MG]$ ]] || bad_arg "--mem must look like 512M or 2G, not '$mem'"
 [ -z "$host_node" ] || [[ "$host_node" =~ ^[0-9]+$ ]] || bad_arg "--host-node must be a node number, not '$host_node'"
@@ -162,6 +167,7 @@ append="console=ttyS0 quiet panic=-1 sluice.mnt=$mnt"
 
 memdev="memory-backend-memfd,id=mem,size=$mem,share=on"
 [ -z "$host_node" ] || memdev+=",host-nodes=$host_node,policy=bind"
+# shellcheck disable=SC2054 # the commas are QEMU's option syntax
 qemu=(qemu-system-x86_64
     -machine q35 -accel "$accel" -cpu "$cpu" -smp "$cpus" -m "$mem"
     # vhost-user backends map guest memory, so it must be shared memory.
