@@ -28,6 +28,7 @@ cache=
 bins=()
 kernel_pkg=
 refresh=0
+remember_kernel=0
 
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
@@ -81,6 +82,8 @@ if [ -z "$kernel_pkg" ]; then
             kernel_pkg=$(newest_cloud_kernel)
         fi
         [ -n "$kernel_pkg" ] || die "apt knows no linux-image-*-cloud-amd64-unsigned package; pass --kernel-pkg NAME"
+        # Remembered only once its image is extracted below.
+        remember_kernel=1
     fi
 fi
 kver=${kernel_pkg#linux-image-}
@@ -98,7 +101,8 @@ if [ ! -s "$kdir/vmlinuz" ]; then
     rm -rf "$kdir"
     mv "$kdir.tmp" "$kdir"
 fi
-printf '%s\n' "$kernel_pkg" >"$kernel_name_file"
+
+[ "$remember_kernel" -eq 0 ] || printf '%s\n' "$kernel_pkg" >"$kernel_name_file"
 
 # Refuse a kernel the virtio-fs tests cannot use, with the reason.
 major_minor=$(printf '%s\n' "$kver" | grep -oE '^[0-9]+\.[0-9]+')

@@ -48,6 +48,7 @@ mntopts=
 script=
 shell=0
 probe=0
+set -f # no globbing of the command line's words
 # shellcheck disable=SC2013 # the command line is one line of words
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
@@ -59,6 +60,7 @@ for arg in $(cat /proc/cmdline); do
     sluice.probe=*) probe=${arg#*=} ;;
     esac
 done
+set +f
 
 if [ "$probe" = 1 ]; then
     echo "SLUICE-GUEST-PROBE-OK uptime=$(uptime_s)"
@@ -79,6 +81,8 @@ finish() {
         cd /
         umount "$mnt" || echo "SLUICE-GUEST-ERROR umount $mnt failed"
     fi
+    # The empty line ends whatever line the script left unfinished.
+    echo
     echo "SLUICE-GUEST-EXIT rc=$rc uptime=$(uptime_s)"
     if [ "$shell" = 1 ]; then
         echo "sluice guest shell; exit it to power off"

@@ -191,7 +191,7 @@ qemu_rc=${PIPESTATUS[0]}
 set -e
 took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 
-marker=$(tr -d '\r' <"$log" | grep -aoE 'SLUICE-GUEST-EXIT rc=[0-9]+' | tail -n 1 || true)
+marker=$(tr -d '\r' <"$log" | grep -aoE '^SLUICE-GUEST-EXIT rc=[0-9]+' | tail -n 1 || true)
 if [ -n "$marker" ]; then
     rc=${marker#*rc=}
     say "guest exited with status $rc after ${took}s ($accel)"
