@@ -5,7 +5,7 @@
 # Kernel command line parameters (values must not contain spaces):
 #   sluice.tag=TAG        virtio-fs tag to mount; without it nothing is mounted
 #   sluice.mnt=DIR        mount point (default /data)
-#   sluice.mntopts=OPTS   extra mount options, comma-separated (e.g. dax)
+#   sluice.mntopts=OPTS   extra mount options, comma-separated
 #   sluice.script=PATH    shell script to run; a relative PATH is taken inside
 #                         the mount. Default: /sluice/script when present
 #                         (run-vm.sh --script appends it to the initramfs).
