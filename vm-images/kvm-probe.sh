@@ -15,8 +15,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vm-images/apt.sh
 . "$here/apt.sh"
+trap 'say "error: line $LINENO failed: $BASH_COMMAND"' ERR
 
-kernel=$here/out/vmlinuz
+# The uncompressed kernel boots faster (PVH); build.sh writes both.
+kernel=$here/out/vmlinux
+[ -s "$kernel" ] || kernel=$here/out/vmlinuz
 initrd=$here/out/initramfs.cpio.gz
 timeout_s=20
 fresh=0

@@ -22,7 +22,7 @@
 #   --timeout SECS     kill the guest after SECS seconds (default 300)
 #   --accel A          auto (default; KVM when vm-images/kvm-probe.sh says it
 #                      works, else TCG), kvm or tcg. Env SLUICE_ACCEL sets it too.
-#   --kernel PATH      guest kernel (default vm-images/out/vmlinuz)
+#   --kernel PATH      guest kernel (default vm-images/out/vmlinux, else vmlinuz)
 #   --initrd PATH      guest initramfs (default vm-images/out/initramfs.cpio.gz)
 #   --append ARGS      extra kernel command line arguments
 #   --log FILE         also write the guest console to FILE
@@ -37,6 +37,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vm-images/apt.sh
 . "$here/apt.sh"
+trap 'say "error: line $LINENO failed: $BASH_COMMAND"' ERR
 
 socket=
 tag=sluice
@@ -50,7 +51,9 @@ script=
 guest_script=
 timeout_s=300
 accel=${SLUICE_ACCEL:-auto}
-kernel=$here/out/vmlinuz
+# The uncompressed kernel boots faster (PVH); build.sh writes both.
+kernel=$here/out/vmlinux
+[ -s "$kernel" ] || kernel=$here/out/vmlinuz
 initrd=$here/out/initramfs.cpio.gz
 extra_append=
 log=

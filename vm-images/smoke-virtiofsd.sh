@@ -24,6 +24,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vm-images/apt.sh
 . "$here/apt.sh"
+trap 'say "error: line $LINENO failed: $BASH_COMMAND"' ERR
 
 queues=1
 backend_cmd=
