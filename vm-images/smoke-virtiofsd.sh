@@ -45,7 +45,7 @@ done
 # Prints the path of a virtiofsd binary, or nothing.
 find_virtiofsd() {
     local c
-    for c in "${VIRTIOFSD:-}" "$here/../.tools/bin/virtiofsd" /usr/libexec/virtiofsd \
+    for c in "${VIRTIOFSD:-}" "$(cd "$here/.." && pwd)/.tools/bin/virtiofsd" /usr/libexec/virtiofsd \
         /usr/lib/qemu/virtiofsd "$(command -v virtiofsd || true)"; do
         if [ -n "$c" ] && [ -x "$c" ]; then
             printf '%s\n' "$c"
