@@ -184,14 +184,12 @@ fi
 
 say "booting ($accel, $cpus vCPUs, $mem${socket:+, virtio-fs $tag on $socket with $queues queue(s) of $queue_size})"
 start=$(date +%s.%N)
-set +e
+qemu_rc=0
 if [ "$shell" -eq 1 ]; then
-    timeout --foreground --kill-after=10 "$timeout_s" "${qemu[@]}" 2>&1 | tee "$log"
+    timeout --foreground --kill-after=10 "$timeout_s" "${qemu[@]}" 2>&1 | tee "$log" || qemu_rc=${PIPESTATUS[0]}
 else
-    timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log"
+    timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tee "$log" || qemu_rc=${PIPESTATUS[0]}
 fi
-qemu_rc=${PIPESTATUS[0]}
-set -e
 took=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 
 marker=$(tr -d '\r' <"$log" | grep -aoE '^SLUICE-GUEST-EXIT rc=[0-9]+' | tail -n 1 || true)
