@@ -28,6 +28,25 @@ pub enum BenchCommand {
     Mlperf(MlperfArgs),
     /// The file-system benchmark (same as `sluice bench PATH`).
     Fs(FsBenchArgs),
+    /// O_DIRECT random reads: io_uring with fixed buffers vs pread on a thread pool.
+    Reactor(ReactorArgs),
+}
+
+/// `sluice bench reactor`: the numa crate's I/O backends side by side.
+#[derive(Debug, clap::Args)]
+pub struct ReactorArgs {
+    /// Directory for the test file; it must support O_DIRECT (not every tmpfs does).
+    #[arg(long, default_value = "/var/tmp")]
+    pub dir: std::path::PathBuf,
+    /// Size of the test file (e.g. 1G).
+    #[arg(long, default_value = "1G", value_parser = crate::size::parse_size)]
+    pub file_size: u64,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Threads in the pread pool.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
 }
 
 /// Errors of `sluice bench`.
@@ -39,6 +58,9 @@ pub enum BenchError {
     /// The file-system benchmark failed.
     #[error(transparent)]
     Fs(#[from] FsBenchError),
+    /// The reactor benchmark failed.
+    #[error("reactor benchmark: {0:#}")]
+    Reactor(anyhow::Error),
 }
 
 /// Runs `sluice bench ...`.
@@ -46,6 +68,11 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     match args.command {
         Some(BenchCommand::Mlperf(a)) => mlperf_cli::run(a)?,
         Some(BenchCommand::Fs(a)) => run_fs(&a)?,
+        Some(BenchCommand::Reactor(a)) => {
+            let report = crate::reactor::run(&a.dir, a.file_size, a.seconds, a.threads)
+                .map_err(BenchError::Reactor)?;
+            print!("{report}");
+        }
         None => run_fs(&args.fs)?,
     }
     Ok(())
