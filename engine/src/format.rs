@@ -91,7 +91,9 @@ impl Format {
     /// Fails with a clear message when sluice cannot serve this volume
     /// (encryption, unknown compression, a nonsensical block size).
     pub fn check_supported(&self) -> Result<()> {
-        if !self.encrypt_algo.is_empty() || !self.encrypt_key.is_empty() {
+        // JuiceFS 1.4 records `EncryptAlgo` ("aes256gcm-rsa") on every volume;
+        // only a key means the blocks are encrypted.
+        if !self.encrypt_key.is_empty() {
             return Err(Error::NotSupported(format!(
                 "volume {:?} is encrypted; sluice does not serve encrypted JuiceFS volumes yet",
                 self.name
