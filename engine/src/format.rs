@@ -91,9 +91,7 @@ impl Format {
     /// Fails with a clear message when sluice cannot serve this volume
     /// (encryption, unknown compression, a nonsensical block size).
     pub fn check_supported(&self) -> Result<()> {
-        // JuiceFS 1.4 records `EncryptAlgo` ("aes256gcm-rsa") on every volume;
-        // only a key means the blocks are encrypted.
-        if !self.encrypt_key.is_empty() {
+        if !self.encrypt_algo.is_empty() || !self.encrypt_key.is_empty() {
             return Err(Error::NotSupported(format!(
                 "volume {:?} is encrypted; sluice does not serve encrypted JuiceFS volumes yet",
                 self.name
