@@ -15,5 +15,6 @@ pub mod gc;
 pub mod info;
 pub mod object;
 pub mod reader;
+pub mod vfs;
 pub mod volume;
 pub mod writer;

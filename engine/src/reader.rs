@@ -62,10 +62,10 @@ impl Reader {
 
     /// The visible pieces of chunk `indx` of `ino` (cached briefly).
     pub fn pieces(&self, ino: Ino, indx: u32) -> Result<Arc<Vec<Piece>>> {
-        if let Some((p, at)) = self.chunks.lock().get(&(ino, indx)) {
-            if at.elapsed() < CHUNK_TTL {
-                return Ok(p.clone());
-            }
+        if let Some((p, at)) = self.chunks.lock().get(&(ino, indx))
+            && at.elapsed() < CHUNK_TTL
+        {
+            return Ok(p.clone());
         }
         let slices = self.vol.meta.read_chunk(ino, indx)?;
         let p = Arc::new(visible(&slices));
