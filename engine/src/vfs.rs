@@ -785,3 +785,6 @@ impl Drop for Vfs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
