@@ -32,7 +32,15 @@ fn open_vol(dir: &std::path::Path, cfg: VfsConfig) -> Vfs {
 fn setup_with(block_kib: u32, compression: Compression, cfg: VfsConfig) -> TestVol {
     let dir = tempfile::tempdir().unwrap();
     let meta = open_meta(&format!("sqlite3://{}/meta.db", dir.path().display())).unwrap();
-    format_volume(&*meta, "test", &dir.path().join("bucket"), block_kib, compression, 0).unwrap();
+    format_volume(
+        &*meta,
+        "test",
+        &dir.path().join("bucket"),
+        block_kib,
+        compression,
+        0,
+    )
+    .unwrap();
     drop(meta);
     let vfs = open_vol(dir.path(), cfg);
     TestVol { dir, vfs }
@@ -60,7 +68,14 @@ impl TestVol {
     fn create(&self, name: &str) -> (Ino, Fh) {
         let (e, out) = self
             .vfs
-            .create(&ctx(), ROOT_INO, name.as_bytes(), 0o644, 0o022, libc::O_RDWR as u32)
+            .create(
+                &ctx(),
+                ROOT_INO,
+                name.as_bytes(),
+                0o644,
+                0o022,
+                libc::O_RDWR as u32,
+            )
             .unwrap();
         (e.inode, out.fh)
     }
@@ -105,7 +120,10 @@ fn writes_across_block_and_chunk_boundaries() {
     let b = random(2_500_000, 2);
     t.write(ino, fh, start, &b);
     // Read-your-writes before anything is flushed; the length counts them.
-    assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().length, start + b.len() as u64);
+    assert_eq!(
+        t.vfs.getattr(&ctx(), ino).unwrap().length,
+        start + b.len() as u64
+    );
     assert_eq!(t.read(ino, fh, 0, a.len()), a);
     t.vfs.release(&ctx(), ino, fh).unwrap();
 
@@ -114,12 +132,25 @@ fn writes_across_block_and_chunk_boundaries() {
     assert_eq!(t.read(ino, out.fh, 0, a.len()), a);
     assert_eq!(t.read(ino, out.fh, start, b.len()), b);
     // Across the chunk boundary, unaligned.
-    assert_eq!(t.read(ino, out.fh, CHUNK_SIZE - 10, 20), b[999_990..1_000_010]);
+    assert_eq!(
+        t.read(ino, out.fh, CHUNK_SIZE - 10, 20),
+        b[999_990..1_000_010]
+    );
     // The gap between the writes reads as zeros.
-    assert!(t.read(ino, out.fh, a.len() as u64, 1 << 20).iter().all(|&x| x == 0));
+    assert!(
+        t.read(ino, out.fh, a.len() as u64, 1 << 20)
+            .iter()
+            .all(|&x| x == 0)
+    );
     // Reads stop at the end of the file.
-    assert_eq!(t.read(ino, out.fh, start + b.len() as u64 - 5, 100).len(), 5);
-    assert!(t.read(ino, out.fh, start + b.len() as u64 + 5, 100).is_empty());
+    assert_eq!(
+        t.read(ino, out.fh, start + b.len() as u64 - 5, 100).len(),
+        5
+    );
+    assert!(
+        t.read(ino, out.fh, start + b.len() as u64 + 5, 100)
+            .is_empty()
+    );
     // 1 MiB blocks: a is 4 blocks, b is split into two slices (one per chunk).
     assert_eq!(t.objects().len(), 4 + 1 + 2);
     t.vfs.release(&ctx(), ino, out.fh).unwrap();
@@ -132,9 +163,14 @@ fn overwrites_and_read_your_writes() {
     let mut model = random(300_000, 3);
     t.write(ino, fh, 0, &model);
     t.vfs.flush(&ctx(), ino, fh).unwrap();
-    for (i, (off, len)) in [(100_000usize, 50_000usize), (10, 5), (290_000, 20_000), (0, 1)]
-        .into_iter()
-        .enumerate()
+    for (i, (off, len)) in [
+        (100_000usize, 50_000usize),
+        (10, 5),
+        (290_000, 20_000),
+        (0, 1),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let patch = random(len, 10 + i as u64);
         t.write(ino, fh, off as u64, &patch);
@@ -142,7 +178,11 @@ fn overwrites_and_read_your_writes() {
             model.resize(off + len, 0);
         }
         model[off..off + len].copy_from_slice(&patch);
-        assert_eq!(t.read(ino, fh, 0, model.len() + 10), model, "after write {i}");
+        assert_eq!(
+            t.read(ino, fh, 0, model.len() + 10),
+            model,
+            "after write {i}"
+        );
     }
     t.vfs.fsync(&ctx(), ino, fh, false).unwrap();
     t.vfs.release(&ctx(), ino, fh).unwrap();
@@ -151,7 +191,10 @@ fn overwrites_and_read_your_writes() {
     let vfs2 = open_vol(t.dir.path(), test_cfg());
     let out = vfs2.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
     let mut buf = vec![0u8; model.len()];
-    assert_eq!(vfs2.read(&ctx(), ino, out.fh, 0, &mut buf).unwrap(), model.len());
+    assert_eq!(
+        vfs2.read(&ctx(), ino, out.fh, 0, &mut buf).unwrap(),
+        model.len()
+    );
     assert_eq!(buf, model);
     vfs2.release(&ctx(), ino, out.fh).unwrap();
     vfs2.destroy();
@@ -174,12 +217,24 @@ fn sparse_files_and_seek_data_hole() {
     assert_eq!(seek(0, libc::SEEK_HOLE).unwrap(), 0);
     assert_eq!(seek(at + 10, libc::SEEK_HOLE).unwrap(), at + 1000);
     assert_eq!(seek(at + 10, libc::SEEK_DATA).unwrap(), at + 10);
-    assert_eq!(seek(at + 1000, libc::SEEK_DATA).unwrap_err().errno(), libc::ENXIO);
+    assert_eq!(
+        seek(at + 1000, libc::SEEK_DATA).unwrap_err().errno(),
+        libc::ENXIO
+    );
     // Grow past a chunk: the tail is a hole, data is still only at `at`.
     t.vfs
-        .setattr(&ctx(), ino, Some(fh), &SetAttr::default(), Some(CHUNK_SIZE + 5))
+        .setattr(
+            &ctx(),
+            ino,
+            Some(fh),
+            &SetAttr::default(),
+            Some(CHUNK_SIZE + 5),
+        )
         .unwrap();
-    assert_eq!(seek(at + 1000, libc::SEEK_DATA).unwrap_err().errno(), libc::ENXIO);
+    assert_eq!(
+        seek(at + 1000, libc::SEEK_DATA).unwrap_err().errno(),
+        libc::ENXIO
+    );
     assert_eq!(seek(at + 1000, libc::SEEK_HOLE).unwrap(), at + 1000);
     assert!(t.read(ino, fh, CHUNK_SIZE - 3, 100).iter().all(|&x| x == 0));
     assert_eq!(t.read(ino, fh, CHUNK_SIZE - 3, 100).len(), 8);
@@ -207,7 +262,10 @@ fn truncate_shrinks_and_grows_with_zeros() {
     let all = t.read(ino, fh, 0, 3 * MIB as usize);
     assert_eq!(all.len(), 3 * MIB as usize);
     assert_eq!(all[..100_000], data[..100_000]);
-    assert!(all[100_000..].iter().all(|&x| x == 0), "regrown bytes are zeros");
+    assert!(
+        all[100_000..].iter().all(|&x| x == 0),
+        "regrown bytes are zeros"
+    );
     // Writing after the shrink point still works.
     t.write(ino, fh, 150_000, b"tail");
     assert_eq!(t.read(ino, fh, 149_999, 6), b"\0tail\0");
@@ -254,7 +312,10 @@ fn concurrent_writers_on_distinct_files() {
     });
     for (i, &(ino, _)) in files.iter().enumerate() {
         let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
-        assert_eq!(t.read(ino, out.fh, 0, 4 * MIB as usize), random(3 * MIB as usize, 100 + i as u64));
+        assert_eq!(
+            t.read(ino, out.fh, 0, 4 * MIB as usize),
+            random(3 * MIB as usize, 100 + i as u64)
+        );
         t.vfs.release(&ctx(), ino, out.fh).unwrap();
     }
 }
@@ -271,7 +332,15 @@ fn compressed_volumes_round_trip() {
         let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
         assert_eq!(t.read(ino, out.fh, 0, data.len()), data, "{c:?}");
         // The zero-entropy blocks were stored compressed.
-        let stored: u64 = t.vfs.volume().store.list("test/chunks/").unwrap().iter().map(|o| o.size).sum();
+        let stored: u64 = t
+            .vfs
+            .volume()
+            .store
+            .list("test/chunks/")
+            .unwrap()
+            .iter()
+            .map(|o| o.size)
+            .sum();
         assert!(stored < 2 * MIB, "{c:?} stored {stored} bytes");
         t.vfs.release(&ctx(), ino, out.fh).unwrap();
     }
@@ -363,12 +432,25 @@ fn directories_and_handles() {
     for i in 0..5 {
         let (e, out) = t
             .vfs
-            .create(&ctx(), d.inode, format!("f{i}").as_bytes(), 0o644, 0, libc::O_WRONLY as u32)
+            .create(
+                &ctx(),
+                d.inode,
+                format!("f{i}").as_bytes(),
+                0o644,
+                0,
+                libc::O_WRONLY as u32,
+            )
             .unwrap();
         t.vfs.write(&ctx(), e.inode, out.fh, 0, b"x").unwrap();
         // Writing through a read-only handle is refused.
         let ro = t.vfs.open(&ctx(), e.inode, libc::O_RDONLY as u32).unwrap();
-        assert_eq!(t.vfs.write(&ctx(), e.inode, ro.fh, 0, b"y").unwrap_err().errno(), libc::EBADF);
+        assert_eq!(
+            t.vfs
+                .write(&ctx(), e.inode, ro.fh, 0, b"y")
+                .unwrap_err()
+                .errno(),
+            libc::EBADF
+        );
         t.vfs.release(&ctx(), e.inode, ro.fh).unwrap();
         t.vfs.release(&ctx(), e.inode, out.fh).unwrap();
     }
@@ -379,10 +461,23 @@ fn directories_and_handles() {
     assert!(all[2..].iter().all(|e| e.attr.length == 1));
     let rest = t.vfs.readdir(&ctx(), d.inode, fh, 4, false).unwrap();
     assert_eq!(rest.len(), 3);
-    assert!(rest.iter().zip(&all[4..]).all(|(a, b)| a.name == b.name && a.inode == b.inode));
+    assert!(
+        rest.iter()
+            .zip(&all[4..])
+            .all(|(a, b)| a.name == b.name && a.inode == b.inode)
+    );
     t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
-    assert_eq!(t.vfs.readdir(&ctx(), d.inode, fh, 0, false).unwrap_err().errno(), libc::EBADF);
-    assert_eq!(t.vfs.opendir(&ctx(), all[2].inode).unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(
+        t.vfs
+            .readdir(&ctx(), d.inode, fh, 0, false)
+            .unwrap_err()
+            .errno(),
+        libc::EBADF
+    );
+    assert_eq!(
+        t.vfs.opendir(&ctx(), all[2].inode).unwrap_err().errno(),
+        libc::ENOTDIR
+    );
     let l = t.vfs.symlink(&ctx(), ROOT_INO, b"ln", b"dir/f0").unwrap();
     assert_eq!(t.vfs.readlink(&ctx(), l.inode).unwrap(), b"dir/f0");
     assert_eq!(t.vfs.lookup(&ctx(), d.inode, b"f3").unwrap().attr.length, 1);
@@ -398,10 +493,11 @@ fn large_random_file_round_trip() {
     let mut buf = vec![0u8; 8 << 20];
     let mut off = 0;
     while off < LEN {
-        rng.fill_bytes(&mut buf);
-        hasher.update(&buf);
-        t.write(ino, fh, off as u64, &buf);
-        off += buf.len();
+        let n = buf.len().min(LEN - off);
+        rng.fill_bytes(&mut buf[..n]);
+        hasher.update(&buf[..n]);
+        t.write(ino, fh, off as u64, &buf[..n]);
+        off += n;
     }
     let want = hasher.finalize();
     t.vfs.release(&ctx(), ino, fh).unwrap();
