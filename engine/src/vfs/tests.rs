@@ -1,6 +1,5 @@
 //! Vfs tests on real SQLite volumes in temporary directories.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, RngCore, SeedableRng};
@@ -10,7 +9,6 @@ use super::*;
 use crate::format::Compression;
 use crate::gc::collect_garbage;
 use crate::meta::{ROOT_INO, open_meta};
-use crate::object::ObjectStore;
 use crate::volume::{format_volume, open_volume};
 
 struct TestVol {
@@ -404,7 +402,7 @@ fn gc_removes_orphans_and_keeps_referenced_objects() {
     assert_eq!((r.scanned, r.referenced, r.too_recent), (4, 3, 1));
     assert!(r.orphans.is_empty());
     let r = collect_garbage(t.vfs.volume(), Duration::ZERO, false).unwrap();
-    assert_eq!(r.orphans, [orphan.clone()]);
+    assert_eq!(r.orphans, std::slice::from_ref(&orphan));
     assert_eq!(r.orphan_bytes, 3);
     assert!(store.head(&orphan).is_err());
     assert_eq!(t.objects().len(), 3);
