@@ -519,7 +519,11 @@ fn large_random_file_round_trip() {
 
 fn run(cmd: &mut std::process::Command) {
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The same volume written and read by JuiceFS and by sluice, for each
@@ -542,18 +546,35 @@ fn juicefs_interop() {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         run(std::process::Command::new(&bin).args([
-            "format", &url, "jvol", "--storage", "file", "--bucket", &bucket, "--compress", c,
-            "--trash-days", "0",
+            "format",
+            &url,
+            "jvol",
+            "--storage",
+            "file",
+            "--bucket",
+            &bucket,
+            "--compress",
+            c,
+            "--trash-days",
+            "0",
         ]));
 
         // sluice writes a file: one sequential slice, then an overwrite.
         let vfs = open_vol(dir.path(), test_cfg());
         let (e, out) = vfs
-            .create(&ctx(), ROOT_INO, b"from_sluice", 0o644, 0o022, libc::O_RDWR as u32)
+            .create(
+                &ctx(),
+                ROOT_INO,
+                b"from_sluice",
+                0o644,
+                0o022,
+                libc::O_RDWR as u32,
+            )
             .unwrap();
         vfs.write(&ctx(), e.inode, out.fh, 0, &data).unwrap();
         vfs.flush(&ctx(), e.inode, out.fh).unwrap();
-        vfs.write(&ctx(), e.inode, out.fh, 1000, b"patched").unwrap();
+        vfs.write(&ctx(), e.inode, out.fh, 1000, b"patched")
+            .unwrap();
         vfs.release(&ctx(), e.inode, out.fh).unwrap();
         vfs.destroy();
         drop(vfs);
@@ -561,7 +582,9 @@ fn juicefs_interop() {
         want[1000..1007].copy_from_slice(b"patched");
 
         // JuiceFS reads it and writes the same bytes as a file of its own.
-        run(std::process::Command::new(&bin).args(["mount", "-d", &url]).arg(&mnt));
+        run(std::process::Command::new(&bin)
+            .args(["mount", "-d", &url])
+            .arg(&mnt));
         let got = std::fs::read(mnt.join("from_sluice"));
         let wrote = std::fs::write(mnt.join("from_juicefs"), &data);
         run(std::process::Command::new(&bin).arg("umount").arg(&mnt));
@@ -573,8 +596,15 @@ fn juicefs_interop() {
         let ej = vfs.lookup(&ctx(), ROOT_INO, b"from_juicefs").unwrap();
         let out = vfs.open(&ctx(), ej.inode, libc::O_RDONLY as u32).unwrap();
         let mut buf = vec![0u8; data.len() + 1];
-        assert_eq!(vfs.read(&ctx(), ej.inode, out.fh, 0, &mut buf).unwrap(), data.len());
-        assert_eq!(buf[..data.len()], data[..], "sluice reads juicefs's file ({c})");
+        assert_eq!(
+            vfs.read(&ctx(), ej.inode, out.fh, 0, &mut buf).unwrap(),
+            data.len()
+        );
+        assert_eq!(
+            buf[..data.len()],
+            data[..],
+            "sluice reads juicefs's file ({c})"
+        );
         vfs.release(&ctx(), ej.inode, out.fh).unwrap();
         let vol = vfs.volume().clone();
         let es = vfs.lookup(&ctx(), ROOT_INO, b"from_sluice").unwrap();
@@ -584,13 +614,54 @@ fn juicefs_interop() {
         let bs = vol.block_size;
         for (k1, k2) in crate::block_key::slice_keys("jvol", ours.id, ours.size, bs)
             .iter()
-            .zip(crate::block_key::slice_keys("jvol", theirs.id, theirs.size, bs))
+            .zip(crate::block_key::slice_keys(
+                "jvol",
+                theirs.id,
+                theirs.size,
+                bs,
+            ))
         {
-            assert_eq!(vol.store.get(k1).unwrap(), vol.store.get(&k2).unwrap(), "{k1} vs {k2} ({c})");
+            assert_eq!(
+                vol.store.get(k1).unwrap(),
+                vol.store.get(&k2).unwrap(),
+                "{k1} vs {k2} ({c})"
+            );
         }
         vfs.destroy();
         drop(vfs);
         // JuiceFS's own checker finds every object of every slice.
         run(std::process::Command::new(&bin).args(["fsck", &url]));
     }
+}
+
+#[test]
+fn write_behind_keeps_length_and_order() {
+    let cfg = VfsConfig {
+        buffer_bytes: 256 << 10,
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg);
+    let (ino, fh) = t.create("wb");
+    let data = random(3 * MIB as usize, 30);
+    let mut model = data.clone();
+    for (i, part) in data.chunks(100_000).enumerate() {
+        let off = i as u64 * 100_000;
+        t.vfs.write(&ctx(), ino, fh, off, part).unwrap();
+        // Background commits never hide buffered bytes from the length.
+        assert_eq!(
+            t.vfs.getattr(&ctx(), ino).unwrap().length,
+            off + part.len() as u64
+        );
+        if i % 7 == 3 {
+            // Overwrite an earlier range while commits run: the newer bytes win.
+            let back = off.saturating_sub(250_000);
+            t.vfs.write(&ctx(), ino, fh, back, b"newer").unwrap();
+            model[back as usize..back as usize + 5].copy_from_slice(b"newer");
+        }
+    }
+    assert_eq!(t.read(ino, fh, 0, model.len()), model);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(t.read(ino, out.fh, 0, model.len()), model);
+    t.vfs.release(&ctx(), ino, out.fh).unwrap();
 }
