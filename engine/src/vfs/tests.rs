@@ -665,3 +665,34 @@ fn write_behind_keeps_length_and_order() {
     assert_eq!(t.read(ino, out.fh, 0, model.len()), model);
     t.vfs.release(&ctx(), ino, out.fh).unwrap();
 }
+
+#[test]
+fn info_lists_chunks_slices_and_objects() {
+    let t = setup();
+    let (ino, fh) = t.create("i");
+    t.write(ino, fh, 0, &random(MIB as usize + 10, 40));
+    t.vfs.flush(&ctx(), ino, fh).unwrap();
+    t.write(ino, fh, CHUNK_SIZE, b"second chunk");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let len = t.vfs.getattr(&ctx(), ino).unwrap().length;
+    let info = crate::info::file_chunks(t.vfs.volume(), ino, len).unwrap();
+    assert_eq!(info.iter().map(|c| c.indx).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(info[0].slices.len(), 1);
+    let id = info[0].slices[0].id;
+    assert_eq!(
+        info[0].objects[0],
+        [
+            crate::block_key::block_key("test", id, 0, 1 << 20),
+            crate::block_key::block_key("test", id, 1, 10)
+        ]
+    );
+    let mut all: Vec<String> = info.iter().flat_map(|c| c.objects.concat()).collect();
+    all.sort();
+    assert_eq!(all, t.objects());
+}
+
+#[test]
+fn vfs_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Vfs>();
+}
