@@ -180,7 +180,14 @@ pub fn format_volume_url(
     trash_days: u32,
 ) -> Result<Format> {
     let meta = crate::meta::open_meta(meta_url)?;
-    format_volume(&*meta, name, bucket, block_size_kib, compression, trash_days)
+    format_volume(
+        &*meta,
+        name,
+        bucket,
+        block_size_kib,
+        compression,
+        trash_days,
+    )
 }
 
 /// [`open_volume`] on the metadata engine a URL names (`sqlite3://PATH`).
@@ -198,13 +205,19 @@ mod tests {
         let url = format!("sqlite3://{}/m.db", dir.path().display());
         let bucket = dir.path().join("b");
         let f = format_volume_url(&url, "vol-1", &bucket, 1024, Compression::Zstd, 1).unwrap();
-        assert_eq!(std::fs::read(bucket.join("vol-1/juicefs_uuid")).unwrap(), f.uuid.as_bytes());
+        assert_eq!(
+            std::fs::read(bucket.join("vol-1/juicefs_uuid")).unwrap(),
+            f.uuid.as_bytes()
+        );
         assert!(f.bucket.ends_with("/b/"));
         // Formatting again keeps the UUID and takes the new trash days.
         let g = format_volume_url(&url, "vol-1", &bucket, 1024, Compression::Zstd, 3).unwrap();
         assert_eq!(g.uuid, f.uuid);
         let vol = open_volume_url(&url).unwrap();
-        assert_eq!((vol.block_size, vol.compression), (1 << 20, Compression::Zstd));
+        assert_eq!(
+            (vol.block_size, vol.compression),
+            (1 << 20, Compression::Zstd)
+        );
         assert_eq!(vol.format.trash_days, 3);
         // Another name on the same metadata is refused.
         assert!(format_volume_url(&url, "other", &bucket, 1024, Compression::None, 0).is_err());
