@@ -350,13 +350,33 @@ impl Vfs {
             self.reader
                 .prefetch(ino, end, (READAHEAD_BLOCKS * bs).min(length - end));
         }
-        match self.reader.visit(ino, offset, n, f) {
+        // Fragments arrive in order; count what was delivered so a retry
+        // resumes right after it.
+        let done = std::cell::Cell::new(0u64);
+        let mut counted = |frag: Fragment<'_>| {
+            let len = match &frag {
+                Fragment::Zeros(z) => *z as u64,
+                Fragment::Data(d) => d.len() as u64,
+            };
+            f(frag)?;
+            done.set(done.get() + len);
+            Ok(())
+        };
+        match self.reader.visit(ino, offset, n, &mut counted) {
             Err(e) if crate::object::is_not_found(&e) => {
-                // A compaction may have replaced the slices we resolved.
+                // A compaction may have replaced the slices we resolved and
+                // deleted their objects: resolve again and resume once.
                 self.reader.invalidate_inode(ino);
-                Err(Error::Corrupt(format!(
-                    "a block of inode {ino} is missing from the object store: {e}"
-                )))
+                let resume = offset + done.get();
+                match self.reader.visit(ino, resume, n - done.get(), &mut counted) {
+                    Err(e) if crate::object::is_not_found(&e) => {
+                        log::error!("inode {ino}: {e}");
+                        Err(Error::Corrupt(format!(
+                            "a block of inode {ino} is missing from the object store: {e}"
+                        )))
+                    }
+                    r => r.map(|()| n as usize),
+                }
             }
             r => r.map(|()| n as usize),
         }

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
@@ -695,4 +697,29 @@ fn info_lists_chunks_slices_and_objects() {
 fn vfs_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<Vfs>();
+}
+
+#[test]
+fn reads_survive_a_compaction_behind_their_back() {
+    let cfg = VfsConfig {
+        compaction: false,
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg);
+    let (ino, fh) = t.create("c");
+    let mut model = random(2 * MIB as usize, 50);
+    t.write(ino, fh, 0, &model);
+    t.vfs.flush(&ctx(), ino, fh).unwrap();
+    t.write(ino, fh, 500_000, b"second slice");
+    model[500_000..500_012].copy_from_slice(b"second slice");
+    // This read resolves the chunk (two slices) and caches it.
+    assert_eq!(t.read(ino, fh, 0, model.len()), model);
+    // Another reader compacts the chunk: the old objects are deleted (and
+    // dropped from our block cache by the releaser).
+    let other = crate::reader::Reader::new(t.vfs.volume().clone(), Arc::new(BlockCache::new(0)));
+    assert!(crate::compaction::compact_chunk(t.vfs.volume(), &other, ino, 0, 2).unwrap());
+    assert_eq!(t.vfs.volume().meta.read_chunk(ino, 0).unwrap().len(), 1);
+    // Our stale slice list points at deleted objects; the read recovers.
+    assert_eq!(t.read(ino, fh, 0, model.len()), model);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
 }
