@@ -224,7 +224,8 @@ impl Vfs {
             })
         });
         if f.handles.load(Ordering::Relaxed) == 0 {
-            f.length.store(length, Ordering::Relaxed);
+            f.length
+                .store(length.max(f.writer.end()), Ordering::Relaxed);
         }
         f.handles.fetch_add(1, Ordering::Relaxed);
         f.clone()

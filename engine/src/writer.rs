@@ -229,37 +229,6 @@ impl FileWriter {
         );
         done
     }
-
-    /// Drops buffered writes at or past file offset `len` and cuts the ones
-    /// that cross it (truncate while writes are buffered).
-    pub fn discard_from(&self, len: u64) {
-        let mut b = self.buf.lock();
-        let first = len / CHUNK_SIZE;
-        let cut = len % CHUNK_SIZE;
-        let mut bytes = 0;
-        b.chunks.retain(|&indx, slices| {
-            let indx = u64::from(indx);
-            if indx > first || (indx == first && cut == 0) {
-                return false;
-            }
-            if indx == first {
-                slices.retain_mut(|p| {
-                    if u64::from(p.pos) >= cut {
-                        return false;
-                    }
-                    p.data.truncate((cut - u64::from(p.pos)) as usize);
-                    true
-                });
-            }
-            bytes += slices.iter().map(|p| p.data.len()).sum::<usize>();
-            !slices.is_empty()
-        });
-        b.bytes = bytes;
-        b.end = b.end.min(len);
-        if bytes == 0 {
-            b.end = 0;
-        }
-    }
 }
 
 /// Adds a write at chunk offset `coff` to a chunk's pending slices.
@@ -320,13 +289,5 @@ mod tests {
         let l = layout(&w);
         assert_eq!(l[3], (0, (CHUNK_SIZE - 2) as u32, b"ab".to_vec()));
         assert_eq!(l[4], (1, 0, b"cd".to_vec()));
-        w.discard_from(CHUNK_SIZE - 1);
-        let l = layout(&w);
-        assert_eq!(l.len(), 4);
-        assert_eq!(l[3].2, b"a");
-        assert_eq!(w.end(), CHUNK_SIZE - 1);
-        w.discard_from(0);
-        assert!(!w.is_dirty());
-        assert_eq!(w.end(), 0);
     }
 }
