@@ -729,3 +729,39 @@ fn reads_survive_a_compaction_behind_their_back() {
     assert_eq!(t.read(ino, fh, 0, model.len()), model);
     t.vfs.release(&ctx(), ino, fh).unwrap();
 }
+
+#[test]
+fn total_write_buffer_is_bounded() {
+    let cfg = VfsConfig {
+        total_buffer_bytes: 300 << 10,
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg);
+    let files: Vec<_> = (0..3).map(|i| t.create(&format!("b{i}"))).collect();
+    for step in 0..20u64 {
+        for (i, &(ino, fh)) in files.iter().enumerate() {
+            t.write(
+                ino,
+                fh,
+                step * 50_000,
+                &random(50_000, step * 10 + i as u64),
+            );
+            // Never more than the limit plus one write is held.
+            assert!(t.vfs.buffered.load(Ordering::Acquire) <= (300 << 10) + 50_000);
+        }
+    }
+    for (i, &(ino, fh)) in files.iter().enumerate() {
+        t.vfs.release(&ctx(), ino, fh).unwrap();
+        let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
+        let got = t.read(ino, out.fh, 0, 1_000_000);
+        for step in 0..20u64 {
+            let at = (step * 50_000) as usize;
+            assert_eq!(
+                got[at..at + 50_000],
+                random(50_000, step * 10 + i as u64)[..]
+            );
+        }
+        t.vfs.release(&ctx(), ino, out.fh).unwrap();
+    }
+    assert_eq!(t.vfs.buffered.load(Ordering::Acquire), 0);
+}
