@@ -11,9 +11,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use std::sync::mpsc;
 
-use crate::block_cache::BlockCache;
+use parking_lot::{Condvar, Mutex};
+
+use crate::block_cache::{BlockCache, BlockId};
 use crate::block_key::{block_key, block_len};
 use crate::chunk::{Piece, visible};
 use crate::compress::decompress;
@@ -37,22 +39,80 @@ const CHUNK_TTL: Duration = Duration::from_secs(1);
 
 type ChunkEntry = (Arc<Vec<Piece>>, Instant);
 
+/// A block fetch in progress that other readers of the block wait for.
+#[derive(Debug, Default)]
+struct Flight {
+    /// Set when the fetch ends: the block, or `None` if it failed (waiters
+    /// then fetch it themselves and get their own error).
+    done: Mutex<Option<Option<Arc<Vec<u8>>>>>,
+    cv: Condvar,
+}
+
+/// Threads that fetch blocks ahead of sequential readers.
+const PREFETCH_THREADS: usize = 4;
+
 /// Reads file data of one volume.
 #[derive(Debug)]
 pub struct Reader {
     vol: Arc<Volume>,
     cache: Arc<BlockCache>,
     chunks: Mutex<HashMap<(Ino, u32), ChunkEntry>>,
+    inflight: Mutex<HashMap<BlockId, Arc<Flight>>>,
+    /// Readahead jobs: (inode, offset, length) to pull into the cache.
+    prefetch: Mutex<Option<mpsc::Sender<(Ino, u64, u64)>>>,
 }
 
 impl Reader {
-    /// A reader over `vol` using `cache` for blocks.
-    pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>) -> Reader {
-        Reader {
+    /// A reader over `vol` using `cache` for blocks, with background threads
+    /// for readahead.
+    pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>) -> Arc<Reader> {
+        let (tx, rx) = mpsc::channel::<(Ino, u64, u64)>();
+        let reader = Arc::new(Reader {
             vol,
             cache,
             chunks: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            prefetch: Mutex::new(Some(tx)),
+        });
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..PREFETCH_THREADS {
+            let weak = Arc::downgrade(&reader);
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("sluice-readahead-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().recv();
+                        let Ok((ino, off, len)) = job else { return };
+                        let Some(r) = weak.upgrade() else { return };
+                        // Only the cache side effect matters; errors show up
+                        // again (and are reported) when the data is read.
+                        let _ = r.visit(ino, off, len, &mut |_| Ok(()));
+                    }
+                });
+            if let Err(e) = spawned {
+                log::warn!("cannot start a readahead thread: {e}");
+            }
         }
+        reader
+    }
+
+    /// Pulls the file bytes `off..off+len` of `ino` into the block cache in
+    /// the background.
+    pub fn prefetch(&self, ino: Ino, off: u64, len: u64) {
+        if let Some(tx) = self.prefetch.lock().as_ref() {
+            let _ = tx.send((ino, off, len));
+        }
+    }
+
+    /// Stops the readahead threads (they finish the job in hand).
+    pub fn stop_prefetch(&self) {
+        self.prefetch.lock().take();
+    }
+
+    /// The volume read.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
     }
 
     /// The block cache.
@@ -93,6 +153,38 @@ impl Reader {
         if let Some(b) = self.cache.get((id, indx)) {
             return Ok(b);
         }
+        // One fetch per block: later readers wait for the first one.
+        let (flight, leader) = {
+            let mut map = self.inflight.lock();
+            match map.get(&(id, indx)) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    map.insert((id, indx), f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if !leader {
+            let mut done = flight.done.lock();
+            while done.is_none() {
+                flight.cv.wait(&mut done);
+            }
+            if let Some(Some(b)) = &*done {
+                return Ok(b.clone());
+            }
+            drop(done);
+            return self.fetch(id, size, indx);
+        }
+        let res = self.fetch(id, size, indx);
+        *flight.done.lock() = Some(res.as_ref().ok().cloned());
+        flight.cv.notify_all();
+        self.inflight.lock().remove(&(id, indx));
+        res
+    }
+
+    /// Fetches, checks and decompresses a block and caches it.
+    fn fetch(&self, id: u64, size: u32, indx: u32) -> Result<Arc<Vec<u8>>> {
         let bs = self.vol.block_size;
         let raw_len = block_len(size, bs, indx);
         let key = block_key(self.vol.name(), id, indx, raw_len);

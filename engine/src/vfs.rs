@@ -84,6 +84,8 @@ enum Handle {
         ino: Ino,
         file: Arc<OpenFile>,
         writable: bool,
+        /// Where the next read starts if the reader is sequential.
+        next_read: AtomicU64,
     },
     Dir {
         ino: Ino,
@@ -111,6 +113,9 @@ pub struct Vfs {
     janitor: Mutex<Option<Janitor>>,
 }
 
+/// Blocks fetched ahead of a sequential reader.
+const READAHEAD_BLOCKS: u64 = 2;
+
 fn enxio() -> Error {
     Error::Io(io::Error::from_raw_os_error(libc::ENXIO))
 }
@@ -126,7 +131,7 @@ impl Vfs {
             vol.block_size,
             cache.clone(),
         ));
-        let reader = Arc::new(Reader::new(vol.clone(), cache));
+        let reader = Reader::new(vol.clone(), cache);
         let compactor = if cfg.compaction {
             Some(Compactor::start(
                 vol.clone(),
@@ -196,6 +201,7 @@ impl Vfs {
                 ino: i,
                 file,
                 writable,
+                ..
             } if *i == ino => Ok((file.clone(), *writable)),
             _ => Err(Error::BadHandle),
         }
@@ -232,6 +238,7 @@ impl Vfs {
             ino,
             file,
             writable,
+            next_read: AtomicU64::new(0),
         });
         OpenOut {
             fh,
@@ -245,6 +252,12 @@ impl Vfs {
     /// of chunks that grew fragmented.
     fn flush_file(&self, ino: Ino, file: &OpenFile) -> Result<()> {
         let res = file.writer.flush(&self.vol, ino, self.cfg.upload_threads);
+        self.after_commit(ino, res)
+    }
+
+    /// Invalidates what a commit changed and schedules compaction of chunks
+    /// that grew fragmented.
+    fn after_commit(&self, ino: Ino, res: Result<Vec<crate::writer::Committed>>) -> Result<()> {
         let committed = match res {
             Ok(c) => c,
             Err(e) => {
@@ -313,21 +326,64 @@ impl Vfs {
         len: usize,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<usize> {
-        let (file, _) = self.file_handle(ino, fh)?;
+        let h = self.handle(fh)?;
+        let Handle::File {
+            ino: hino,
+            file,
+            next_read,
+            ..
+        } = &*h
+        else {
+            return Err(Error::BadHandle);
+        };
+        if *hino != ino {
+            return Err(Error::BadHandle);
+        }
         // Reads see every write made before them: commit what is buffered.
-        self.flush_file(ino, &file)?;
+        self.flush_file(ino, file)?;
         let length = file.length.load(Ordering::Acquire);
         if offset >= length {
             return Ok(0);
         }
         let n = (len as u64).min(length - offset);
-        match self.reader.visit(ino, offset, n, f) {
+        let end = offset + n;
+        // A sequential reader entering a new block gets the next blocks
+        // fetched in the background.
+        let bs = u64::from(self.vol.block_size);
+        if next_read.swap(end, Ordering::Relaxed) == offset
+            && (offset.is_multiple_of(bs) || offset / bs != (end - 1) / bs)
+            && end < length
+        {
+            self.reader
+                .prefetch(ino, end, (READAHEAD_BLOCKS * bs).min(length - end));
+        }
+        // Fragments arrive in order; count what was delivered so a retry
+        // resumes right after it.
+        let done = std::cell::Cell::new(0u64);
+        let mut counted = |frag: Fragment<'_>| {
+            let len = match &frag {
+                Fragment::Zeros(z) => *z as u64,
+                Fragment::Data(d) => d.len() as u64,
+            };
+            f(frag)?;
+            done.set(done.get() + len);
+            Ok(())
+        };
+        match self.reader.visit(ino, offset, n, &mut counted) {
             Err(e) if crate::object::is_not_found(&e) => {
-                // A compaction may have replaced the slices we resolved.
+                // A compaction may have replaced the slices we resolved and
+                // deleted their objects: resolve again and resume once.
                 self.reader.invalidate_inode(ino);
-                Err(Error::Corrupt(format!(
-                    "a block of inode {ino} is missing from the object store: {e}"
-                )))
+                let resume = offset + done.get();
+                match self.reader.visit(ino, resume, n - done.get(), &mut counted) {
+                    Err(e) if crate::object::is_not_found(&e) => {
+                        log::error!("inode {ino}: {e}");
+                        Err(Error::Corrupt(format!(
+                            "a block of inode {ino} is missing from the object store: {e}"
+                        )))
+                    }
+                    r => r.map(|()| n as usize),
+                }
             }
             r => r.map(|()| n as usize),
         }
@@ -354,6 +410,7 @@ impl Vfs {
         if let Some(c) = &self.compactor {
             c.stop();
         }
+        self.reader.stop_prefetch();
         if let Some(j) = self.janitor.lock().take() {
             drop(j.stop);
             let _ = j.thread.join();
@@ -567,7 +624,10 @@ impl Vfs {
         file.length
             .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
         if buffered >= self.cfg.buffer_bytes {
-            self.flush_file(ino, &file)?;
+            let committed = file
+                .writer
+                .flush_behind(&self.vol, ino, self.cfg.upload_threads);
+            self.after_commit(ino, committed)?;
         }
         Ok(data.len())
     }
@@ -786,6 +846,7 @@ impl Vfs {
 
 impl Drop for Vfs {
     fn drop(&mut self) {
+        self.reader.stop_prefetch();
         if let Some(j) = self.janitor.lock().take() {
             drop(j.stop);
             let _ = j.thread.join();

@@ -169,3 +169,61 @@ pub fn open_volume(meta: Arc<dyn Meta>) -> Result<Arc<Volume>> {
         format,
     }))
 }
+
+/// [`format_volume`] on the metadata engine a URL names (`sqlite3://PATH`).
+pub fn format_volume_url(
+    meta_url: &str,
+    name: &str,
+    bucket: &Path,
+    block_size_kib: u32,
+    compression: Compression,
+    trash_days: u32,
+) -> Result<Format> {
+    let meta = crate::meta::open_meta(meta_url)?;
+    format_volume(
+        &*meta,
+        name,
+        bucket,
+        block_size_kib,
+        compression,
+        trash_days,
+    )
+}
+
+/// [`open_volume`] on the metadata engine a URL names (`sqlite3://PATH`).
+pub fn open_volume_url(meta_url: &str) -> Result<Arc<Volume>> {
+    open_volume(crate::meta::open_meta(meta_url)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_writes_uuid_and_settings_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite3://{}/m.db", dir.path().display());
+        let bucket = dir.path().join("b");
+        let f = format_volume_url(&url, "vol-1", &bucket, 1024, Compression::Zstd, 1).unwrap();
+        assert_eq!(
+            std::fs::read(bucket.join("vol-1/juicefs_uuid")).unwrap(),
+            f.uuid.as_bytes()
+        );
+        assert!(f.bucket.ends_with("/b/"));
+        // Formatting again keeps the UUID and takes the new trash days.
+        let g = format_volume_url(&url, "vol-1", &bucket, 1024, Compression::Zstd, 3).unwrap();
+        assert_eq!(g.uuid, f.uuid);
+        let vol = open_volume_url(&url).unwrap();
+        assert_eq!(
+            (vol.block_size, vol.compression),
+            (1 << 20, Compression::Zstd)
+        );
+        assert_eq!(vol.format.trash_days, 3);
+        // Another name on the same metadata is refused.
+        assert!(format_volume_url(&url, "other", &bucket, 1024, Compression::None, 0).is_err());
+        assert!(format_volume_url(&url, "bad name", &bucket, 1024, Compression::None, 0).is_err());
+        // A bucket holding another volume's UUID is refused at open.
+        std::fs::write(bucket.join("vol-1/juicefs_uuid"), "someone-else").unwrap();
+        assert!(open_volume_url(&url).is_err());
+    }
+}

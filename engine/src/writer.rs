@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use parking_lot::Mutex;
 
 use crate::block_key::{block_count, block_key, block_len};
@@ -106,13 +108,45 @@ pub struct Committed {
     pub slices: usize,
 }
 
+type Background = std::thread::JoinHandle<Result<Vec<Committed>>>;
+
 /// The write buffer of one inode, shared by all its open handles.
 #[derive(Debug, Default)]
 pub struct FileWriter {
     buf: Mutex<Buffer>,
-    /// Serialises flushes, so slices commit in write order and a reader that
-    /// flushes first sees every write made before it.
-    flushing: Mutex<()>,
+    /// Serialises commits, so slices commit in write order and a reader that
+    /// flushes first sees every write made before it. Whoever holds it
+    /// finishes the background commit before committing anything else.
+    flushing: Mutex<Option<Background>>,
+}
+
+/// Stores and commits the slices of a taken buffer, in write order.
+fn commit_buffer(vol: &Volume, ino: Ino, threads: usize, taken: Buffer) -> Result<Vec<Committed>> {
+    let mut done: Vec<Committed> = Vec::new();
+    for (indx, slices) in taken.chunks {
+        for p in slices {
+            let slice = upload_slice(vol, &p.data, p.pos, threads)?;
+            let count = vol.meta.write_chunk(ino, indx, slice, Timestamp::now())?;
+            match done.last_mut() {
+                Some(c) if c.indx == indx => c.slices = count,
+                _ => done.push(Committed {
+                    indx,
+                    slices: count,
+                }),
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Waits for a background commit and returns what it committed.
+fn join(bg: Option<Background>) -> Result<Vec<Committed>> {
+    match bg {
+        None => Ok(Vec::new()),
+        Some(h) => h
+            .join()
+            .unwrap_or_else(|_| Err(Error::Invalid("a write-back thread panicked".into()))),
+    }
 }
 
 impl FileWriter {
@@ -154,27 +188,46 @@ impl FileWriter {
         self.buf.lock().bytes > 0
     }
 
-    /// Stores and commits every buffered write, in write order. Returns the
-    /// chunks it changed. On failure the remaining writes of that flush are
-    /// dropped (the error reaches the caller of flush/fsync/close).
+    /// Stores and commits every buffered write, in write order, after any
+    /// commit running in the background. Returns the chunks changed. On
+    /// failure the remaining writes of that flush are dropped (the error
+    /// reaches the caller of flush/fsync/close).
     pub fn flush(&self, vol: &Volume, ino: Ino, threads: usize) -> Result<Vec<Committed>> {
-        let _order = self.flushing.lock();
+        let mut bg = self.flushing.lock();
+        let mut done = join(bg.take())?;
         let taken = std::mem::take(&mut *self.buf.lock());
-        let mut done = Vec::new();
-        for (indx, slices) in taken.chunks {
-            for p in slices {
-                let slice = upload_slice(vol, &p.data, p.pos, threads)?;
-                let count = vol.meta.write_chunk(ino, indx, slice, Timestamp::now())?;
-                match done.last_mut() {
-                    Some(Committed { indx: i, slices }) if *i == indx => *slices = count,
-                    _ => done.push(Committed {
-                        indx,
-                        slices: count,
-                    }),
-                }
-            }
-        }
+        done.extend(commit_buffer(vol, ino, threads, taken)?);
         Ok(done)
+    }
+
+    /// Starts committing the buffered writes in the background, so the
+    /// writer can keep filling the buffer meanwhile (at most one commit runs
+    /// per file). Returns what the previous background commit committed.
+    pub fn flush_behind(
+        &self,
+        vol: &Arc<Volume>,
+        ino: Ino,
+        threads: usize,
+    ) -> Result<Vec<Committed>> {
+        let mut bg = self.flushing.lock();
+        let done = join(bg.take());
+        // Keep `end` so the file length still counts these writes until the
+        // next full flush has committed them.
+        let taken = {
+            let mut b = self.buf.lock();
+            Buffer {
+                chunks: std::mem::take(&mut b.chunks),
+                bytes: std::mem::take(&mut b.bytes),
+                end: b.end,
+            }
+        };
+        let vol = vol.clone();
+        *bg = Some(
+            std::thread::Builder::new()
+                .name("sluice-writeback".into())
+                .spawn(move || commit_buffer(&vol, ino, threads, taken))?,
+        );
+        done
     }
 
     /// Drops buffered writes at or past file offset `len` and cuts the ones

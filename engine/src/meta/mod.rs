@@ -11,7 +11,7 @@ pub(crate) mod conformance;
 pub mod sqlite;
 pub mod url;
 
-pub use sqlite::SqliteMeta;
+pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::open_meta;
 
 use crate::error::Result;

@@ -49,8 +49,40 @@ const INODE_BATCH: i64 = 1024;
 const SLICE_BATCH: i64 = 4096;
 /// How many reader connections run beside the writer.
 const READERS: usize = 4;
-/// How long SQLite waits on a lock held by another connection or process.
+/// How long SQLite waits on a lock held by another connection or process
+/// (JuiceFS's `_timeout=5000`).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When a commit reaches the disk (SQLite `PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// WAL is synced at checkpoints only: a committed change survives a
+    /// process crash but may be lost with the machine. JuiceFS's default (the
+    /// Go driver's `_sync=NORMAL`).
+    #[default]
+    Normal,
+    /// Every commit is synced: changes survive power loss too, at a cost of
+    /// one fsync per metadata change.
+    Full,
+}
+
+/// How the SQLite database is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Commit durability.
+    pub synchronous: Synchronous,
+    /// How long to wait for a lock another process holds.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            synchronous: Synchronous::default(),
+            busy_timeout: BUSY_TIMEOUT,
+        }
+    }
+}
 /// How often a transaction is restarted after `SQLITE_BUSY` before giving up.
 const MAX_TRIES: u32 = 50;
 
@@ -166,7 +198,7 @@ impl std::fmt::Debug for SqliteMeta {
     }
 }
 
-fn open_connection(path: &Path) -> Result<Connection> {
+fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -177,9 +209,15 @@ fn open_connection(path: &Path) -> Result<Connection> {
             path.display()
         ))
     })?;
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_error)?;
+    conn.busy_timeout(opts.busy_timeout).map_err(sql_error)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(sql_error)?;
+    let sync = match opts.synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous={sync}"))
         .map_err(sql_error)?;
     if !mode.eq_ignore_ascii_case("wal") {
         log::warn!(
@@ -194,6 +232,11 @@ impl SqliteMeta {
     /// Opens (creating if needed) the SQLite database at `path`. The volume
     /// itself is created by [`Meta::init`]; [`Meta::load`] reads it.
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteMeta> {
+        SqliteMeta::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens the database with explicit options.
+    pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteMeta> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
@@ -203,9 +246,9 @@ impl SqliteMeta {
                 dir.display()
             )));
         }
-        let writer = open_connection(&path)?;
+        let writer = open_connection(&path, &opts)?;
         let readers = (0..READERS)
-            .map(|_| open_connection(&path).map(Mutex::new))
+            .map(|_| open_connection(&path, &opts).map(Mutex::new))
             .collect::<Result<Vec<_>>>()?;
         Ok(SqliteMeta {
             inner: Arc::new(Inner {
@@ -284,10 +327,13 @@ impl Inner {
     /// Runs `f` in one write transaction (`BEGIN IMMEDIATE`), restarting it
     /// while SQLite reports the database busy, then does the post-commit work.
     fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
-        let (dir_stats, trash_days) = match self.format.read().as_ref() {
-            Some(fmt) => (fmt.dir_stats, fmt.trash_days),
-            None => (false, 0),
+        let cached = self.format.read().clone();
+        // Before `load`, the settings come from the store if it has any yet.
+        let fmt = match cached {
+            Some(f) => Some(f),
+            None => self.read_format().ok().flatten(),
         };
+        let (dir_stats, trash_days) = fmt.map_or((false, 0), |f| (f.dir_stats, f.trash_days));
         let mut tries = 0;
         loop {
             let attempt = {
@@ -434,18 +480,13 @@ impl Inner {
 /// new value.
 fn incr_counter(c: &Connection, name: &str, delta: i64) -> TxResult<i64> {
     let cur: Option<i64> = c
-        .query_row(
-            "SELECT value FROM jfs_counter WHERE name=?",
-            params![name],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT value FROM jfs_counter WHERE name=?")?
+        .query_row(params![name], |r| r.get(0))
         .optional()?;
     let v = cur.unwrap_or(0) + delta;
     if cur.is_some() {
-        c.execute(
-            "UPDATE jfs_counter SET value=? WHERE name=?",
-            params![v, name],
-        )?;
+        c.prepare_cached("UPDATE jfs_counter SET value=? WHERE name=?")?
+            .execute(params![v, name])?;
     } else {
         c.execute(
             "INSERT INTO jfs_counter (name, value) VALUES (?, ?)",

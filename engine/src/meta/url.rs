@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
-use crate::meta::sqlite::SqliteMeta;
+use crate::meta::sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 
 /// Opens the metadata engine a URL names. Only `sqlite3://PATH` is served
-/// today (`sqlite3:///abs/path.db` or `sqlite3://relative.db`; JuiceFS's
-/// driver options after `?` are accepted and ignored).
+/// today (`sqlite3:///abs/path.db` or `sqlite3://relative.db`). Of JuiceFS's
+/// driver options after `?`, `_sync`/`_synchronous` (`normal` or `full`) and
+/// `_timeout`/`_busy_timeout` (milliseconds) are honoured, others ignored.
 pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::Invalid(format!(
@@ -18,13 +19,16 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "sqlite3" | "sqlite" => {
-            let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+            let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
             if path.is_empty() {
                 return Err(Error::Invalid(format!(
                     "metadata URL {url:?} names no database file; use sqlite3://PATH"
                 )));
             }
-            Ok(Arc::new(SqliteMeta::open(path)?))
+            Ok(Arc::new(SqliteMeta::open_with(
+                path,
+                sqlite_options(query)?,
+            )?))
         }
         "redis" | "rediss" | "unix" => Err(Error::NotSupported(format!(
             "the Redis metadata engine ({scheme}://) is not supported yet; use sqlite3://PATH"
@@ -38,6 +42,35 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
             "unknown metadata engine {scheme:?} in {url:?}; use sqlite3://PATH"
         ))),
     }
+}
+
+/// Reads the SQLite driver options JuiceFS URLs may carry.
+fn sqlite_options(query: &str) -> Result<SqliteOptions> {
+    let mut opts = SqliteOptions::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "_sync" | "_synchronous" => {
+                opts.synchronous = match value.to_ascii_lowercase().as_str() {
+                    "normal" | "1" => Synchronous::Normal,
+                    "full" | "2" | "extra" | "3" => Synchronous::Full,
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "{key}={value} is not a synchronous mode; use normal or full"
+                        )));
+                    }
+                }
+            }
+            "_timeout" | "_busy_timeout" => {
+                let ms: u64 = value.parse().map_err(|_| {
+                    Error::Invalid(format!("{key}={value} is not a number of milliseconds"))
+                })?;
+                opts.busy_timeout = std::time::Duration::from_millis(ms);
+            }
+            _ => log::debug!("ignoring SQLite URL option {key}"),
+        }
+    }
+    Ok(opts)
 }
 
 #[cfg(test)]
@@ -58,6 +91,16 @@ mod tests {
         let m = open_meta(&format!("sqlite3://{}?cache=shared", path.display())).expect("open");
         assert_eq!(m.name(), "sqlite3");
         assert!(path.exists());
+    }
+
+    #[test]
+    fn sqlite_options_follow_juicefs_names() {
+        let o = sqlite_options("cache=shared&_sync=full&_timeout=100").expect("options");
+        assert_eq!(o.synchronous, Synchronous::Full);
+        assert_eq!(o.busy_timeout, std::time::Duration::from_millis(100));
+        assert_eq!(sqlite_options("").expect("none"), SqliteOptions::default());
+        assert!(sqlite_options("_sync=sometimes").is_err());
+        assert!(sqlite_options("_timeout=soon").is_err());
     }
 
     #[test]

@@ -19,17 +19,16 @@ struct Edge {
 }
 
 fn get_edge(c: &Connection, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
-    Ok(c.query_row(
-        "SELECT inode, type FROM jfs_edge WHERE parent=? AND name=?",
-        params![parent as i64, name],
-        |r| {
+    let mut stmt =
+        c.prepare_cached("SELECT inode, type FROM jfs_edge WHERE parent=? AND name=?")?;
+    Ok(stmt
+        .query_row(params![parent as i64, name], |r| {
             Ok(Edge {
                 inode: r.get::<_, i64>(0)? as u64,
                 typ: r.get::<_, i64>(1)? as u8,
             })
-        },
-    )
-    .optional()?)
+        })
+        .optional()?)
 }
 
 fn insert_edge(
@@ -192,7 +191,7 @@ pub(super) fn parse_hour_name(name: &[u8]) -> Option<i64> {
 }
 
 // Gregorian calendar conversions (Howard Hinnant's algorithms).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(super) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

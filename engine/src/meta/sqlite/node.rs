@@ -22,6 +22,9 @@ pub(super) const FLAG_APPEND: u8 = 2;
 pub(super) const COLUMNS: &str = "inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
      atimensec, mtimensec, ctimensec, nlink, length, rdev, parent";
 
+const SELECT_NODE: &str = "SELECT inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
+     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent FROM jfs_node WHERE inode=?";
+
 /// JuiceFS stores a time as microseconds plus the nanoseconds left over.
 pub(super) fn split_time(t: Timestamp) -> (i64, i64) {
     let us = t.secs.saturating_mul(1_000_000) + i64::from(t.nsecs / 1000);
@@ -68,12 +71,10 @@ pub(super) fn from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(Ino, Attr)> 
 
 /// The attributes of `ino`, if the node exists.
 pub(super) fn get(c: &Connection, ino: Ino) -> TxResult<Option<Attr>> {
-    Ok(c.query_row(
-        &format!("SELECT {COLUMNS} FROM jfs_node WHERE inode=?"),
-        params![ino as i64],
-        |r| from_row(r, 0).map(|(_, a)| a),
-    )
-    .optional()?)
+    let mut stmt = c.prepare_cached(SELECT_NODE)?;
+    Ok(stmt
+        .query_row(params![ino as i64], |r| from_row(r, 0).map(|(_, a)| a))
+        .optional()?)
 }
 
 /// The attributes of `ino`, or `NotFound`.
@@ -86,29 +87,29 @@ pub(super) fn insert(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
     let (at, atn) = split_time(a.atime);
     let (mt, mtn) = split_time(a.mtime);
     let (ct, ctn) = split_time(a.ctime);
-    c.execute(
+    c.prepare_cached(
         "INSERT INTO jfs_node (inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
          atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, \
          default_acl_id, tier_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,0,0)",
-        params![
-            ino as i64,
-            a.typ as u8,
-            a.flags,
-            a.mode,
-            a.uid,
-            a.gid,
-            at,
-            mt,
-            ct,
-            atn,
-            mtn,
-            ctn,
-            a.nlink,
-            a.length as i64,
-            a.rdev,
-            a.parent as i64
-        ],
-    )?;
+    )?
+    .execute(params![
+        ino as i64,
+        a.typ as u8,
+        a.flags,
+        a.mode,
+        a.uid,
+        a.gid,
+        at,
+        mt,
+        ct,
+        atn,
+        mtn,
+        ctn,
+        a.nlink,
+        a.length as i64,
+        a.rdev,
+        a.parent as i64
+    ])?;
     Ok(())
 }
 
@@ -117,11 +118,13 @@ pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
     let (at, atn) = split_time(a.atime);
     let (mt, mtn) = split_time(a.mtime);
     let (ct, ctn) = split_time(a.ctime);
-    let n = c.execute(
-        "UPDATE jfs_node SET flags=?, mode=?, uid=?, gid=?, atime=?, mtime=?, ctime=?, \
-         atimensec=?, mtimensec=?, ctimensec=?, nlink=?, length=?, rdev=?, parent=? \
-         WHERE inode=?",
-        params![
+    let n = c
+        .prepare_cached(
+            "UPDATE jfs_node SET flags=?, mode=?, uid=?, gid=?, atime=?, mtime=?, ctime=?, \
+             atimensec=?, mtimensec=?, ctimensec=?, nlink=?, length=?, rdev=?, parent=? \
+             WHERE inode=?",
+        )?
+        .execute(params![
             a.flags,
             a.mode,
             a.uid,
@@ -137,8 +140,7 @@ pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
             a.rdev,
             a.parent as i64,
             ino as i64
-        ],
-    )?;
+        ])?;
     if n == 0 {
         return Err(Error::NotFound.into());
     }

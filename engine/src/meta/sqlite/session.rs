@@ -41,10 +41,23 @@ fn session_info(info: &str) -> String {
         "HostName": host,
         "IPAddrs": [],
         "MountPoint": info,
-        "MountTime": Timestamp::now().secs,
+        "MountTime": rfc3339(Timestamp::now()),
         "ProcessID": std::process::id(),
     })
     .to_string()
+}
+
+/// A time as Go's `time.Time` reads it from JSON (RFC 3339, UTC).
+fn rfc3339(t: Timestamp) -> String {
+    let (y, m, d) = namespace::civil_from_days(t.secs.div_euclid(86_400));
+    let sod = t.secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60,
+        t.nsecs
+    )
 }
 
 /// Registers a session and starts its heartbeat.
@@ -145,7 +158,7 @@ pub(super) fn close_session(inner: &Inner) -> Result<()> {
         ids
     };
     for ino in removed {
-        delete_sustained(inner, 0, ino)?;
+        delete_sustained(inner, sid, ino)?;
     }
     clean_session(inner, sid)
 }
@@ -171,14 +184,9 @@ fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
     })
 }
 
-/// Deletes a file kept for an open handle after its last link went
-/// (JuiceFS `doDeleteSustainedInode`). `sid` 0 means this client's own.
+/// Deletes a file kept for an open handle of session `sid` after its last
+/// link went (JuiceFS `doDeleteSustainedInode`).
 fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
-    let sid = if sid == 0 {
-        inner.sid.load(Ordering::Relaxed)
-    } else {
-        sid
-    };
     inner.write(|tx| {
         tx.execute(
             "DELETE FROM jfs_sustained WHERE sid=? AND inode=?",
@@ -223,7 +231,7 @@ pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
         removed
     };
     if delete {
-        delete_sustained(inner, 0, ino)?;
+        delete_sustained(inner, inner.sid.load(Ordering::Relaxed), ino)?;
     }
     Ok(())
 }
@@ -270,10 +278,12 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
     for ino in files {
         inner.delete_file_data(ino)?;
     }
-    if fmt.trash_days > 0 {
-        cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600)?;
-        cleanup_delayed_slices(inner, now - i64::from(fmt.trash_days) * 86_400)?;
+    // A trash left from when TrashDays was larger still empties (as JuiceFS).
+    match cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
+        Ok(()) | Err(Error::NotFound) => {}
+        Err(e) => return Err(e),
     }
+    cleanup_delayed_slices(inner, now - i64::from(fmt.trash_days) * 86_400)?;
     // Slices whose objects could not be deleted before.
     let pending: Vec<ReleasedSlice> = inner.read(|c| {
         let mut stmt = c.prepare("SELECT chunkid, size FROM jfs_chunk_ref WHERE refs <= 0")?;
@@ -394,4 +404,25 @@ fn cleanup_delayed_slices(inner: &Inner, edge: i64) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_info_is_juicefs_json() {
+        let t = Timestamp {
+            secs: 1_796_224_914,
+            nsecs: 116_000_023,
+        };
+        assert_eq!(rfc3339(t), "2026-12-02T15:21:54.116000023Z");
+        let v: serde_json::Value = serde_json::from_str(&session_info("/mnt/x")).expect("json");
+        assert_eq!(v["MountPoint"], "/mnt/x");
+        assert!(v["MountTime"].as_str().is_some_and(|s| s.ends_with('Z')));
+        assert_eq!(
+            session_info("{\"MountPoint\":\"/m\"}"),
+            "{\"MountPoint\":\"/m\"}"
+        );
+    }
 }
