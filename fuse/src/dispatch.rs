@@ -92,6 +92,10 @@ pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::AUTO_INVAL_DATA
     | init_flags::CACHE_SYMLINKS;
 
+/// The largest time, in seconds either side of the epoch, a setattr may
+/// set: JuiceFS stores times as signed 64-bit microseconds.
+const MAX_TIME_SECS: u64 = (i64::MAX / 1_000_000 - 1) as u64;
+
 const STATE_NEW: u8 = 0;
 const STATE_RUNNING: u8 = 1;
 const STATE_DESTROYED: u8 = 2;
@@ -382,8 +386,13 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             Operation::Setattr(ref s) => {
                 let v = s.valid;
-                if (v & fattr::ATIME != 0 && s.atimensec >= 1_000_000_000)
-                    || (v & fattr::MTIME != 0 && s.mtimensec >= 1_000_000_000)
+                let bad_time = |set: u32, now: u32, secs: u64, nsecs: u32| {
+                    v & set != 0
+                        && v & now == 0
+                        && (nsecs >= 1_000_000_000 || (secs as i64).unsigned_abs() > MAX_TIME_SECS)
+                };
+                if bad_time(fattr::ATIME, fattr::ATIME_NOW, s.atime, s.atimensec)
+                    || bad_time(fattr::MTIME, fattr::MTIME_NOW, s.mtime, s.mtimensec)
                 {
                     return Err(Failure::Errno(libc::EINVAL));
                 }
@@ -1020,6 +1029,14 @@ mod tests {
             ..Default::default()
         };
         let m = message(opcode::SETATTR, 2, 5, &[s.as_bytes()]);
+        assert_eq!(errno_of(&run(&d, &m).0), libc::EINVAL);
+        // Seconds beyond what 64-bit microseconds hold.
+        let s = abi::SetattrIn {
+            valid: fattr::MTIME,
+            mtime: u64::MAX / 2,
+            ..Default::default()
+        };
+        let m = message(opcode::SETATTR, 3, 5, &[s.as_bytes()]);
         assert_eq!(errno_of(&run(&d, &m).0), libc::EINVAL);
         assert!(d.filesystem().calls().is_empty());
     }
