@@ -489,3 +489,109 @@ fn data_survives_unmount_and_remount() {
     vfs.release(&ctx, file.inode, out.fh).unwrap();
     vfs.destroy();
 }
+
+#[test]
+fn fifo_nodes() {
+    let Some(m) = mount() else { return };
+    let p = cstr(&m.path("fifo"));
+    // SAFETY: `p` is a NUL-terminated string alive across the call.
+    let rc = unsafe { libc::mkfifo(p.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    use std::os::unix::fs::FileTypeExt;
+    let md = fs::symlink_metadata(m.path("fifo")).unwrap();
+    assert!(md.file_type().is_fifo());
+    assert_eq!(md.mode() & 0o777, 0o600 & !current_umask());
+}
+
+#[test]
+fn fallocate_and_seek_data_hole() {
+    let Some(m) = mount() else { return };
+    let p = m.path("sparse");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&p)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    // SAFETY: `fd` is an open descriptor owned by `f` for the whole test.
+    let rc = unsafe { libc::fallocate(fd, 0, 0, 1 << 20) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(fs::metadata(&p).unwrap().len(), 1 << 20);
+    f.write_all_at(&[7u8; 4096], 0).unwrap();
+    f.write_all_at(&[9u8; 4096], 10 << 20).unwrap();
+    // SAFETY: as above.
+    let (data, hole) = unsafe {
+        (
+            libc::lseek(fd, 5000, libc::SEEK_DATA),
+            libc::lseek(fd, 0, libc::SEEK_HOLE),
+        )
+    };
+    assert_eq!(data, 10 << 20);
+    assert_eq!(hole, 4096);
+    // Punch the first page: it reads back as zeros, the size stays.
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            4096,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let mut buf = [1u8; 4096];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    assert_eq!(fs::metadata(&p).unwrap().len(), (10 << 20) + 4096);
+}
+
+#[test]
+fn parallel_readers_see_the_same_bytes() {
+    let Some(m) = mount() else { return };
+    let p = m.path("shared");
+    let data = Arc::new(pattern(16 << 20, 4));
+    fs::write(&p, &*data).unwrap();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (p, data) = (p.clone(), Arc::clone(&data));
+            std::thread::spawn(move || {
+                let f = File::open(&p).unwrap();
+                let mut buf = vec![0u8; 1 << 20];
+                for i in 0..16u64 {
+                    // A different, unaligned order of ranges per thread.
+                    let off = ((i * 7 + t * 3) % 15) * (1 << 20) + t * 4097;
+                    f.read_exact_at(&mut buf, off).unwrap();
+                    let off = off as usize;
+                    assert!(
+                        buf[..] == data[off..off + buf.len()],
+                        "thread {t} range {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn busy_unmount_detaches_and_the_session_ends_at_last_close() {
+    let Some(mut m) = mount() else { return };
+    fs::write(m.path("held"), b"still here").unwrap();
+    let held = File::open(m.path("held")).unwrap();
+    let session = m.session.take().unwrap();
+    // The open file makes the mount busy: unmount falls back to MNT_DETACH.
+    sluice_fuse::unmount(&m.mnt).unwrap();
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(m.mnt.to_str().unwrap()));
+    // The detached file system still serves the open file.
+    let mut buf = [0u8; 10];
+    held.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"still here");
+    drop(held);
+    // The last reference is gone: the kernel ends the connection.
+    session.join().unwrap();
+}
