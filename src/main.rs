@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cmd;
+
 /// sluice: a JuiceFS-format storage engine that feeds AI training VMs over virtio-fs.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
@@ -14,19 +16,33 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Create a volume (or check that the metadata already holds this one).
+    Format(cmd::format::FormatArgs),
+    /// Mount a volume on this host through the kernel's FUSE.
+    Mount(cmd::mount::MountArgs),
+    /// Unmount a sluice mount point.
+    Umount(cmd::mount::UmountArgs),
+    /// Show a volume's settings, or a file's chunks, slices and objects.
+    Info(cmd::info::InfoArgs),
+    /// Find (and with --delete remove) objects no slice references.
+    Gc(cmd::gc::GcArgs),
     /// Benchmarks: `sluice bench PATH` (file system), `sluice bench mlperf ...` (MLPerf Storage).
     Bench(sluice_benches::command::BenchArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Bench(args) => sluice_benches::command::run(args)?,
+        Command::Format(args) => cmd::format::run(args),
+        Command::Mount(args) => cmd::mount::run(args),
+        Command::Umount(args) => cmd::mount::umount(args),
+        Command::Info(args) => cmd::info::run(args),
+        Command::Gc(args) => cmd::gc::run(args),
+        Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
     }
-    Ok(())
 }
 
 fn main() -> ExitCode {
-    env_logger::init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,97 @@
+//! `sluice info META_URL|PATH`: a volume's settings, or what a file in a
+//! mounted volume is made of.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use sluice_engine::info::file_chunks;
+use sluice_engine::meta::{Context, FileType, ROOT_INO};
+use sluice_engine::volume::open_volume_url;
+
+use super::mount::sluice_mount_of;
+
+/// Arguments of `sluice info`.
+#[derive(Debug, clap::Args)]
+pub struct InfoArgs {
+    /// A metadata URL (sqlite3://PATH) or a path inside a sluice mount.
+    pub target: String,
+}
+
+/// Settings that must never be printed.
+const SECRETS: [&str; 4] = ["AccessKey", "SecretKey", "SessionToken", "EncryptKey"];
+
+/// Runs `sluice info`.
+pub fn run(args: InfoArgs) -> anyhow::Result<()> {
+    if args.target.contains("://") {
+        return volume_info(&args.target);
+    }
+    let path = std::path::absolute(&args.target)?;
+    let meta = std::fs::symlink_metadata(&path)
+        .with_context(|| format!("cannot stat {}", path.display()))?;
+    let Some((mountpoint, meta_url)) = sluice_mount_of(&path)? else {
+        bail!(
+            "{} is not inside a sluice mount; pass a metadata URL (sqlite3://PATH) for volume settings",
+            path.display()
+        );
+    };
+    file_info(&meta_url, &mountpoint, &path, meta.ino())
+}
+
+fn volume_info(meta_url: &str) -> anyhow::Result<()> {
+    let volume = open_volume_url(meta_url)
+        .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+    let mut settings = serde_json::to_value(&volume.format)?;
+    if let Some(map) = settings.as_object_mut() {
+        for key in SECRETS {
+            if map.contains_key(key) {
+                map.insert(key.into(), "(removed)".into());
+            }
+        }
+    }
+    println!("{}", serde_json::to_string_pretty(&settings)?);
+    let stat = volume.meta.statfs(&Context::internal(), ROOT_INO)?;
+    println!(
+        "used: {} bytes in {} inodes; available: {} bytes, {} inodes",
+        stat.total_space.saturating_sub(stat.avail_space),
+        stat.used_inodes,
+        stat.avail_space,
+        stat.avail_inodes
+    );
+    Ok(())
+}
+
+fn file_info(meta_url: &str, mountpoint: &Path, path: &Path, ino: u64) -> anyhow::Result<()> {
+    let volume = open_volume_url(meta_url)
+        .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+    let attr = volume.meta.getattr(ino)?;
+    println!("{}", path.display());
+    println!("  volume: {} (mounted on {})", volume.name(), mountpoint.display());
+    println!("  inode: {ino}");
+    println!("  type: {:?}, mode {:o}, nlink {}", attr.typ, attr.mode, attr.nlink);
+    println!("  length: {}", attr.length);
+    if attr.typ != FileType::File {
+        return Ok(());
+    }
+    let chunks = file_chunks(&volume, ino, attr.length)?;
+    if chunks.is_empty() {
+        println!("  no data stored (empty or sparse)");
+    }
+    for chunk in chunks {
+        println!("  chunk {}: {} slice(s)", chunk.indx, chunk.slices.len());
+        for (slice, objects) in chunk.slices.iter().zip(&chunk.objects) {
+            if slice.id == 0 {
+                println!("    hole at {} len {}", slice.pos, slice.len);
+                continue;
+            }
+            println!(
+                "    slice {} (size {}) pos {} off {} len {}",
+                slice.id, slice.size, slice.pos, slice.off, slice.len
+            );
+            for key in objects {
+                println!("      {key}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! One module per subcommand of the `sluice` program.
+
+pub mod format;
+pub mod gc;
+pub mod info;
+pub mod mount;
+pub mod size;

@@ -1,0 +1,365 @@
+//! `sluice mount` and `sluice umount`: the host FUSE mount.
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use sluice_engine::vfs::{Vfs, VfsConfig};
+use sluice_engine::volume::open_volume_url;
+use sluice_fuse::{Config, MountOptions, Session, Timeouts};
+
+/// Arguments of `sluice mount`.
+#[derive(Debug, clap::Args)]
+pub struct MountArgs {
+    /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
+    pub meta_url: String,
+    /// An existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Return once the mount is ready and keep serving it in the background.
+    #[arg(long, short = 'd')]
+    pub background: bool,
+    /// Log file of a background mount (default: /var/log/sluice-<mountpoint>.log).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+    /// Seconds the kernel caches attributes.
+    #[arg(long, default_value_t = 1.0)]
+    pub attr_cache: f64,
+    /// Seconds the kernel caches name lookups.
+    #[arg(long, default_value_t = 1.0)]
+    pub entry_cache: f64,
+    /// Write buffer per file, in MiB; a file commits in the background beyond it.
+    #[arg(long, default_value_t = 64)]
+    pub buffer_size: usize,
+    /// Memory block cache, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub cache_size: usize,
+    /// Threads serving the mount (each with its own /dev/fuse clone).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Mount read-only.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+/// Arguments of `sluice umount`.
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// Detach now even if files are open (the mount goes away when they close).
+    #[arg(long)]
+    pub lazy: bool,
+}
+
+/// The file-system type of a sluice mount in /proc/self/mountinfo.
+const FSTYPE: &str = "fuse.sluice";
+
+/// Runs `sluice mount`.
+pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    if args.background {
+        return spawn_background(&args, &mountpoint);
+    }
+    if !(args.attr_cache.is_finite() && args.attr_cache >= 0.0)
+        || !(args.entry_cache.is_finite() && args.entry_cache >= 0.0)
+    {
+        bail!("--attr-cache and --entry-cache take a number of seconds ≥ 0");
+    }
+    if args.threads == 0 || args.buffer_size == 0 {
+        bail!("--threads and --buffer-size must be at least 1");
+    }
+    let volume = open_volume_url(&args.meta_url)
+        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
+    let name = volume.name().to_owned();
+    if name.is_empty() {
+        bail!("the volume at {} has no name", args.meta_url);
+    }
+    let vfs = Vfs::new(
+        volume,
+        VfsConfig {
+            cache_bytes: args.cache_size << 20,
+            buffer_bytes: args.buffer_size << 20,
+            ..VfsConfig::default()
+        },
+    )
+    .context("cannot start the file system")?;
+    let options = MountOptions {
+        // The source column of /proc/mounts names the metadata URL, so that
+        // `sluice info PATH` finds the volume (credentials removed).
+        fsname: redact_url(&args.meta_url),
+        read_only: args.read_only,
+        ..MountOptions::default()
+    };
+    // Block SIGINT/SIGTERM before any thread starts, so every thread inherits
+    // the mask and only the waiter below receives them.
+    let signals = block_termination_signals();
+    let mount = sluice_fuse::dev::mount(&mountpoint, &options)
+        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    let config = Config {
+        timeouts: Timeouts {
+            attr: Duration::from_secs_f64(args.attr_cache),
+            entry: Duration::from_secs_f64(args.entry_cache),
+        },
+        ..Config::default()
+    };
+    let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    log::info!(
+        "volume {name} mounted on {} ({} threads; simd {})",
+        mountpoint.display(),
+        args.threads,
+        sluice_simd::selected()
+    );
+    let waiter_path = mountpoint.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = wait_for_signal(&signals);
+            log::info!("signal {sig}: unmounting {}", waiter_path.display());
+            if let Err(e) = sluice_fuse::unmount(&waiter_path) {
+                log::error!("cannot unmount {}: {e}", waiter_path.display());
+            }
+        })?;
+    session.join().context("the mount ended with an error")?;
+    log::info!("{} unmounted; all data committed", mountpoint.display());
+    Ok(())
+}
+
+/// Runs `sluice umount`.
+pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
+    let path = std::path::absolute(&args.mountpoint)?;
+    if mount_type(&path)?.as_deref() != Some(FSTYPE) {
+        bail!("{} is not a sluice mount point", path.display());
+    }
+    let target = CString::new(path.as_os_str().as_bytes())?;
+    let flags = if args.lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `target` is a NUL-terminated path alive across the call.
+    if unsafe { libc::umount2(target.as_ptr(), flags) } != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EBUSY) {
+            bail!(
+                "{} is busy: close the files open there, or detach it now with --lazy",
+                path.display()
+            );
+        }
+        return Err(err).with_context(|| format!("cannot unmount {}", path.display()));
+    }
+    println!("unmounted {}", path.display());
+    Ok(())
+}
+
+/// The mount point must be an existing directory that is not mounted yet.
+fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    let path = std::path::absolute(path)?;
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("mount point {} is not a directory", path.display()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => bail!(
+            "mount point {} does not exist; create it with `mkdir -p {}`",
+            path.display(),
+            path.display()
+        ),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => bail!(
+            "{} is a dead mount (its server exited); run `sluice umount --lazy {}` first",
+            path.display(),
+            path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot use {}", path.display())),
+    }
+    if let Some(fstype) = mount_type(&path)? {
+        bail!(
+            "{} is already a mount point ({fstype}); unmount it first",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// `scheme://user:pass@host/...` without the credentials.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The innermost sluice mount holding `path`: (mount point, metadata URL).
+pub fn sluice_mount_of(path: &Path) -> anyhow::Result<Option<(PathBuf, String)>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    let mut best: Option<(PathBuf, String)> = None;
+    for line in info.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() <= 4 || fields.get(dash + 1) != Some(&FSTYPE) {
+            continue;
+        }
+        let mp = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fields[4])));
+        let source = fields.get(dash + 2).map(|s| unescape_mountinfo(s)).unwrap_or_default();
+        let longer = best.as_ref().is_none_or(|(b, _)| mp.as_os_str().len() > b.as_os_str().len());
+        if path.starts_with(&mp) && longer {
+            best = Some((mp, String::from_utf8_lossy(&source).into_owned()));
+        }
+    }
+    Ok(best)
+}
+
+/// The file-system type mounted exactly at `path`, if any.
+fn mount_type(path: &Path) -> anyhow::Result<Option<String>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    let want = path.as_os_str().as_bytes();
+    let mut found = None;
+    for line in info.lines() {
+        // Fields: id parent major:minor root mountpoint options ... - fstype source super
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if fields.len() > 4 && unescape_mountinfo(fields[4]) == want {
+            found = fields.get(dash + 1).map(|s| s.to_string());
+        }
+    }
+    Ok(found)
+}
+
+/// Undoes the octal escapes (`\040` for space) of /proc/self/mountinfo.
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Starts this program again without `--background` in a new session, and
+/// returns once the mount is up (or reports why the child failed).
+fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
+    let log_path = args.log.clone().unwrap_or_else(|| {
+        let name: String = mountpoint
+            .to_string_lossy()
+            .trim_matches('/')
+            .replace('/', "-");
+        PathBuf::from(format!("/var/log/sluice-{name}.log"))
+    });
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open log file {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("cannot find the sluice executable")?;
+    let mut child_args: Vec<std::ffi::OsString> = Vec::new();
+    let mut skip = false;
+    for a in std::env::args_os().skip(1) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if a == "--background" || a == "-d" {
+            continue;
+        }
+        if a == "--log" {
+            skip = true;
+            continue;
+        }
+        if a.as_bytes().starts_with(b"--log=") {
+            continue;
+        }
+        child_args.push(a);
+    }
+    let mut command = Command::new(exe);
+    command
+        .args(&child_args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours; it
+    // only detaches the child from our terminal and process group.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().context("cannot start the background mount")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if mount_type(mountpoint)?.as_deref() == Some(FSTYPE) {
+            println!(
+                "mounted {} in the background (pid {}, log {})",
+                mountpoint.display(),
+                child.id(),
+                log_path.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = tail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            bail!("the background mount exited ({status}): {last}");
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the mount did not come up within 60 s; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and the threads it
+/// starts afterwards) and returns the set for [`wait_for_signal`].
+fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only
+    // write into it and into this thread's signal mask.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+    set
+}
+
+/// Waits for one of the blocked termination signals.
+fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: `set` is an initialised sigset_t and `sig` a valid out pointer.
+    while unsafe { libc::sigwait(set, &mut sig) } != 0 {}
+    sig
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape_mountinfo("/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/end\04"), br"/end\04");
+    }
+}
