@@ -4,7 +4,7 @@
 //! wins. Slice id 0 is an explicit hole (zeros); offsets no slice covers also
 //! read as zeros.
 
-use crate::meta::Slice;
+use crate::meta::{CHUNK_SIZE, Slice};
 
 /// One visible stretch of a chunk: bytes `off..off+len` of stored slice `id`
 /// (of `size` bytes) shown at chunk offset `pos`. `id == 0` is a hole.
@@ -39,6 +39,14 @@ impl Piece {
 pub fn visible(slices: &[Slice]) -> Vec<Piece> {
     let mut out: Vec<Piece> = Vec::new();
     for s in slices.iter().filter(|s| s.len > 0) {
+        let past_chunk = u64::from(s.pos) + u64::from(s.len) > CHUNK_SIZE;
+        let past_slice = s.id != 0 && u64::from(s.off) + u64::from(s.len) > u64::from(s.size);
+        if past_chunk || past_slice {
+            // Damaged metadata: such a record cannot be served; skipping it
+            // keeps the rest of the chunk readable.
+            log::error!("ignoring an impossible slice record {s:?}");
+            continue;
+        }
         let new = Piece {
             pos: s.pos,
             len: s.len,
@@ -159,6 +167,25 @@ mod tests {
         assert_eq!(render(&p, 256), want);
         assert_eq!(extent_end(&p), 210);
         assert!(visible(&[]).is_empty());
+        // Records that reach past the chunk or past their slice are dropped.
+        let bad = [
+            s(0, 1, 10),
+            Slice {
+                pos: u32::MAX - 5,
+                id: 2,
+                size: 10,
+                off: 0,
+                len: 10,
+            },
+            Slice {
+                pos: 0,
+                id: 3,
+                size: 10,
+                off: 5,
+                len: 10,
+            },
+        ];
+        assert_eq!(visible(&bad).len(), 1);
     }
 
     #[test]

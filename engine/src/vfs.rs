@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -46,8 +46,11 @@ pub struct OpenOut {
 pub struct VfsConfig {
     /// Bytes of decompressed blocks kept in memory.
     pub cache_bytes: usize,
-    /// Buffered bytes per file that trigger an early flush.
+    /// Buffered bytes per file that start a background commit.
     pub buffer_bytes: usize,
+    /// Buffered bytes over all files (commits in flight included) past
+    /// which a writer commits its file before returning.
+    pub total_buffer_bytes: usize,
     /// Threads that upload one slice's blocks in parallel.
     pub upload_threads: usize,
     /// Whether fragmented chunks are compacted in the background.
@@ -61,6 +64,7 @@ impl Default for VfsConfig {
         VfsConfig {
             cache_bytes: 1 << 30,
             buffer_bytes: 64 << 20,
+            total_buffer_bytes: 1 << 30,
             upload_threads: 8,
             compaction: true,
             cleanup_interval: Some(Duration::from_secs(60)),
@@ -110,6 +114,8 @@ pub struct Vfs {
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
     files: Mutex<HashMap<Ino, Arc<OpenFile>>>,
+    /// Bytes held by all write buffers.
+    buffered: Arc<AtomicUsize>,
     janitor: Mutex<Option<Janitor>>,
 }
 
@@ -173,6 +179,7 @@ impl Vfs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             files: Mutex::new(HashMap::new()),
+            buffered: Arc::new(AtomicUsize::new(0)),
             janitor: Mutex::new(janitor),
         })
     }
@@ -218,13 +225,14 @@ impl Vfs {
         let mut files = self.files.lock();
         let f = files.entry(ino).or_insert_with(|| {
             Arc::new(OpenFile {
-                writer: FileWriter::new(),
+                writer: FileWriter::with_budget(self.buffered.clone()),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
             })
         });
         if f.handles.load(Ordering::Relaxed) == 0 {
-            f.length.store(length, Ordering::Relaxed);
+            f.length
+                .store(length.max(f.writer.end()), Ordering::Relaxed);
         }
         f.handles.fetch_add(1, Ordering::Relaxed);
         f.clone()
@@ -623,7 +631,10 @@ impl Vfs {
         let buffered = file.writer.write(offset, data)?;
         file.length
             .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
-        if buffered >= self.cfg.buffer_bytes {
+        if self.buffered.load(Ordering::Acquire) > self.cfg.total_buffer_bytes {
+            // Memory is short: write this file's buffer back before going on.
+            self.flush_file(ino, &file)?;
+        } else if buffered >= self.cfg.buffer_bytes {
             let committed = file
                 .writer
                 .flush_behind(&self.vol, ino, self.cfg.upload_threads);

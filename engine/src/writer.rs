@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -118,10 +119,27 @@ pub struct FileWriter {
     /// flushes first sees every write made before it. Whoever holds it
     /// finishes the background commit before committing anything else.
     flushing: Mutex<Option<Background>>,
+    /// Bytes buffered by every writer sharing this counter (one per Vfs),
+    /// until their commit ends.
+    budget: Arc<AtomicUsize>,
 }
 
 /// Stores and commits the slices of a taken buffer, in write order.
-fn commit_buffer(vol: &Volume, ino: Ino, threads: usize, taken: Buffer) -> Result<Vec<Committed>> {
+fn commit_buffer(
+    vol: &Volume,
+    ino: Ino,
+    threads: usize,
+    taken: Buffer,
+    budget: &AtomicUsize,
+) -> Result<Vec<Committed>> {
+    let bytes = taken.bytes;
+    let res = commit_slices(vol, ino, threads, taken);
+    // The memory is given back whether the commit worked or not.
+    budget.fetch_sub(bytes, Ordering::AcqRel);
+    res
+}
+
+fn commit_slices(vol: &Volume, ino: Ino, threads: usize, taken: Buffer) -> Result<Vec<Committed>> {
     let mut done: Vec<Committed> = Vec::new();
     for (indx, slices) in taken.chunks {
         for p in slices {
@@ -155,6 +173,15 @@ impl FileWriter {
         FileWriter::default()
     }
 
+    /// An empty write buffer that counts its bytes in `budget`, a counter
+    /// shared by the writers of one file system.
+    pub fn with_budget(budget: Arc<AtomicUsize>) -> FileWriter {
+        FileWriter {
+            budget,
+            ..FileWriter::default()
+        }
+    }
+
     /// Buffers `data` at file offset `off`; returns the bytes now buffered.
     pub fn write(&self, off: u64, data: &[u8]) -> Result<usize> {
         let end = off
@@ -175,6 +202,7 @@ impl FileWriter {
             rest = tail;
         }
         b.end = b.end.max(end);
+        self.budget.fetch_add(data.len(), Ordering::AcqRel);
         Ok(b.bytes)
     }
 
@@ -196,7 +224,7 @@ impl FileWriter {
         let mut bg = self.flushing.lock();
         let mut done = join(bg.take())?;
         let taken = std::mem::take(&mut *self.buf.lock());
-        done.extend(commit_buffer(vol, ino, threads, taken)?);
+        done.extend(commit_buffer(vol, ino, threads, taken, &self.budget)?);
         Ok(done)
     }
 
@@ -222,43 +250,13 @@ impl FileWriter {
             }
         };
         let vol = vol.clone();
+        let budget = self.budget.clone();
         *bg = Some(
             std::thread::Builder::new()
                 .name("sluice-writeback".into())
-                .spawn(move || commit_buffer(&vol, ino, threads, taken))?,
+                .spawn(move || commit_buffer(&vol, ino, threads, taken, &budget))?,
         );
         done
-    }
-
-    /// Drops buffered writes at or past file offset `len` and cuts the ones
-    /// that cross it (truncate while writes are buffered).
-    pub fn discard_from(&self, len: u64) {
-        let mut b = self.buf.lock();
-        let first = len / CHUNK_SIZE;
-        let cut = len % CHUNK_SIZE;
-        let mut bytes = 0;
-        b.chunks.retain(|&indx, slices| {
-            let indx = u64::from(indx);
-            if indx > first || (indx == first && cut == 0) {
-                return false;
-            }
-            if indx == first {
-                slices.retain_mut(|p| {
-                    if u64::from(p.pos) >= cut {
-                        return false;
-                    }
-                    p.data.truncate((cut - u64::from(p.pos)) as usize);
-                    true
-                });
-            }
-            bytes += slices.iter().map(|p| p.data.len()).sum::<usize>();
-            !slices.is_empty()
-        });
-        b.bytes = bytes;
-        b.end = b.end.min(len);
-        if bytes == 0 {
-            b.end = 0;
-        }
     }
 }
 
@@ -320,13 +318,5 @@ mod tests {
         let l = layout(&w);
         assert_eq!(l[3], (0, (CHUNK_SIZE - 2) as u32, b"ab".to_vec()));
         assert_eq!(l[4], (1, 0, b"cd".to_vec()));
-        w.discard_from(CHUNK_SIZE - 1);
-        let l = layout(&w);
-        assert_eq!(l.len(), 4);
-        assert_eq!(l[3].2, b"a");
-        assert_eq!(w.end(), CHUNK_SIZE - 1);
-        w.discard_from(0);
-        assert!(!w.is_dirty());
-        assert_eq!(w.end(), 0);
     }
 }
