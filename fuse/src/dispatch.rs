@@ -2,7 +2,11 @@
 //! to the transport's [`ReplySink`].
 //!
 //! The dispatcher holds no transport state, so the `/dev/fuse` session and
-//! the virtio-fs device share it. It owns the protocol's session state (INIT
+//! the virtio-fs device share it. A transport that wants READ data to land
+//! somewhere other than the dispatcher's scratch buffer (guest memory)
+//! matches [`Operation::Read`] itself, reads through the file system into
+//! its destination, and replies with [`ReplyHead::data`]; everything else
+//! goes through [`Dispatcher::handle`]. It owns the protocol's session state (INIT
 //! negotiation, DESTROY) and turns every engine error into an errno through
 //! `sluice_engine::Error::errno` — the one errno mapping — and every decode
 //! error through [`crate::DecodeError::errno`].
@@ -10,7 +14,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
-use sluice_engine::meta::{Context, SetAttr, TimeChange, Timestamp};
+use sluice_engine::meta::{SetAttr, TimeChange, Timestamp};
 
 use crate::abi::{self, fattr, init_flags};
 use crate::filesystem::Filesystem;
@@ -143,18 +147,6 @@ pub struct Dispatcher<F> {
     destroy_called: AtomicBool,
 }
 
-/// The caller's credentials from the request header. The kernel does not
-/// send supplementary groups (FUSE_EXT_GROUPS is not negotiated).
-fn context(req: &Request<'_>) -> Context {
-    Context {
-        uid: req.header.uid,
-        gid: req.header.gid,
-        gids: Vec::new(),
-        pid: req.header.pid,
-        privileged: false,
-    }
-}
-
 fn time_change(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> Option<TimeChange> {
     if valid & set == 0 {
         None
@@ -199,6 +191,13 @@ impl<F: Filesystem> Dispatcher<F> {
     /// The limits requests are decoded against.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Whether INIT was answered and the session has not ended: a transport
+    /// that answers some requests itself (virtio-fs placing READ data in
+    /// guest memory) checks this first, as [`Dispatcher::handle`] does.
+    pub fn is_running(&self) -> bool {
+        self.state.load(Ordering::Acquire) == STATE_RUNNING
     }
 
     /// Whether DESTROY was handled (or [`Dispatcher::shutdown`] called).
@@ -356,7 +355,7 @@ impl<F: Filesystem> Dispatcher<F> {
     ) -> Result<Outcome, Failure> {
         let fs = &self.fs;
         let t = &self.config.timeouts;
-        let ctx = context(req);
+        let ctx = req.context();
         let ino = req.nodeid();
         let u = req.unique();
         let head = match req.op {
@@ -628,7 +627,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use proptest::prelude::*;
-    use sluice_engine::meta::{Attr, Entry, Ino, RenameFlags, StatFs, XattrMode};
+    use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, StatFs, XattrMode};
     use sluice_engine::{Error, Result};
     use zerocopy::{FromBytes, IntoBytes};
 

@@ -16,7 +16,7 @@
 
 use std::mem::size_of;
 
-use sluice_engine::meta::{MAX_NAME_LEN, RenameFlags, XattrMode};
+use sluice_engine::meta::{Context, MAX_NAME_LEN, RenameFlags, XattrMode};
 use zerocopy::FromBytes;
 
 use crate::abi::{self, InHeader, opcode};
@@ -664,6 +664,19 @@ impl<'a> Request<'a> {
     /// The node id the operation is about.
     pub fn nodeid(&self) -> u64 {
         self.header.nodeid
+    }
+
+    /// The caller's credentials from the header. The kernel sends no
+    /// supplementary groups (`FUSE_EXT_GROUPS` is not negotiated), so
+    /// `gids` is empty.
+    pub fn context(&self) -> Context {
+        Context {
+            uid: self.header.uid,
+            gid: self.header.gid,
+            gids: Vec::new(),
+            pid: self.header.pid,
+            privileged: false,
+        }
     }
 }
 
