@@ -183,7 +183,7 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
         init.minor,
         init.max_write
     );
-    let (nodeid, file_size) = prepare_file(&mut setup, args, init.max_write.max(4096))?;
+    let (nodeid, file_size) = prepare_file(&mut setup, args, init.max_write.clamp(4096, setup_io))?;
     anyhow::ensure!(
         file_size >= args.block_size,
         "{} holds {file_size} bytes, less than one block",
@@ -290,7 +290,7 @@ fn prepare_file(setup: &mut FuseQueue, args: &VirtiofsArgs, max_write: u32) -> R
         (libc::O_WRONLY | libc::O_CREAT) as u32,
         libc::S_IFREG | 0o644,
     )?;
-    let chunk = max_write.min(1 << 20) as u64;
+    let chunk = u64::from(max_write);
     let mut data = vec![0u8; chunk as usize];
     let mut offset = 0;
     while offset < args.file_size {

@@ -79,9 +79,21 @@ impl FuseQueue {
 
     /// Sends `opcode` on `nodeid` with `args` and waits for the reply.
     pub fn call(&mut self, opcode: u32, nodeid: u64, args: &[u8]) -> Result<Reply> {
+        self.call_with_room(opcode, nodeid, args, self.reply_cap)
+    }
+
+    /// Like [`call`](Self::call), offering exactly `reply_room` bytes for the
+    /// reply, as the Linux driver sizes READ replies to the bytes asked for.
+    pub fn call_with_room(
+        &mut self,
+        opcode: u32,
+        nodeid: u64,
+        args: &[u8],
+        reply_room: u32,
+    ) -> Result<Reply> {
         let unique = self.unique();
         let request = wire::request(opcode, unique, nodeid, args);
-        let reply = self.call_raw(opcode, &request, self.reply_cap)?;
+        let reply = self.call_raw(opcode, &request, reply_room)?;
         if reply.unique != unique {
             return Err(HarnessError::BadReply {
                 opcode,
@@ -200,7 +212,11 @@ impl FuseQueue {
 
     /// FUSE_READ of `size` bytes at `offset`.
     pub fn read(&mut self, nodeid: u64, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        self.call(opcode::READ, nodeid, &wire::read_in(fh, offset, size))?
+        let room = size
+            .checked_add(OUT_HEADER_LEN as u32)
+            .filter(|&room| room <= self.reply_cap)
+            .ok_or(HarnessError::OutOfGuestMemory(u64::from(size)))?;
+        self.call_with_room(opcode::READ, nodeid, &wire::read_in(fh, offset, size), room)?
             .ok(opcode::READ)
     }
 
