@@ -243,3 +243,41 @@ fn chain_longer_than_4_gib_is_rejected() {
     assert_eq!(reply.error, -libc::ENOSYS);
     finish(running, device);
 }
+
+#[test]
+fn memory_added_and_removed_while_serving() {
+    use vhost::VhostUserMemoryRegionInfo;
+    use vhost::vhost_user::VhostUserFrontend;
+    use vm_memory::{GuestMemoryRegion, MemoryRegionAddress};
+
+    let running = start(1 << 20);
+    let (mut device, mut queue) = connect(&running, 8 << 20);
+    let hotplug_base = GuestAddress(GUEST_BASE + (1 << 30));
+    let region = sluice_benches::virtiofs::memfd_region(hotplug_base, 1 << 20).expect("region");
+    let info = VhostUserMemoryRegionInfo::from_guest_region(&region).expect("region info");
+    device
+        .frontend()
+        .add_mem_region(&info)
+        .expect("ADD_MEM_REG");
+
+    // A request that lives in the hot-plugged memory is served.
+    let request = wire::request(9999, 21, 1, b"in new memory");
+    region
+        .write_slice(&request, MemoryRegionAddress(0))
+        .expect("write into region");
+    assert_eq!(region.start_addr(), hotplug_base);
+    let in_new = RawDescriptor::buffer(hotplug_base, request.len() as u32, false);
+    let written = queue.send_chain(&[in_new, reply_room(&queue)]).unwrap();
+    assert_eq!(reply_errno(&queue, written), (libc::ENOSYS, 21));
+    assert_eq!(running.handler.calls.load(Ordering::SeqCst), 1);
+
+    // Once the region is removed, the same chain points outside guest memory.
+    device
+        .frontend()
+        .remove_mem_region(&info)
+        .expect("REM_MEM_REG");
+    let written = queue.send_chain(&[in_new, reply_room(&queue)]).unwrap();
+    assert_eq!(reply_errno(&queue, written).0, libc::EFAULT);
+    assert_eq!(running.handler.calls.load(Ordering::SeqCst), 1);
+    finish(running, device);
+}

@@ -78,6 +78,19 @@ impl SharedMemory {
     }
 }
 
+/// A memfd-backed region of `size` bytes at guest address `base`, for memory
+/// hot-plugged with ADD_MEM_REG.
+pub fn memfd_region(base: GuestAddress, size: usize) -> Result<GuestRegionMmap> {
+    let file = memfd("sluice-virtiofs-guest")?;
+    file.set_len(size as u64)
+        .map_err(HarnessError::GuestMemory)?;
+    let region = MmapRegion::from_file(FileOffset::new(file, 0), size)
+        .map_err(|e| HarnessError::GuestMemory(std::io::Error::other(e)))?;
+    GuestRegionMmap::new(region, base).ok_or_else(|| {
+        HarnessError::GuestMemory(std::io::Error::other("guest region does not fit"))
+    })
+}
+
 /// Creates an anonymous memory file.
 fn memfd(name: &str) -> Result<File> {
     let name = std::ffi::CString::new(name)

@@ -18,6 +18,6 @@ pub mod wire;
 pub use bench::{Latency, Report, VirtiofsArgs, fill_pattern, memcpy_throughput, parse_size, run};
 pub use device::{Device, DeviceOptions};
 pub use error::{HarnessError, Result};
-pub use guest_memory::{GUEST_BASE, SharedMemory};
+pub use guest_memory::{GUEST_BASE, SharedMemory, memfd_region};
 pub use session::{FuseQueue, REQUEST_TIMEOUT};
 pub use virtqueue::{RawDescriptor, SplitQueue};
