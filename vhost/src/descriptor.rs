@@ -319,3 +319,105 @@ impl io::Write for Writer<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    const BASE: u64 = 0x10_000;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(BASE), 0x10_000)]).expect("memory")
+    }
+
+    fn buffers(readable: &[(u64, usize)], writable: &[(u64, usize)]) -> ChainBuffers {
+        let region = |&(addr, len): &(u64, usize)| GuestRegion {
+            addr: GuestAddress(addr),
+            len,
+        };
+        ChainBuffers {
+            readable: readable.iter().map(region).collect(),
+            writable: writable.iter().map(region).collect(),
+            readable_len: readable.iter().map(|r| r.1).sum(),
+            writable_len: writable.iter().map(|r| r.1).sum(),
+        }
+    }
+
+    #[test]
+    fn reader_gathers_across_buffers() {
+        let mem = memory();
+        mem.write_slice(b"hello ", GuestAddress(BASE + 0x100))
+            .unwrap();
+        mem.write_slice(b"guest", GuestAddress(BASE + 0x900))
+            .unwrap();
+        let chain = buffers(&[(BASE + 0x100, 6), (BASE + 0x900, 5)], &[]);
+        let mut reader = chain.reader(&mem);
+        let mut first = [0u8; 4];
+        reader.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"hell");
+        assert_eq!(reader.available_bytes(), 7);
+        let mut rest = Vec::new();
+        reader.read_to_vec(&mut rest).unwrap();
+        assert_eq!(rest, b"o guest");
+        assert_eq!(reader.bytes_read(), 11);
+        assert_eq!(reader.read(&mut first).unwrap(), 0);
+    }
+
+    #[test]
+    fn writer_scatters_and_stops_at_the_end() {
+        let mem = memory();
+        let chain = buffers(&[], &[(BASE + 0x200, 3), (BASE + 0x400, 4)]);
+        let mut writer = chain.writer(&mem);
+        assert_eq!(writer.write(b"abcdefghij").unwrap(), 7);
+        assert_eq!(writer.write(b"k").unwrap(), 0);
+        assert!(writer.write_all(b"k").is_err());
+        let mut got = [0u8; 4];
+        mem.read_slice(&mut got[..3], GuestAddress(BASE + 0x200))
+            .unwrap();
+        assert_eq!(&got[..3], b"abc");
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x400))
+            .unwrap();
+        assert_eq!(&got, b"defg");
+        assert_eq!(writer.bytes_written(), 7);
+    }
+
+    #[test]
+    fn split_writer_lets_payload_go_before_header() {
+        let mem = memory();
+        // The split point falls inside the second buffer.
+        let chain = buffers(&[], &[(BASE + 0x300, 10), (BASE + 0x500, 10)]);
+        let mut header = chain.writer(&mem);
+        let mut payload = header.split_at(16);
+        assert_eq!(header.available_bytes(), 16);
+        assert_eq!(payload.available_bytes(), 4);
+        payload.write_all(b"DATA").unwrap();
+        header.write_all(b"0123456789abcdef").unwrap();
+        assert_eq!(header.available_bytes(), 0);
+        let mut got = [0u8; 10];
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x500))
+            .unwrap();
+        assert_eq!(&got, b"abcdefDATA");
+    }
+
+    #[test]
+    fn split_at_a_buffer_boundary_and_past_the_end() {
+        let mem = memory();
+        let chain = buffers(&[], &[(BASE + 0x300, 8), (BASE + 0x500, 8)]);
+        let mut head = chain.writer(&mem);
+        let mut tail = head.split_at(8);
+        tail.write_all(b"tailtail").unwrap();
+        head.write_all(b"headhead").unwrap();
+        let mut got = [0u8; 8];
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x500))
+            .unwrap();
+        assert_eq!(&got, b"tailtail");
+        let mut all = chain.writer(&mem);
+        let empty = all.split_at(100);
+        assert_eq!(all.available_bytes(), 16);
+        assert_eq!(empty.available_bytes(), 0);
+    }
+}
