@@ -1,0 +1,157 @@
+//! The [`Filesystem`] trait: what the dispatcher calls for each decoded
+//! request. Its methods mirror the engine's `Vfs` facade one to one (see
+//! `VFS_API.md`), so `impl Filesystem for Vfs` is pure delegation.
+
+use sluice_engine::Result;
+use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
+
+/// A file or directory handle handed out by the file system; 0 is never a
+/// valid handle.
+pub type Fh = u64;
+
+/// The result of opening a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenOut {
+    /// The handle later requests on this open file carry.
+    pub fh: Fh,
+    /// The file's attributes at open time.
+    pub attr: Attr,
+    /// Whether the kernel may keep cached pages of the file (`FOPEN_KEEP_CACHE`).
+    pub keep_cache: bool,
+    /// Whether the kernel must bypass its page cache (`FOPEN_DIRECT_IO`).
+    pub direct_io: bool,
+}
+
+/// A file system the FUSE dispatcher serves. Every method may be called from
+/// several threads at once. Errors become errno values through
+/// [`sluice_engine::Error::errno`], in the dispatcher only.
+pub trait Filesystem: Send + Sync {
+    /// Called once when the kernel (or guest) opens the session (FUSE_INIT).
+    fn init(&self) -> Result<()>;
+    /// Called once when the session ends (FUSE_DESTROY or unmount): flush
+    /// everything and close.
+    fn destroy(&self);
+    /// Looks up `name` in directory `parent`.
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry>;
+    /// The kernel dropped `nlookup` references to `ino`.
+    fn forget(&self, ino: Ino, nlookup: u64);
+    /// The attributes of `ino` (the length includes buffered writes).
+    fn getattr(&self, ctx: &Context, ino: Ino) -> Result<Attr>;
+    /// Changes attributes; `size` truncates or extends a regular file.
+    fn setattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Option<Fh>,
+        set: &SetAttr,
+        size: Option<u64>,
+    ) -> Result<Attr>;
+    /// The target of a symbolic link.
+    fn readlink(&self, ctx: &Context, ino: Ino) -> Result<Vec<u8>>;
+    /// Creates a node; `mode` is `st_mode` including the `S_IF*` bits.
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry>;
+    /// Creates a directory.
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry>;
+    /// Removes a non-directory entry.
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Removes an empty directory.
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Creates a symbolic link to `target`.
+    fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry>;
+    /// Renames (or with `flags.exchange`, swaps) an entry.
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()>;
+    /// Adds a hard link to `ino`.
+    fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry>;
+    /// Opens a file with `open(2)` flags.
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut>;
+    /// Creates and opens a regular file.
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: u32,
+    ) -> Result<(Entry, OpenOut)>;
+    /// Reads into `buf` from `offset`; returns fewer bytes only at end of file.
+    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize>;
+    /// Writes `data` at `offset`; returns the bytes taken.
+    fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize>;
+    /// `close(2)` of one file descriptor: commit buffered writes.
+    fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
+    /// The last reference to the open file is gone: flush and close.
+    fn release(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
+    /// Makes the file durable.
+    fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()>;
+    /// Opens a directory.
+    fn opendir(&self, ctx: &Context, ino: Ino) -> Result<Fh>;
+    /// Directory entries from index `offset` on (`.` and `..` first); entry
+    /// `i` has offset `i + 1`. With `plus`, entries carry full attributes.
+    fn readdir(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Vec<Entry>>;
+    /// Closes a directory handle.
+    fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
+    /// Makes a directory durable.
+    fn fsyncdir(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()>;
+    /// Space and inode usage.
+    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
+    /// Sets an extended attribute.
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()>;
+    /// Reads an extended attribute.
+    fn getxattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
+    /// Lists extended attribute names.
+    fn listxattr(&self, ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>>;
+    /// Removes an extended attribute.
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
+    /// Checks access `mask` (`R_OK | W_OK | X_OK`, or `F_OK`).
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()>;
+    /// Allocates, punches or zeroes a range (`FALLOC_FL_*` in `mode`).
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()>;
+    /// `SEEK_DATA` / `SEEK_HOLE` from `offset`.
+    fn lseek(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64>;
+}

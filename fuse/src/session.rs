@@ -1,0 +1,182 @@
+//! A FUSE session on `/dev/fuse`: worker threads that read requests, run
+//! them through the [`Dispatcher`] and write the replies.
+//!
+//! Each worker has its own `/dev/fuse` file cloned from the mount's
+//! (`FUSE_DEV_IOC_CLONE`), its own request buffer (`max_write` plus a page
+//! of headroom for the header and arguments) and its own reply scratch, so
+//! workers share nothing but the dispatcher.
+//!
+//! Read errors: ENOENT (the request was interrupted and withdrawn before we
+//! read it), EINTR and EAGAIN are retried; ENODEV means the file system was
+//! unmounted and ends the worker cleanly. A reply write failing with ENOENT
+//! (the kernel no longer waits for that request) is ignored. When the last
+//! worker ends — by DESTROY or by unmount — `Filesystem::destroy` runs once.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::dev::{self, DevError, Mount};
+use crate::dispatch::{Config, Dispatcher, Outcome, ReplySink, Scratch, page_size};
+use crate::filesystem::Filesystem;
+use crate::reply::ReplyHead;
+
+/// Replies written to one `/dev/fuse` file.
+struct DevSink<'a> {
+    fd: &'a OwnedFd,
+}
+
+impl ReplySink for DevSink<'_> {
+    fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()> {
+        dev::write_reply(self.fd.as_fd(), head, payload)
+    }
+}
+
+/// A mounted file system ready to be served.
+#[derive(Debug)]
+pub struct Session<F> {
+    dispatcher: Arc<Dispatcher<F>>,
+    fd: Arc<OwnedFd>,
+    path: PathBuf,
+}
+
+/// A session served by background threads.
+#[derive(Debug)]
+pub struct BackgroundSession<F> {
+    dispatcher: Arc<Dispatcher<F>>,
+    path: PathBuf,
+    workers: Vec<JoinHandle<Result<(), DevError>>>,
+}
+
+impl<F: Filesystem + 'static> Session<F> {
+    /// A session serving `fs` on `mount`.
+    pub fn new(fs: F, mount: Mount, config: Config) -> Session<F> {
+        let (fd, path) = mount.into_parts();
+        Session {
+            dispatcher: Arc::new(Dispatcher::new(fs, config)),
+            fd: Arc::new(fd),
+            path,
+        }
+    }
+
+    /// The dispatcher (and through it, the file system).
+    pub fn dispatcher(&self) -> &Arc<Dispatcher<F>> {
+        &self.dispatcher
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Starts `workers` threads (at least one), each on its own cloned
+    /// `/dev/fuse` file. A kernel without `FUSE_DEV_IOC_CLONE` gets workers
+    /// sharing the mount's file instead, which is correct, only slower.
+    fn start(&self, workers: usize) -> Result<Vec<JoinHandle<Result<(), DevError>>>, DevError> {
+        let mut handles = Vec::new();
+        // One page beyond max_write holds the header and WRITE arguments
+        // (libfuse allows the same headroom).
+        let buf_size = self.dispatcher.limits().max_write as usize + page_size();
+        for i in 0..workers.max(1) {
+            let fd = if i == 0 {
+                Arc::clone(&self.fd)
+            } else {
+                match dev::clone_fd(self.fd.as_fd()) {
+                    Ok(fd) => Arc::new(fd),
+                    Err(e) => {
+                        log::warn!("{e}; worker {i} shares the mount's /dev/fuse file");
+                        Arc::clone(&self.fd)
+                    }
+                }
+            };
+            let dispatcher = Arc::clone(&self.dispatcher);
+            let handle = std::thread::Builder::new()
+                .name(format!("sluice-fuse-{i}"))
+                .spawn(move || serve(&fd, &dispatcher, buf_size))
+                .map_err(DevError::Spawn)?;
+            handles.push(handle);
+        }
+        Ok(handles)
+    }
+
+    /// Serves the mount with `workers` threads until it is unmounted (or the
+    /// kernel sends DESTROY), then calls `Filesystem::destroy`.
+    pub fn run(self, workers: usize) -> Result<(), DevError> {
+        self.spawn(workers)?.join()
+    }
+
+    /// Serves the mount in the background with `workers` threads.
+    pub fn spawn(self, workers: usize) -> Result<BackgroundSession<F>, DevError> {
+        let workers = self.start(workers)?;
+        Ok(BackgroundSession {
+            dispatcher: self.dispatcher,
+            path: self.path,
+            workers,
+        })
+    }
+}
+
+impl<F: Filesystem> BackgroundSession<F> {
+    /// The dispatcher (and through it, the file system).
+    pub fn dispatcher(&self) -> &Arc<Dispatcher<F>> {
+        &self.dispatcher
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits until every worker has stopped (after the mount is unmounted),
+    /// then calls `Filesystem::destroy` (once). Returns the first worker
+    /// error.
+    pub fn join(self) -> Result<(), DevError> {
+        let mut first = Ok(());
+        for h in self.workers {
+            let r = h.join().unwrap_or(Err(DevError::WorkerPanicked));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        self.dispatcher.shutdown();
+        first
+    }
+
+    /// Unmounts the mount point and waits for the workers to stop.
+    pub fn unmount_and_join(self) -> Result<(), DevError> {
+        dev::unmount(&self.path)?;
+        self.join()
+    }
+}
+
+/// One worker's loop.
+fn serve<F: Filesystem>(
+    fd: &OwnedFd,
+    dispatcher: &Dispatcher<F>,
+    buf_size: usize,
+) -> Result<(), DevError> {
+    let mut buf = vec![0u8; buf_size.max(crate::abi::MIN_READ_BUFFER)];
+    let mut scratch = Scratch::new();
+    let mut sink = DevSink { fd };
+    loop {
+        let n = match dev::read_request(fd.as_fd(), &mut buf) {
+            Ok(n) => n,
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ENOENT | libc::EINTR | libc::EAGAIN) => continue,
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(DevError::Read(e)),
+            },
+        };
+        match dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink) {
+            Ok(Outcome::Continue) => {}
+            Ok(Outcome::Destroyed) => return Ok(()),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ENOENT) => {}
+                Some(libc::ENODEV) => return Ok(()),
+                _ => return Err(DevError::Write(e)),
+            },
+        }
+    }
+}
