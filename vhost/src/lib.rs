@@ -18,6 +18,7 @@ pub mod config;
 pub mod descriptor;
 mod error;
 pub mod frame;
+mod fuse_handler;
 mod worker;
 
 use std::io;
@@ -26,6 +27,7 @@ pub use backend::{DEVICE_FEATURES, VirtioFsDevice, listen, protocol_features};
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
+pub use fuse_handler::FuseHandler;
 
 /// Answers FUSE requests taken off a virtqueue.
 ///
