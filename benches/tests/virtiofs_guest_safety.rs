@@ -281,3 +281,36 @@ fn memory_added_and_removed_while_serving() {
     assert_eq!(running.handler.calls.load(Ordering::SeqCst), 1);
     finish(running, device);
 }
+
+#[test]
+fn indirect_descriptor_tables_are_followed() {
+    use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_queue::desc::split::Descriptor;
+
+    let running = start(1 << 20);
+    let (mut device, mut queue) = connect(&running, 8 << 20);
+    let (request_addr, request_len) = put_request(&mut queue, 31, b"via an indirect table");
+    let (reply_addr, _) = queue.reply_buffer();
+    let table = device.alloc(32).expect("table");
+    let entries = [
+        Descriptor::new(request_addr.0, request_len, VRING_DESC_F_NEXT as u16, 1),
+        Descriptor::new(reply_addr.0, 4096, VRING_DESC_F_WRITE as u16, 0),
+    ];
+    for (i, entry) in entries.into_iter().enumerate() {
+        queue
+            .memory()
+            .write_obj(entry, GuestAddress(table.0 + 16 * i as u64))
+            .expect("write table");
+    }
+    let head = RawDescriptor {
+        addr: table.0,
+        len: 32,
+        writable: false,
+        indirect: true,
+        next: None,
+    };
+    let written = queue.send_chain(&[head]).unwrap();
+    assert_eq!(reply_errno(&queue, written), (libc::ENOSYS, 31));
+    assert_eq!(running.handler.calls.load(Ordering::SeqCst), 1);
+    finish(running, device);
+}
