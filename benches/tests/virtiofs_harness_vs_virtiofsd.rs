@@ -164,6 +164,8 @@ fn bench_runs_against_virtiofsd() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let daemon = start(&binary, dir.path());
+    let other_dir = tempfile::tempdir().expect("temp dir");
+    let other = start(&binary, other_dir.path());
     let report = run(&VirtiofsArgs {
         socket: daemon.socket.clone(),
         queues: 1,
@@ -174,8 +176,11 @@ fn bench_runs_against_virtiofsd() {
         file: "bench.dat".to_string(),
         file_size: 4 << 20,
         queue_size: 128,
+        vs_socket: Some(other.socket.clone()),
     })
     .expect("bench run");
+    let reference = report.reference.as_ref().expect("reference measured");
+    assert!(reference.ops > 0);
     assert!(report.ops > 0);
     assert_eq!(report.bytes, report.ops * (64 << 10));
     assert!(report.memcpy_gb_per_s.is_some_and(|g| g > 0.0));

@@ -45,6 +45,10 @@ pub struct VirtiofsArgs {
     /// Entries per virtqueue.
     #[arg(long, default_value_t = 1024)]
     pub queue_size: u16,
+    /// A second vhost-user-fs socket (e.g. virtiofsd's) measured the same way
+    /// in the same run, printed beside the first with the ratio.
+    #[arg(long)]
+    pub vs_socket: Option<PathBuf>,
 }
 
 /// Latency percentiles in microseconds.
@@ -87,6 +91,8 @@ pub struct Report {
     pub latency: Latency,
     /// Single-core memcpy throughput at the block size, with `--vs-memcpy`.
     pub memcpy_gb_per_s: Option<f64>,
+    /// The same measurement against `--vs-socket`.
+    pub reference: Option<Box<Report>>,
 }
 
 impl fmt::Display for Report {
@@ -111,6 +117,20 @@ impl fmt::Display for Report {
             self.latency.p999,
             self.latency.max
         )?;
+        if let Some(reference) = &self.reference {
+            writeln!(
+                f,
+                "  reference {:>12.0} IOPS  {:>8.3} GB/s  latency us: p50 {:.1}  p99 {:.1}",
+                reference.iops, reference.gb_per_s, reference.latency.p50, reference.latency.p99
+            )?;
+            writeln!(
+                f,
+                "  ours/reference: GB/s {:.3}  p50 latency {:.3}  p99 latency {:.3}",
+                ratio(self.gb_per_s, reference.gb_per_s),
+                ratio(self.latency.p50, reference.latency.p50),
+                ratio(self.latency.p99, reference.latency.p99)
+            )?;
+        }
         if let Some(memcpy) = self.memcpy_gb_per_s {
             writeln!(
                 f,
@@ -124,6 +144,14 @@ impl fmt::Display for Report {
             )?;
         }
         Ok(())
+    }
+}
+
+fn ratio(ours: f64, reference: f64) -> f64 {
+    if reference > 0.0 {
+        ours / reference
+    } else {
+        0.0
     }
 }
 
@@ -148,8 +176,25 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is zero or too large"))
 }
 
-/// Runs the benchmark described by `args`.
+/// Runs the benchmark described by `args`: the socket, then the reference
+/// socket if given, then memcpy if asked for.
 pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
+    let mut report = measure(&args.socket, args)?;
+    if let Some(reference) = &args.vs_socket {
+        report.reference = Some(Box::new(measure(reference, args)?));
+    }
+    if args.vs_memcpy {
+        report.memcpy_gb_per_s = Some(memcpy_throughput(
+            args.block_size as usize,
+            args.depth,
+            Duration::from_secs(args.seconds.clamp(1, 5)),
+        ));
+    }
+    Ok(report)
+}
+
+/// Measures READs against the device at `socket`.
+fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Report> {
     let block = u32::try_from(args.block_size)
         .map_err(|_| anyhow::anyhow!("--block-size must be below 4 GiB"))?;
     anyhow::ensure!(args.queues >= 1, "--queues must be at least 1");
@@ -167,7 +212,7 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
         args.depth as u64 * (u64::from(block) + 4096) + u64::from(args.queue_size) * 32 + 3 * 4096;
     let memory_size = per_queue * (args.queues as u64 + 1) + 2 * u64::from(setup_io) + (1 << 20);
     let mut device = Device::connect(
-        &args.socket,
+        socket,
         DeviceOptions {
             request_queues: args.queues,
             queue_size: args.queue_size,
@@ -252,13 +297,6 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
     if let Some(e) = first_error {
         return Err(e.into());
     }
-    let memcpy_gb_per_s = args.vs_memcpy.then(|| {
-        memcpy_throughput(
-            args.block_size as usize,
-            args.depth,
-            Duration::from_secs(args.seconds.clamp(1, 5)),
-        )
-    });
     let bytes = ops * args.block_size;
     let secs = elapsed.as_secs_f64();
     Ok(Report {
@@ -272,7 +310,8 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
         iops: ops as f64 / secs,
         gb_per_s: bytes as f64 / secs / 1e9,
         latency: percentiles(&mut latencies),
-        memcpy_gb_per_s,
+        memcpy_gb_per_s: None,
+        reference: None,
     })
 }
 
