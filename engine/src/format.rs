@@ -30,7 +30,8 @@ pub struct Format {
     /// Inode quota (0 = unlimited).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inodes: u64,
-    /// Encryption algorithm; sluice refuses encrypted volumes.
+    /// Encryption algorithm. JuiceFS writes one even for unencrypted volumes;
+    /// only `encrypt_key` marks a volume as encrypted.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub encrypt_algo: String,
     /// Encrypted key (PEM); sluice refuses encrypted volumes.
@@ -91,7 +92,9 @@ impl Format {
     /// Fails with a clear message when sluice cannot serve this volume
     /// (encryption, unknown compression, a nonsensical block size).
     pub fn check_supported(&self) -> Result<()> {
-        if !self.encrypt_algo.is_empty() || !self.encrypt_key.is_empty() {
+        // JuiceFS writes `EncryptAlgo` ("aes256gcm-rsa") into every volume, encrypted
+        // or not; only an `EncryptKey` means the objects are encrypted.
+        if !self.encrypt_key.is_empty() {
             return Err(Error::NotSupported(format!(
                 "volume {:?} is encrypted; sluice does not serve encrypted JuiceFS volumes yet",
                 self.name

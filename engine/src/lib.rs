@@ -6,3 +6,15 @@ pub mod format;
 pub mod meta;
 
 pub use error::{Error, Result};
+pub mod block_cache;
+pub mod block_key;
+pub mod chunk;
+pub mod compaction;
+pub mod compress;
+pub mod gc;
+pub mod info;
+pub mod object;
+pub mod reader;
+pub mod vfs;
+pub mod volume;
+pub mod writer;

@@ -6,6 +6,14 @@
 
 use std::sync::Arc;
 
+#[cfg(test)]
+pub(crate) mod conformance;
+pub mod sqlite;
+pub mod url;
+
+pub use sqlite::SqliteMeta;
+pub use url::open_meta;
+
 use crate::error::Result;
 use crate::format::Format;
 
@@ -14,9 +22,10 @@ pub type Ino = u64;
 
 /// The root directory's inode.
 pub const ROOT_INO: Ino = 1;
-/// The trash directory's inode (JuiceFS `TrashInode`); its hourly
-/// subdirectories get the inodes after it.
-pub const TRASH_INO: Ino = 0x7FFF_FFFF_0000_0000;
+/// The trash directory's inode (JuiceFS `TrashInode`, 0x7FFFFFFF10000000 =
+/// 9223372032828243968 as JuiceFS 1.4 writes it); its hourly subdirectories
+/// get the inodes after it.
+pub const TRASH_INO: Ino = 0x7FFF_FFFF_1000_0000;
 /// The size of a chunk: 64 MiB of file offset.
 pub const CHUNK_SIZE: u64 = 64 << 20;
 /// The longest name a directory entry may have.
@@ -205,7 +214,7 @@ impl Slice {
     /// Decodes a concatenation of records (a `jfs_chunk.slices` blob or a
     /// Redis list); `None` when the length is not a multiple of 24.
     pub fn decode_all(b: &[u8]) -> Option<Vec<Slice>> {
-        if b.len() % Self::RECORD_LEN != 0 {
+        if !b.len().is_multiple_of(Self::RECORD_LEN) {
             return None;
         }
         b.chunks_exact(Self::RECORD_LEN)
@@ -358,6 +367,7 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
 
     /// Creates a node of any type but directory and symlink (mknod).
+    #[allow(clippy::too_many_arguments)]
     fn mknod(
         &self,
         ctx: &Context,

@@ -1,0 +1,165 @@
+//! A bounded in-memory cache of decompressed blocks, keyed by (slice id,
+//! block index). Slices are immutable once written, so an entry never goes
+//! stale; it only ages out.
+//!
+//! The cache is split into shards, each a small LRU behind its own lock, so
+//! concurrent readers of different blocks rarely meet on a lock and no lock
+//! is held while data is copied.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// A block's identity: slice id and block index within the slice.
+pub type BlockId = (u64, u32);
+
+const SHARDS: usize = 16;
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<BlockId, (Arc<Vec<u8>>, u64)>,
+    /// Last-use tick → block, oldest first.
+    order: BTreeMap<u64, BlockId>,
+    bytes: usize,
+    tick: u64,
+}
+
+impl Shard {
+    fn touch(&mut self, id: BlockId) -> Option<Arc<Vec<u8>>> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (data, t) = self.map.get_mut(&id)?;
+        self.order.remove(t);
+        *t = tick;
+        self.order.insert(tick, id);
+        Some(data.clone())
+    }
+}
+
+/// Thread-safe, byte-bounded block cache.
+#[derive(Debug)]
+pub struct BlockCache {
+    shards: Vec<Mutex<Shard>>,
+    shard_limit: usize,
+}
+
+impl BlockCache {
+    /// A cache holding at most about `capacity` bytes of blocks (0 disables it).
+    pub fn new(capacity: usize) -> BlockCache {
+        BlockCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_limit: capacity / SHARDS,
+        }
+    }
+
+    fn shard(&self, id: BlockId) -> &Mutex<Shard> {
+        // Blocks of one slice spread over the shards.
+        let h = id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(id.1);
+        &self.shards[(h as usize ^ (h >> 32) as usize) % SHARDS]
+    }
+
+    /// The cached block, if present (and marks it recently used).
+    pub fn get(&self, id: BlockId) -> Option<Arc<Vec<u8>>> {
+        self.shard(id).lock().touch(id)
+    }
+
+    /// Adds a block, evicting the least recently used ones to stay in bounds.
+    /// Blocks larger than a shard's share are not cached.
+    pub fn insert(&self, id: BlockId, data: Arc<Vec<u8>>) {
+        let len = data.len();
+        if len > self.shard_limit {
+            return;
+        }
+        let mut s = self.shard(id).lock();
+        if s.touch(id).is_some() {
+            return;
+        }
+        while s.bytes + len > self.shard_limit {
+            let Some((_, victim)) = s.order.pop_first() else {
+                break;
+            };
+            if let Some((d, _)) = s.map.remove(&victim) {
+                s.bytes -= d.len();
+            }
+        }
+        s.tick += 1;
+        let tick = s.tick;
+        s.order.insert(tick, id);
+        s.map.insert(id, (data, tick));
+        s.bytes += len;
+    }
+
+    /// Drops every block of slice `id` (its objects are gone).
+    pub fn remove_slice(&self, id: u64) {
+        for shard in &self.shards {
+            let mut s = shard.lock();
+            let keys: Vec<BlockId> = s.map.keys().filter(|k| k.0 == id).copied().collect();
+            for k in keys {
+                if let Some((d, t)) = s.map.remove(&k) {
+                    s.bytes -= d.len();
+                    s.order.remove(&t);
+                }
+            }
+        }
+    }
+
+    /// Bytes currently cached.
+    pub fn used(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_and_lru() {
+        let cache = BlockCache::new(SHARDS * 100);
+        // Find three ids in one shard so eviction order is observable.
+        let same: Vec<BlockId> = (0..1000u64)
+            .map(|i| (i, 0))
+            .filter(|&b| std::ptr::eq(cache.shard(b), cache.shard((0, 0))))
+            .take(3)
+            .collect();
+        cache.insert(same[0], Arc::new(vec![1; 40]));
+        cache.insert(same[1], Arc::new(vec![2; 40]));
+        assert_eq!(cache.get(same[0]).unwrap()[0], 1);
+        cache.insert(same[2], Arc::new(vec![3; 40]));
+        assert!(
+            cache.get(same[1]).is_none(),
+            "least recently used is evicted"
+        );
+        assert!(cache.get(same[0]).is_some());
+        assert!(cache.get(same[2]).is_some());
+        assert_eq!(cache.used(), 80);
+        cache.insert((5, 5), Arc::new(vec![0; 101]));
+        assert!(
+            cache.get((5, 5)).is_none(),
+            "oversized blocks are not cached"
+        );
+        cache.remove_slice(same[0].0);
+        assert!(cache.get(same[0]).is_none());
+        assert_eq!(cache.used(), 40);
+    }
+
+    #[test]
+    fn concurrent_use_stays_bounded() {
+        let cache = Arc::new(BlockCache::new(64 * 1024));
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let cache = cache.clone();
+                sc.spawn(move || {
+                    for i in 0..500u64 {
+                        cache.insert((t * 1000 + i, 0), Arc::new(vec![t as u8; 1000]));
+                        if let Some(b) = cache.get((t * 1000 + i / 2, 0)) {
+                            assert!(b.iter().all(|&x| x == t as u8));
+                        }
+                    }
+                });
+            }
+        });
+        assert!(cache.used() <= 64 * 1024);
+    }
+}

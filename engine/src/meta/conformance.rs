@@ -1,0 +1,1208 @@
+//! The behaviour every metadata engine must show, as functions over
+//! `&dyn Meta`. Each takes a fresh, unformatted store; an engine's tests run
+//! every function on it (see `sqlite/tests.rs`), so the Redis engine later
+//! runs the same suite.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::Error;
+use crate::format::Format;
+use crate::meta::{
+    Context, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO,
+    TimeChange, Timestamp, XattrMode,
+};
+
+/// One conformance check: it gets a fresh, unformatted store.
+pub(crate) type Check = fn(&dyn Meta);
+
+/// Every conformance check, by name.
+pub(crate) const ALL: &[(&str, Check)] = &[
+    ("format_and_load", format_and_load),
+    ("refuse_different_volume", refuse_different_volume),
+    ("refuse_encrypted", refuse_encrypted),
+    ("create_lookup_getattr", create_lookup_getattr),
+    ("names_are_checked", names_are_checked),
+    ("mkdir_rmdir_nlink", mkdir_rmdir_nlink),
+    ("readdir_lists_entries", readdir_lists_entries),
+    ("rename_moves_and_replaces", rename_moves_and_replaces),
+    ("rename_flags", rename_flags),
+    ("rename_directories", rename_directories),
+    ("hard_links", hard_links),
+    ("symlinks", symlinks),
+    ("mknod_special_files", mknod_special_files),
+    ("xattrs", xattrs),
+    ("setattr_rules", setattr_rules),
+    ("permissions", permissions),
+    ("write_read_and_refs", write_read_and_refs),
+    ("truncate_and_fallocate", truncate_and_fallocate),
+    ("compact_chunk", compact_chunk),
+    ("open_unlink_close", open_unlink_close),
+    ("trash_keeps_removed_files", trash_keeps_removed_files),
+    ("no_trash_releases_at_once", no_trash_releases_at_once),
+    ("statfs_counts_usage", statfs_counts_usage),
+    ("concurrent_creates", concurrent_creates),
+    ("sessions", sessions),
+];
+
+/// A volume's settings for tests.
+pub(crate) fn test_format(trash_days: u32) -> Format {
+    Format {
+        name: "conformance".into(),
+        uuid: "5a1c0e11-0000-4000-8000-000000000001".into(),
+        storage: "file".into(),
+        bucket: "/tmp/conformance-bucket/".into(),
+        block_size: 4096,
+        compression: "none".into(),
+        capacity: 0,
+        inodes: 0,
+        encrypt_algo: "aes256gcm-rsa".into(),
+        encrypt_key: String::new(),
+        trash_days,
+        meta_version: 1,
+        min_client_version: "1.1.0-A".into(),
+        dir_stats: true,
+        enable_acl: false,
+        extra: serde_json::Map::new(),
+    }
+}
+
+fn root() -> Context {
+    Context::default()
+}
+
+fn user(uid: u32) -> Context {
+    Context {
+        uid,
+        gid: uid,
+        gids: vec![uid],
+        pid: 1,
+        privileged: false,
+    }
+}
+
+/// Collects what the engine releases.
+fn track_releases(m: &dyn Meta) -> Arc<Mutex<Vec<ReleasedSlice>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = Arc::clone(&seen);
+    m.set_slice_releaser(Arc::new(move |r| {
+        s.lock().push(r);
+        true
+    }));
+    seen
+}
+
+fn formatted(m: &dyn Meta, trash_days: u32) {
+    m.init(&test_format(trash_days)).expect("format the volume");
+    m.load().expect("load the volume");
+}
+
+fn names(m: &dyn Meta, dir: Ino) -> Vec<Vec<u8>> {
+    m.readdir(&root(), dir, false)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+fn assert_err<T: std::fmt::Debug>(r: crate::Result<T>, want: fn(&Error) -> bool, what: &str) {
+    match r {
+        Ok(v) => panic!("{what}: expected an error, got {v:?}"),
+        Err(e) => assert!(want(&e), "{what}: unexpected error {e:?}"),
+    }
+}
+
+/// Writes one slice covering `len` bytes at `off` of chunk 0.
+fn write(m: &dyn Meta, ino: Ino, off: u32, len: u32) -> Slice {
+    let id = m.new_slice_id().expect("slice id");
+    let s = Slice {
+        pos: off,
+        id,
+        size: len,
+        off: 0,
+        len,
+    };
+    m.write_chunk(ino, 0, s, Timestamp::now()).expect("write");
+    s
+}
+
+/// Format, load, and the root directory JuiceFS makes.
+pub(crate) fn format_and_load(m: &dyn Meta) {
+    assert_err(
+        m.load(),
+        |e| matches!(e, Error::NotFound),
+        "load before format",
+    );
+    formatted(m, 1);
+    let f = m.load().expect("load");
+    assert_eq!(f.name, "conformance");
+    assert_eq!(f.uuid, test_format(1).uuid);
+    assert_eq!(f.trash_days, 1);
+    let a = m.getattr(ROOT_INO).expect("root");
+    assert_eq!(a.typ, FileType::Directory);
+    assert_eq!(a.mode, 0o777);
+    assert_eq!(a.nlink, 2);
+    assert_eq!(a.length, 4096);
+    // The same volume again (trash days changed) is an update, not an error.
+    m.init(&test_format(3)).expect("re-format the same volume");
+    assert_eq!(m.load().expect("load").trash_days, 3);
+}
+
+/// A store holding a volume refuses to become another one.
+pub(crate) fn refuse_different_volume(m: &dyn Meta) {
+    formatted(m, 0);
+    let mut other = test_format(0);
+    other.name = "another".into();
+    assert_err(m.init(&other), |e| matches!(e, Error::Exists), "other name");
+    let mut other = test_format(0);
+    other.uuid = "5a1c0e11-0000-4000-8000-000000000002".into();
+    assert_err(m.init(&other), |e| matches!(e, Error::Exists), "other uuid");
+    assert_eq!(m.load().expect("load").name, "conformance");
+}
+
+/// Encrypted volumes are refused with a message that says so.
+pub(crate) fn refuse_encrypted(m: &dyn Meta) {
+    let mut f = test_format(0);
+    f.encrypt_key = "-----BEGIN ENCRYPTED PRIVATE KEY-----".into();
+    match m.init(&f) {
+        Err(Error::NotSupported(msg)) => assert!(msg.contains("encrypted"), "{msg}"),
+        other => panic!("encrypted volume accepted: {other:?}"),
+    }
+}
+
+/// create, lookup, getattr.
+pub(crate) fn create_lookup_getattr(m: &dyn Meta) {
+    formatted(m, 0);
+    let ctx = user(1000);
+    m.setattr(
+        &root(),
+        ROOT_INO,
+        &SetAttr {
+            mode: Some(0o777),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod root");
+    let (ino, a) = m
+        .create(&ctx, ROOT_INO, b"f", 0o666, 0o022)
+        .expect("create");
+    m.close(ino).expect("close");
+    assert!(ino > ROOT_INO);
+    assert_eq!(a.typ, FileType::File);
+    assert_eq!(a.mode, 0o644);
+    assert_eq!(
+        (a.uid, a.gid, a.nlink, a.length, a.parent),
+        (1000, 1000, 1, 0, ROOT_INO)
+    );
+    let (found, fa) = m.lookup(&ctx, ROOT_INO, b"f").expect("lookup");
+    assert_eq!(found, ino);
+    assert_eq!(fa, m.getattr(ino).expect("getattr"));
+    assert_err(
+        m.create(&ctx, ROOT_INO, b"f", 0o644, 0),
+        |e| matches!(e, Error::Exists),
+        "dup",
+    );
+    assert_err(
+        m.lookup(&ctx, ROOT_INO, b"nope"),
+        |e| matches!(e, Error::NotFound),
+        "missing",
+    );
+    assert_err(
+        m.lookup(&ctx, ino, b"x"),
+        |e| matches!(e, Error::NotDir),
+        "lookup in file",
+    );
+    assert_eq!(m.lookup(&ctx, ROOT_INO, b".").expect(".").0, ROOT_INO);
+    assert_eq!(m.lookup(&ctx, ROOT_INO, b"..").expect("..").0, ROOT_INO);
+    let (d, _) = m.mkdir(&ctx, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    assert_eq!(m.lookup(&ctx, d, b"..").expect("..").0, ROOT_INO);
+    assert_err(
+        m.getattr(9_999_999),
+        |e| matches!(e, Error::NotFound),
+        "getattr missing",
+    );
+    let root_attr = m.getattr(ROOT_INO).expect("root");
+    assert!(
+        root_attr.mtime >= a.ctime,
+        "creating touches the parent's mtime"
+    );
+}
+
+/// Bad names get clear errors.
+pub(crate) fn names_are_checked(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    assert_err(
+        m.mkdir(&c, ROOT_INO, b"", 0o755, 0),
+        |e| matches!(e, Error::Invalid(_)),
+        "empty",
+    );
+    assert_err(
+        m.mkdir(&c, ROOT_INO, b"a/b", 0o755, 0),
+        |e| matches!(e, Error::Invalid(_)),
+        "slash",
+    );
+    let long = vec![b'n'; 256];
+    assert_err(
+        m.mkdir(&c, ROOT_INO, &long, 0o755, 0),
+        |e| matches!(e, Error::NameTooLong),
+        "long",
+    );
+    assert_err(
+        m.lookup(&c, ROOT_INO, &long),
+        |e| matches!(e, Error::NameTooLong),
+        "long lookup",
+    );
+    assert_err(
+        m.mkdir(&c, ROOT_INO, b".", 0o755, 0),
+        |e| matches!(e, Error::Exists),
+        "dot",
+    );
+    assert_err(
+        m.mkdir(&c, ROOT_INO, b"..", 0o755, 0),
+        |e| matches!(e, Error::Exists),
+        "dotdot",
+    );
+    assert_err(
+        m.mkdir(&c, ROOT_INO, b".trash", 0o755, 0),
+        |e| matches!(e, Error::Perm),
+        "trash",
+    );
+    let ok = vec![b'n'; 255];
+    m.mkdir(&c, ROOT_INO, &ok, 0o755, 0)
+        .expect("255 bytes is fine");
+    m.mkdir(&c, ROOT_INO, &[0xff, 0xfe], 0o755, 0)
+        .expect("names need not be UTF-8");
+    assert!(names(m, ROOT_INO).contains(&vec![0xff, 0xfe]));
+}
+
+/// Directory link counts follow subdirectories.
+pub(crate) fn mkdir_rmdir_nlink(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (d, da) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0o022).expect("mkdir");
+    assert_eq!((da.nlink, da.length, da.mode), (2, 4096, 0o755));
+    assert_eq!(m.getattr(ROOT_INO).expect("root").nlink, 3);
+    let (sub, _) = m.mkdir(&c, d, b"sub", 0o700, 0).expect("mkdir sub");
+    m.create(&c, d, b"f", 0o644, 0)
+        .and_then(|(i, _)| m.close(i))
+        .expect("create");
+    assert_eq!(m.getattr(d).expect("d").nlink, 3);
+    assert_err(
+        m.rmdir(&c, ROOT_INO, b"d"),
+        |e| matches!(e, Error::NotEmpty),
+        "non-empty",
+    );
+    assert_err(
+        m.rmdir(&c, d, b"f"),
+        |e| matches!(e, Error::NotDir),
+        "rmdir file",
+    );
+    assert_err(
+        m.unlink(&c, d, b"sub"),
+        |e| matches!(e, Error::IsDir),
+        "unlink dir",
+    );
+    assert_err(
+        m.rmdir(&c, d, b"."),
+        |e| matches!(e, Error::Invalid(_)),
+        "rmdir .",
+    );
+    m.rmdir(&c, d, b"sub").expect("rmdir sub");
+    assert_err(m.getattr(sub), |e| matches!(e, Error::NotFound), "sub gone");
+    m.unlink(&c, d, b"f").expect("unlink");
+    m.rmdir(&c, ROOT_INO, b"d").expect("rmdir");
+    assert_eq!(m.getattr(ROOT_INO).expect("root").nlink, 2);
+    assert_err(
+        m.rmdir(&c, ROOT_INO, b"d"),
+        |e| matches!(e, Error::NotFound),
+        "twice",
+    );
+}
+
+/// readdir lists `.`, `..` and every entry, with attributes when asked.
+pub(crate) fn readdir_lists_entries(m: &dyn Meta) {
+    formatted(m, 1);
+    let c = root();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    let (f, _) = m.create(&c, d, b"f", 0o600, 0).expect("create");
+    m.close(f).expect("close");
+    m.symlink(&c, d, b"s", b"f").expect("symlink");
+    let plain = m.readdir(&c, d, false).expect("readdir");
+    let got: Vec<(&[u8], FileType)> = plain.iter().map(|e| (&e.name[..], e.attr.typ)).collect();
+    assert_eq!(got[0], (&b"."[..], FileType::Directory));
+    assert_eq!(got[1], (&b".."[..], FileType::Directory));
+    assert_eq!(plain[0].inode, d);
+    assert_eq!(plain[1].inode, ROOT_INO);
+    let rest: HashSet<(Vec<u8>, FileType)> = plain[2..]
+        .iter()
+        .map(|e| (e.name.clone(), e.attr.typ))
+        .collect();
+    assert_eq!(
+        rest,
+        HashSet::from([
+            (b"f".to_vec(), FileType::File),
+            (b"s".to_vec(), FileType::Symlink)
+        ])
+    );
+    let plus = m.readdir(&c, d, true).expect("readdir plus");
+    let fe = plus.iter().find(|e| e.name == b"f").expect("f listed");
+    assert_eq!(fe.attr, m.getattr(f).expect("getattr"));
+    // The trash is reachable by name but not listed.
+    assert!(!names(m, ROOT_INO).contains(&b".trash".to_vec()));
+    assert_eq!(
+        m.lookup(&c, ROOT_INO, b".trash").expect(".trash").0,
+        TRASH_INO
+    );
+    assert_err(
+        m.readdir(&c, f, false),
+        |e| matches!(e, Error::NotDir),
+        "readdir file",
+    );
+}
+
+/// rename within and across directories, replacing a file.
+pub(crate) fn rename_moves_and_replaces(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (a, _) = m.mkdir(&c, ROOT_INO, b"a", 0o755, 0).expect("mkdir a");
+    let (b, _) = m.mkdir(&c, ROOT_INO, b"b", 0o755, 0).expect("mkdir b");
+    let (f, _) = m.create(&c, a, b"f", 0o644, 0).expect("create");
+    m.close(f).expect("close");
+    let (moved, attr) = m
+        .rename(&c, a, b"f", b, b"g", RenameFlags::default())
+        .expect("rename across");
+    assert_eq!(moved, f);
+    assert_eq!(attr.parent, b);
+    assert_eq!(m.lookup(&c, b, b"g").expect("moved").0, f);
+    assert_err(
+        m.lookup(&c, a, b"f"),
+        |e| matches!(e, Error::NotFound),
+        "old name gone",
+    );
+    // Over an existing file: the victim goes, its data is released.
+    let (v, _) = m.create(&c, b, b"victim", 0o644, 0).expect("victim");
+    let vs = write(m, v, 0, 100);
+    m.close(v).expect("close");
+    m.rename(&c, b, b"g", b, b"victim", RenameFlags::default())
+        .expect("rename over file");
+    assert_eq!(m.lookup(&c, b, b"victim").expect("replaced").0, f);
+    assert_err(
+        m.getattr(v),
+        |e| matches!(e, Error::NotFound),
+        "victim gone",
+    );
+    assert!(released.lock().contains(&ReleasedSlice {
+        id: vs.id,
+        size: vs.size
+    }));
+    assert_eq!(names(m, b).len(), 3);
+    // Renaming onto itself changes nothing.
+    m.rename(&c, b, b"victim", b, b"victim", RenameFlags::default())
+        .expect("self rename");
+    assert_err(
+        m.rename(&c, b, b"nope", a, b"x", RenameFlags::default()),
+        |e| matches!(e, Error::NotFound),
+        "missing source",
+    );
+}
+
+/// RENAME_NOREPLACE and RENAME_EXCHANGE.
+pub(crate) fn rename_flags(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (x, _) = m.create(&c, ROOT_INO, b"x", 0o644, 0).expect("x");
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    let (y, _) = m.create(&c, d, b"y", 0o644, 0).expect("y");
+    m.close(x).and_then(|_| m.close(y)).expect("close");
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    assert_err(
+        m.rename(&c, ROOT_INO, b"x", d, b"y", noreplace),
+        |e| matches!(e, Error::Exists),
+        "noreplace",
+    );
+    m.rename(&c, ROOT_INO, b"x", d, b"y", exchange)
+        .expect("exchange");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"x").expect("x").0, y);
+    assert_eq!(m.lookup(&c, d, b"y").expect("y").0, x);
+    assert_eq!(m.getattr(y).expect("y").parent, ROOT_INO);
+    assert_eq!(m.getattr(x).expect("x").parent, d);
+    assert_err(
+        m.rename(&c, ROOT_INO, b"x", d, b"nothing", exchange),
+        |e| matches!(e, Error::NotFound),
+        "exchange with nothing",
+    );
+    // Exchanging a directory with a file moves the link counts along.
+    m.rename(&c, ROOT_INO, b"d", ROOT_INO, b"x", exchange)
+        .expect("exchange dir and file in one dir");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"x").expect("x").0, d);
+    assert_eq!(m.getattr(ROOT_INO).expect("root").nlink, 3);
+}
+
+/// Directory renames: over empty directories, not over full ones, never into themselves.
+pub(crate) fn rename_directories(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (a, _) = m.mkdir(&c, ROOT_INO, b"a", 0o755, 0).expect("a");
+    let (b, _) = m.mkdir(&c, ROOT_INO, b"b", 0o755, 0).expect("b");
+    let (a1, _) = m.mkdir(&c, a, b"a1", 0o755, 0).expect("a1");
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    m.close(f).expect("close");
+    let plain = RenameFlags::default();
+    assert_err(
+        m.rename(&c, ROOT_INO, b"a", a1, b"in", plain),
+        |e| matches!(e, Error::Invalid(_)),
+        "into itself",
+    );
+    assert_err(
+        m.rename(&c, ROOT_INO, b"a", a, b"in", plain),
+        |e| matches!(e, Error::Invalid(_)),
+        "into itself directly",
+    );
+    assert_err(
+        m.rename(&c, ROOT_INO, b"f", ROOT_INO, b"a", plain),
+        |e| matches!(e, Error::IsDir),
+        "file over dir",
+    );
+    assert_err(
+        m.rename(&c, ROOT_INO, b"a", ROOT_INO, b"f", plain),
+        |e| matches!(e, Error::NotDir),
+        "dir over file",
+    );
+    assert_err(
+        m.rename(&c, ROOT_INO, b"b", ROOT_INO, b"a", plain),
+        |e| matches!(e, Error::NotEmpty),
+        "over full dir",
+    );
+    // Move a1 from a to b: link counts move with it.
+    m.rename(&c, a, b"a1", b, b"b1", plain).expect("move dir");
+    assert_eq!(m.getattr(a).expect("a").nlink, 2);
+    assert_eq!(m.getattr(b).expect("b").nlink, 3);
+    assert_eq!(m.getattr(a1).expect("a1").parent, b);
+    assert_eq!(m.lookup(&c, a1, b"..").expect("..").0, b);
+    // Over an empty directory.
+    m.rename(&c, ROOT_INO, b"a", b, b"b1", plain)
+        .expect("dir over empty dir");
+    assert_err(
+        m.getattr(a1),
+        |e| matches!(e, Error::NotFound),
+        "replaced dir gone",
+    );
+    assert_eq!(m.getattr(b).expect("b").nlink, 3);
+    assert_eq!(m.getattr(ROOT_INO).expect("root").nlink, 3);
+}
+
+/// Hard links share one node.
+pub(crate) fn hard_links(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s = write(m, f, 0, 10);
+    m.close(f).expect("close");
+    let a = m.link(&c, f, d, b"h").expect("link");
+    assert_eq!((a.nlink, a.parent), (2, 0));
+    assert_eq!(m.lookup(&c, d, b"h").expect("h").0, f);
+    assert_err(
+        m.link(&c, f, d, b"h"),
+        |e| matches!(e, Error::Exists),
+        "dup link",
+    );
+    assert_err(
+        m.link(&c, d, ROOT_INO, b"dl"),
+        |e| matches!(e, Error::Perm),
+        "link a dir",
+    );
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink one");
+    let a = m.getattr(f).expect("still there");
+    assert_eq!((a.nlink, a.length), (1, 10));
+    assert_eq!(m.read_chunk(f, 0).expect("read"), vec![s]);
+    assert!(released.lock().is_empty());
+    m.unlink(&c, d, b"h").expect("unlink last");
+    assert_err(m.getattr(f), |e| matches!(e, Error::NotFound), "gone");
+    assert_eq!(
+        released.lock().as_slice(),
+        &[ReleasedSlice {
+            id: s.id,
+            size: s.size
+        }]
+    );
+}
+
+/// Symlinks keep their target; their length is the target's.
+pub(crate) fn symlinks(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (s, a) = m
+        .symlink(&c, ROOT_INO, b"s", b"some/where")
+        .expect("symlink");
+    assert_eq!(
+        (a.typ, a.mode, a.length, a.nlink),
+        (FileType::Symlink, 0o777, 10, 1)
+    );
+    assert_eq!(m.readlink(s).expect("readlink"), b"some/where");
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    m.close(f).expect("close");
+    assert_err(
+        m.readlink(f),
+        |e| matches!(e, Error::Invalid(_)),
+        "readlink a file",
+    );
+    assert_err(
+        m.symlink(&c, ROOT_INO, b"e", b""),
+        |e| matches!(e, Error::Invalid(_)),
+        "empty target",
+    );
+    m.unlink(&c, ROOT_INO, b"s").expect("unlink");
+    assert_err(m.readlink(s), |e| matches!(e, Error::NotFound), "gone");
+}
+
+/// Fifos, sockets and devices.
+pub(crate) fn mknod_special_files(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (_, a) = m
+        .mknod(&c, ROOT_INO, b"p", FileType::Fifo, 0o644, 0, 0)
+        .expect("fifo");
+    assert_eq!((a.typ, a.length, a.rdev), (FileType::Fifo, 0, 0));
+    let (_, a) = m
+        .mknod(&c, ROOT_INO, b"c", FileType::CharDev, 0o600, 0, 0x0103)
+        .expect("chr");
+    assert_eq!(a.rdev, 0x0103);
+    assert_err(
+        m.mknod(&c, ROOT_INO, b"d", FileType::Directory, 0o755, 0, 0),
+        |e| matches!(e, Error::Invalid(_)),
+        "mknod a directory",
+    );
+}
+
+/// Extended attributes with create/replace semantics.
+pub(crate) fn xattrs(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    m.close(f).expect("close");
+    assert_err(
+        m.getxattr(f, b"user.a"),
+        |e| matches!(e, Error::NoXattr),
+        "missing",
+    );
+    m.setxattr(&c, f, b"user.a", b"1", XattrMode::Any)
+        .expect("set");
+    assert_eq!(m.getxattr(f, b"user.a").expect("get"), b"1");
+    assert_err(
+        m.setxattr(&c, f, b"user.a", b"2", XattrMode::Create),
+        |e| matches!(e, Error::Exists),
+        "create existing",
+    );
+    assert_err(
+        m.setxattr(&c, f, b"user.b", b"2", XattrMode::Replace),
+        |e| matches!(e, Error::NoXattr),
+        "replace missing",
+    );
+    m.setxattr(&c, f, b"user.a", b"3", XattrMode::Replace)
+        .expect("replace");
+    m.setxattr(&c, f, b"user.b", b"", XattrMode::Create)
+        .expect("empty value");
+    assert_eq!(m.getxattr(f, b"user.a").expect("get"), b"3");
+    let names: HashSet<Vec<u8>> = m.listxattr(f).expect("list").into_iter().collect();
+    assert_eq!(
+        names,
+        HashSet::from([b"user.a".to_vec(), b"user.b".to_vec()])
+    );
+    m.removexattr(&c, f, b"user.a").expect("remove");
+    assert_err(
+        m.removexattr(&c, f, b"user.a"),
+        |e| matches!(e, Error::NoXattr),
+        "remove twice",
+    );
+    assert_eq!(m.listxattr(f).expect("list"), vec![b"user.b".to_vec()]);
+    assert_err(
+        m.getxattr(9_999_999, b"user.a"),
+        |e| matches!(e, Error::NotFound),
+        "no inode",
+    );
+    assert_err(
+        m.setxattr(&user(7), f, b"user.c", b"x", XattrMode::Any),
+        |e| matches!(e, Error::Access),
+        "no write access",
+    );
+}
+
+/// chmod/chown/utimes rules.
+pub(crate) fn setattr_rules(m: &dyn Meta) {
+    formatted(m, 0);
+    let owner = user(1000);
+    m.setattr(
+        &root(),
+        ROOT_INO,
+        &SetAttr {
+            mode: Some(0o777),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod root");
+    let (f, _) = m.create(&owner, ROOT_INO, b"f", 0o644, 0).expect("f");
+    m.close(f).expect("close");
+    let a = m
+        .setattr(
+            &owner,
+            f,
+            &SetAttr {
+                mode: Some(0o4755),
+                ..SetAttr::default()
+            },
+        )
+        .expect("owner chmod");
+    assert_eq!(a.mode, 0o4755);
+    assert_err(
+        m.setattr(
+            &user(2000),
+            f,
+            &SetAttr {
+                mode: Some(0o777),
+                ..SetAttr::default()
+            },
+        ),
+        |e| matches!(e, Error::Perm),
+        "other chmod",
+    );
+    assert_err(
+        m.setattr(
+            &owner,
+            f,
+            &SetAttr {
+                uid: Some(0),
+                ..SetAttr::default()
+            },
+        ),
+        |e| matches!(e, Error::Perm),
+        "user chown",
+    );
+    let a = m
+        .setattr(
+            &root(),
+            f,
+            &SetAttr {
+                uid: Some(2000),
+                ..SetAttr::default()
+            },
+        )
+        .expect("root chown");
+    assert_eq!(a.uid, 2000);
+    assert_eq!(a.mode & 0o4000, 0, "chown clears setuid");
+    let t = Timestamp {
+        secs: 1_000_000_000,
+        nsecs: 123_456_789,
+    };
+    let a = m
+        .setattr(
+            &root(),
+            f,
+            &SetAttr {
+                atime: Some(TimeChange::At(t)),
+                mtime: Some(TimeChange::At(t)),
+                ..SetAttr::default()
+            },
+        )
+        .expect("utimes");
+    assert_eq!((a.atime, a.mtime), (t, t));
+    assert_eq!(
+        m.getattr(f).expect("getattr").mtime,
+        t,
+        "nanoseconds survive storage"
+    );
+    assert!(a.ctime > t);
+}
+
+/// Permission bits and sticky directories.
+pub(crate) fn permissions(m: &dyn Meta) {
+    formatted(m, 0);
+    let alice = user(1000);
+    let bob = user(2000);
+    let (priv_dir, _) = m
+        .mkdir(&root(), ROOT_INO, b"private", 0o755, 0)
+        .expect("private");
+    assert_err(
+        m.create(&alice, priv_dir, b"f", 0o644, 0),
+        |e| matches!(e, Error::Access),
+        "no write on dir",
+    );
+    let (tmp, _) = m.mkdir(&root(), ROOT_INO, b"tmp", 0o1777, 0).expect("tmp");
+    let (f, _) = m
+        .create(&alice, tmp, b"alice", 0o600, 0)
+        .expect("alice's file");
+    m.close(f).expect("close");
+    assert_err(
+        m.unlink(&bob, tmp, b"alice"),
+        |e| matches!(e, Error::Access),
+        "sticky unlink",
+    );
+    assert_err(
+        m.open(&bob, f, libc::O_RDONLY as u32),
+        |e| matches!(e, Error::Access),
+        "open 0600 as other",
+    );
+    m.open(&alice, f, libc::O_RDWR as u32)
+        .and_then(|_| m.close(f))
+        .expect("owner opens");
+    assert_err(
+        m.access(&bob, f, libc::R_OK as u32),
+        |e| matches!(e, Error::Access),
+        "access",
+    );
+    m.access(&alice, f, (libc::R_OK | libc::W_OK) as u32)
+        .expect("owner access");
+    let mut group = bob.clone();
+    group.gids.push(1000);
+    m.setattr(
+        &alice,
+        f,
+        &SetAttr {
+            mode: Some(0o640),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod");
+    m.access(&group, f, libc::R_OK as u32).expect("group read");
+    assert_err(
+        m.truncate(&group, f, 0),
+        |e| matches!(e, Error::Access),
+        "group write",
+    );
+    m.unlink(&alice, tmp, b"alice")
+        .expect("owner unlinks in sticky dir");
+}
+
+/// Slices: ids, appends, lengths, references and their release.
+pub(crate) fn write_read_and_refs(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let a = m.new_slice_id().expect("id");
+    let b = m.new_slice_id().expect("id");
+    assert!(b > a && a > 0, "slice ids are fresh and non-zero");
+    let s1 = write(m, f, 0, 5000);
+    let s2 = write(m, f, 1000, 100);
+    assert_eq!(m.getattr(f).expect("attr").length, 5000);
+    assert_eq!(m.read_chunk(f, 0).expect("read"), vec![s1, s2]);
+    assert!(m.read_chunk(f, 1).expect("empty chunk").is_empty());
+    let id = m.new_slice_id().expect("id");
+    let far = Slice {
+        pos: 0,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    assert_eq!(
+        m.write_chunk(f, 2, far, Timestamp::now()).expect("chunk 2"),
+        1
+    );
+    assert_eq!(
+        m.getattr(f).expect("attr").length,
+        2 * crate::meta::CHUNK_SIZE + 10
+    );
+    assert!(m.slice_referenced(s1.id, s1.size).expect("ref"));
+    let all = m.list_chunks().expect("list");
+    assert_eq!(all.len(), 2);
+    assert!(all.contains(&(f, 2, vec![far])));
+    m.truncate(&c, f, 0).expect("truncate");
+    let mut got = released.lock().clone();
+    got.sort_by_key(|r| r.id);
+    assert_eq!(
+        got,
+        vec![
+            ReleasedSlice {
+                id: s1.id,
+                size: s1.size
+            },
+            ReleasedSlice {
+                id: s2.id,
+                size: s2.size
+            },
+            ReleasedSlice {
+                id: far.id,
+                size: far.size
+            },
+        ]
+    );
+    assert!(!m.slice_referenced(s1.id, s1.size).expect("ref"));
+    m.close(f).expect("close");
+    assert_err(
+        m.write_chunk(
+            f,
+            0,
+            Slice {
+                pos: (64 << 20) - 1,
+                id: 99,
+                size: 2,
+                off: 0,
+                len: 2,
+            },
+            Timestamp::now(),
+        ),
+        |e| matches!(e, Error::Invalid(_)),
+        "slice past the chunk",
+    );
+}
+
+/// Truncation and fallocate keep holes where data must read as zeros.
+pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s = write(m, f, 0, 8192);
+    let a = m.truncate(&c, f, 100).expect("shrink");
+    assert_eq!(a.length, 100);
+    let hole = Slice {
+        pos: 100,
+        id: 0,
+        size: 0,
+        off: 0,
+        len: 8092,
+    };
+    assert_eq!(m.read_chunk(f, 0).expect("read"), vec![s, hole]);
+    let a = m.truncate(&c, f, 200).expect("grow");
+    assert_eq!(a.length, 200);
+    let grown = m.read_chunk(f, 0).expect("read");
+    assert_eq!(
+        grown.last(),
+        Some(&Slice {
+            pos: 100,
+            id: 0,
+            size: 0,
+            off: 0,
+            len: 100
+        })
+    );
+    let a = m.fallocate(&c, f, 0, 0, 10_000).expect("preallocate");
+    assert_eq!(a.length, 10_000);
+    let a = m.fallocate(&c, f, 0x01 | 0x02, 50, 10).expect("punch");
+    assert_eq!(a.length, 10_000);
+    assert_eq!(
+        m.read_chunk(f, 0).expect("read").last(),
+        Some(&Slice {
+            pos: 50,
+            id: 0,
+            size: 0,
+            off: 0,
+            len: 10
+        })
+    );
+    assert_err(
+        m.fallocate(&c, f, 0x02, 0, 10),
+        |e| matches!(e, Error::Invalid(_)),
+        "punch without keep size",
+    );
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    assert_err(
+        m.truncate(&c, d, 0),
+        |e| matches!(e, Error::Perm),
+        "truncate a dir",
+    );
+    m.close(f).expect("close");
+}
+
+/// Compaction replaces a prefix of slices, or nothing if the chunk moved on.
+pub(crate) fn compact_chunk(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s1 = write(m, f, 0, 100);
+    let s2 = write(m, f, 100, 100);
+    let s3 = write(m, f, 200, 100);
+    let id = m.new_slice_id().expect("id");
+    let merged = Slice {
+        pos: 0,
+        id,
+        size: 200,
+        off: 0,
+        len: 200,
+    };
+    assert!(
+        m.compact_chunk(f, 0, &[s1, s2], &[merged])
+            .expect("compact")
+    );
+    assert_eq!(m.read_chunk(f, 0).expect("read"), vec![merged, s3]);
+    let mut got = released.lock().clone();
+    got.sort_by_key(|r| r.id);
+    assert_eq!(
+        got,
+        vec![
+            ReleasedSlice {
+                id: s1.id,
+                size: 100
+            },
+            ReleasedSlice {
+                id: s2.id,
+                size: 100
+            }
+        ]
+    );
+    assert!(m.slice_referenced(merged.id, merged.size).expect("ref"));
+    released.lock().clear();
+    // Changed meanwhile: the stale plan is refused and its new slice released.
+    let id = m.new_slice_id().expect("id");
+    let stale = Slice {
+        pos: 0,
+        id,
+        size: 300,
+        off: 0,
+        len: 300,
+    };
+    assert!(
+        !m.compact_chunk(f, 0, &[s1, s2, s3], &[stale])
+            .expect("stale compact")
+    );
+    assert_eq!(m.read_chunk(f, 0).expect("read"), vec![merged, s3]);
+    assert_eq!(
+        released.lock().as_slice(),
+        &[ReleasedSlice {
+            id: stale.id,
+            size: 300
+        }]
+    );
+    m.close(f).expect("close");
+}
+
+/// A file unlinked while open lives until its last close.
+pub(crate) fn open_unlink_close(m: &dyn Meta) {
+    formatted(m, 0);
+    m.new_session("{}").expect("session");
+    let released = track_releases(m);
+    let c = root();
+    let (f, _) = m
+        .create(&c, ROOT_INO, b"f", 0o644, 0)
+        .expect("create opens");
+    let s = write(m, f, 0, 4096);
+    m.open(&c, f, libc::O_RDONLY as u32).expect("second open");
+    let before = m.statfs(&c, ROOT_INO).expect("statfs");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink open file");
+    assert_err(
+        m.lookup(&c, ROOT_INO, b"f"),
+        |e| matches!(e, Error::NotFound),
+        "name gone",
+    );
+    let a = m.getattr(f).expect("node kept");
+    assert_eq!((a.nlink, a.length), (0, 4096));
+    assert_eq!(m.read_chunk(f, 0).expect("data kept"), vec![s]);
+    assert_eq!(
+        m.statfs(&c, ROOT_INO).expect("statfs").used_inodes,
+        before.used_inodes
+    );
+    m.close(f).expect("close one");
+    assert!(released.lock().is_empty(), "still open once");
+    m.getattr(f).expect("still kept");
+    m.close(f).expect("last close");
+    assert_err(
+        m.getattr(f),
+        |e| matches!(e, Error::NotFound),
+        "deleted at last close",
+    );
+    assert_eq!(
+        released.lock().as_slice(),
+        &[ReleasedSlice {
+            id: s.id,
+            size: 4096
+        }]
+    );
+    assert_eq!(
+        m.statfs(&c, ROOT_INO).expect("statfs").used_inodes,
+        before.used_inodes - 1
+    );
+    assert_err(
+        m.close(f),
+        |e| matches!(e, Error::BadHandle),
+        "close unopened",
+    );
+    // Unlinked while open, then the session ends: deleted too.
+    let (g, _) = m.create(&c, ROOT_INO, b"g", 0o644, 0).expect("create");
+    m.unlink(&c, ROOT_INO, b"g").expect("unlink");
+    m.close_session().expect("close session");
+    assert_err(
+        m.getattr(g),
+        |e| matches!(e, Error::NotFound),
+        "deleted with the session",
+    );
+}
+
+/// With TrashDays > 0 removed entries move into hourly trash directories.
+pub(crate) fn trash_keeps_removed_files(m: &dyn Meta) {
+    formatted(m, 1);
+    let released = track_releases(m);
+    let c = root();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    let (f, _) = m.create(&c, d, b"f", 0o644, 0).expect("f");
+    write(m, f, 0, 100);
+    m.close(f).expect("close");
+    let used = m.statfs(&c, ROOT_INO).expect("statfs").used_inodes;
+    m.unlink(&c, d, b"f").expect("unlink to trash");
+    assert_err(
+        m.lookup(&c, d, b"f"),
+        |e| matches!(e, Error::NotFound),
+        "gone from d",
+    );
+    let hours = m.readdir(&c, TRASH_INO, false).expect("trash");
+    assert_eq!(hours.len(), 3, "one hourly directory");
+    let hour = &hours[2];
+    assert!(hour.inode > TRASH_INO);
+    assert_eq!(hour.name.len(), "2006-01-02-15".len());
+    let kept = names(m, hour.inode);
+    assert!(
+        kept.contains(&format!("{d}-{f}-f").into_bytes()),
+        "{kept:?}"
+    );
+    let a = m.getattr(f).expect("kept");
+    assert_eq!((a.parent, a.nlink, a.length), (hour.inode, 1, 100));
+    assert!(released.lock().is_empty());
+    assert_eq!(
+        m.statfs(&c, ROOT_INO).expect("statfs").used_inodes,
+        used + 1,
+        "only the hour dir is new"
+    );
+    // Nothing changes in the trash but by root, and nothing new goes in.
+    assert_err(
+        m.unlink(&user(1000), hour.inode, &kept[2]),
+        |e| matches!(e, Error::Perm),
+        "user unlinks in trash",
+    );
+    assert_err(
+        m.create(&c, hour.inode, b"new", 0o644, 0),
+        |e| matches!(e, Error::Perm),
+        "create in trash",
+    );
+    assert_err(
+        m.truncate(&c, f, 0),
+        |e| matches!(e, Error::Perm),
+        "truncate in trash",
+    );
+    m.rmdir(&c, ROOT_INO, b"d").expect("rmdir to trash");
+    assert_eq!(m.getattr(d).expect("dir kept").parent, hour.inode);
+    m.cleanup().expect("cleanup keeps unexpired trash");
+    m.getattr(f).expect("still in trash");
+    // Root may delete from the trash for good.
+    let name = format!("{d}-{f}-f").into_bytes();
+    m.unlink(&c, hour.inode, &name).expect("purge");
+    assert_err(m.getattr(f), |e| matches!(e, Error::NotFound), "purged");
+    assert_eq!(released.lock().len(), 1);
+}
+
+/// With TrashDays = 0 removal is immediate.
+pub(crate) fn no_trash_releases_at_once(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s = write(m, f, 0, 100);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    assert_eq!(
+        released.lock().as_slice(),
+        &[ReleasedSlice {
+            id: s.id,
+            size: 100
+        }]
+    );
+    assert_err(
+        m.lookup(&c, ROOT_INO, b".trash"),
+        |e| matches!(e, Error::NotFound),
+        "no trash",
+    );
+    assert_err(m.getattr(f), |e| matches!(e, Error::NotFound), "gone");
+}
+
+/// statfs follows usage as JuiceFS counts it (4 KiB granules per node).
+pub(crate) fn statfs_counts_usage(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let used = |m: &dyn Meta| {
+        let s = m.statfs(&c, ROOT_INO).expect("statfs");
+        (s.total_space - s.avail_space, s.used_inodes)
+    };
+    assert_eq!(used(m), (0, 0));
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    assert_eq!(used(m), (4096, 1));
+    write(m, f, 0, 5000);
+    assert_eq!(used(m), (8192, 1));
+    m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    m.symlink(&c, ROOT_INO, b"s", b"target").expect("s");
+    assert_eq!(used(m), (16384, 3));
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    m.unlink(&c, ROOT_INO, b"s").expect("unlink");
+    m.rmdir(&c, ROOT_INO, b"d").expect("rmdir");
+    assert_eq!(used(m), (0, 0));
+    let s = m.statfs(&c, ROOT_INO).expect("statfs");
+    assert_eq!(s.total_space, 1 << 50);
+    assert_eq!(s.avail_inodes, 10 << 20);
+}
+
+/// Many threads creating at once get distinct inodes and all their entries.
+pub(crate) fn concurrent_creates(m: &dyn Meta) {
+    formatted(m, 0);
+    let threads = 8;
+    let per = 40;
+    let inodes = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let inodes = &inodes;
+            s.spawn(move || {
+                let c = root();
+                for i in 0..per {
+                    let name = format!("t{t}-{i}");
+                    let (ino, _) = if i % 5 == 0 {
+                        m.mkdir(&c, ROOT_INO, name.as_bytes(), 0o755, 0)
+                            .expect("mkdir")
+                    } else {
+                        let r = m
+                            .create(&c, ROOT_INO, name.as_bytes(), 0o644, 0)
+                            .expect("create");
+                        m.close(r.0).expect("close");
+                        r
+                    };
+                    inodes.lock().push(ino);
+                    m.getattr(ino).expect("visible at once");
+                }
+            });
+        }
+    });
+    let inodes = inodes.into_inner();
+    let unique: HashSet<Ino> = inodes.iter().copied().collect();
+    assert_eq!(unique.len(), threads * per);
+    assert_eq!(names(m, ROOT_INO).len(), threads * per + 2);
+    let dirs = (threads * per / 5) as u32;
+    assert_eq!(m.getattr(ROOT_INO).expect("root").nlink, 2 + dirs);
+    let s = m.statfs(&root(), ROOT_INO).expect("statfs");
+    assert_eq!(s.used_inodes, (threads * per) as u64);
+}
+
+/// Sessions register and end.
+pub(crate) fn sessions(m: &dyn Meta) {
+    formatted(m, 0);
+    let sid = m
+        .new_session("{\"MountPoint\":\"/mnt/x\"}")
+        .expect("session");
+    assert!(sid > 0);
+    assert_err(
+        m.new_session("{}"),
+        |e| matches!(e, Error::Invalid(_)),
+        "second session",
+    );
+    m.cleanup().expect("cleanup leaves a live session");
+    m.close_session().expect("close");
+    m.close_session().expect("closing twice is harmless");
+}

@@ -1,0 +1,789 @@
+//! The embedded metadata engine: SQLite (bundled, WAL mode) on JuiceFS 1.4's
+//! SQL schema, so `juicefs` mounts what sluice writes and sluice serves what
+//! `juicefs` wrote.
+//!
+//! Every [`Meta`] method is one SQLite transaction: writes take the single
+//! writer connection and begin `IMMEDIATE` (SQLite has one writer at a time;
+//! taking the lock up front avoids the deadlock-then-retry dance), reads use a
+//! small pool of reader connections that WAL lets run beside a writer.
+//! `SQLITE_BUSY` (another process, e.g. a `juicefs` client, holding the lock
+//! past the busy timeout) restarts the transaction, as JuiceFS does.
+//!
+//! Work that must follow a commit — deleting the objects of slices that lost
+//! their last reference, deleting the data of removed files — is collected in
+//! the transaction and run after it commits, so no object disappears for a
+//! change that rolled back.
+
+mod chunk;
+mod namespace;
+mod node;
+mod schema;
+mod session;
+#[cfg(test)]
+mod tests;
+mod volume;
+mod xattr;
+
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
+
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::meta::{
+    Attr, Context, Entry, FileType, Ino, Meta, ReleasedSlice, RenameFlags, SetAttr, Slice,
+    SliceReleaser, StatFs, Timestamp, XattrMode,
+};
+
+use schema::counter;
+
+/// How many inode numbers one counter increment reserves (JuiceFS `inodeBatch`).
+const INODE_BATCH: i64 = 1024;
+/// How many slice ids one counter increment reserves (JuiceFS `sliceIdBatch`).
+const SLICE_BATCH: i64 = 4096;
+/// How many reader connections run beside the writer.
+const READERS: usize = 4;
+/// How long SQLite waits on a lock held by another connection or process.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a transaction is restarted after `SQLITE_BUSY` before giving up.
+const MAX_TRIES: u32 = 50;
+
+/// An error inside a transaction: a file-system answer, or a SQLite failure
+/// (which may only mean "busy, try again").
+#[derive(Debug)]
+enum TxError {
+    Fs(Error),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(e: rusqlite::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Fs(e)
+    }
+}
+
+type TxResult<T> = std::result::Result<T, TxError>;
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked)
+    )
+}
+
+fn sql_error(e: rusqlite::Error) -> Error {
+    Error::Meta(format!("SQLite: {e}"))
+}
+
+/// Work to do once a transaction has committed.
+#[derive(Debug, Default)]
+struct PostCommit {
+    /// Slices whose reference count reached zero: delete their objects.
+    released: Vec<ReleasedSlice>,
+    /// Files removed for good (a `jfs_delfile` row each): delete their chunks.
+    deleted_files: Vec<Ino>,
+}
+
+/// A write transaction with what the volume settings say about it.
+struct Tx<'c> {
+    tx: rusqlite::Transaction<'c>,
+    post: PostCommit,
+    /// Whether `jfs_dir_stats` is maintained (`DirStats`).
+    dir_stats: bool,
+    /// Days deleted files stay in the trash (0 = no trash).
+    trash_days: u32,
+}
+
+impl Deref for Tx<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.tx
+    }
+}
+
+/// A range of ids reserved from a counter, handed out one at a time.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdRange {
+    next: u64,
+    end: u64,
+}
+
+/// How this client holds an inode open.
+#[derive(Debug, Default, Clone, Copy)]
+struct OpenFile {
+    /// Open handles.
+    count: u32,
+    /// Unlinked while open: kept in `jfs_sustained` until the last close.
+    removed: bool,
+}
+
+/// The background heartbeat of a session.
+#[derive(Debug)]
+struct Heartbeat {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The SQLite metadata engine. Cheap to share: all state is behind an `Arc`.
+pub struct SqliteMeta {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+    format: RwLock<Option<Format>>,
+    inodes: Mutex<IdRange>,
+    slices: Mutex<IdRange>,
+    sid: AtomicU64,
+    open_files: Mutex<HashMap<Ino, OpenFile>>,
+    releaser: RwLock<Option<SliceReleaser>>,
+    heartbeat: Mutex<Option<Heartbeat>>,
+    /// The hourly trash directory in use: (name, inode).
+    trash_dir: Mutex<Option<(String, Ino)>>,
+}
+
+impl std::fmt::Debug for SqliteMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteMeta")
+            .field("path", &self.inner.path)
+            .field("sid", &self.inner.sid.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_connection(path: &Path) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| {
+        Error::Meta(format!(
+            "cannot open SQLite database {}: {e}",
+            path.display()
+        ))
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(sql_error)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(sql_error)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        log::warn!(
+            "SQLite database {} stays in journal mode {mode}; WAL is not available there",
+            path.display()
+        );
+    }
+    Ok(conn)
+}
+
+impl SqliteMeta {
+    /// Opens (creating if needed) the SQLite database at `path`. The volume
+    /// itself is created by [`Meta::init`]; [`Meta::load`] reads it.
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteMeta> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(Error::Invalid(format!(
+                "the directory {} of the SQLite database does not exist",
+                dir.display()
+            )));
+        }
+        let writer = open_connection(&path)?;
+        let readers = (0..READERS)
+            .map(|_| open_connection(&path).map(Mutex::new))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SqliteMeta {
+            inner: Arc::new(Inner {
+                path,
+                writer: Mutex::new(writer),
+                readers,
+                next_reader: AtomicUsize::new(0),
+                format: RwLock::new(None),
+                inodes: Mutex::new(IdRange::default()),
+                slices: Mutex::new(IdRange::default()),
+                sid: AtomicU64::new(0),
+                open_files: Mutex::new(HashMap::new()),
+                releaser: RwLock::new(None),
+                heartbeat: Mutex::new(None),
+                trash_dir: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// This client's session id (0 before `new_session`).
+    pub fn session_id(&self) -> u64 {
+        self.inner.sid.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SqliteMeta {
+    fn drop(&mut self) {
+        self.inner.stop_heartbeat();
+    }
+}
+
+impl Inner {
+    /// The volume settings, read once and cached.
+    fn format(&self) -> Result<Format> {
+        if let Some(f) = self.format.read().as_ref() {
+            return Ok(f.clone());
+        }
+        let f = self.read_format()?.ok_or(Error::NotFound)?;
+        *self.format.write() = Some(f.clone());
+        Ok(f)
+    }
+
+    fn read_format(&self) -> Result<Option<Format>> {
+        let json: Option<String> = self.read(|c| {
+            let exists: bool = c.query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type='table' AND name='jfs_setting'",
+                [],
+                |r| r.get(0),
+            )?;
+            if !exists {
+                return Ok(None);
+            }
+            Ok(c.query_row(
+                "SELECT value FROM jfs_setting WHERE name='format'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })?;
+        json.map(|j| {
+            serde_json::from_str::<Format>(&j).map_err(|e| {
+                Error::Corrupt(format!(
+                    "the volume settings in {} are not valid JuiceFS JSON: {e}",
+                    self.path.display()
+                ))
+            })
+        })
+        .transpose()
+    }
+
+    /// Runs `f` in one write transaction (`BEGIN IMMEDIATE`), restarting it
+    /// while SQLite reports the database busy, then does the post-commit work.
+    fn write<T>(&self, mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
+        let (dir_stats, trash_days) = match self.format.read().as_ref() {
+            Some(fmt) => (fmt.dir_stats, fmt.trash_days),
+            None => (false, 0),
+        };
+        let mut tries = 0;
+        loop {
+            let attempt = {
+                let mut conn = self.writer.lock();
+                let mut run = |conn: &mut Connection| -> TxResult<(T, PostCommit)> {
+                    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let mut tx = Tx {
+                        tx,
+                        post: PostCommit::default(),
+                        dir_stats,
+                        trash_days,
+                    };
+                    let value = f(&mut tx)?;
+                    let post = std::mem::take(&mut tx.post);
+                    tx.tx.commit()?;
+                    Ok((value, post))
+                };
+                run(&mut conn)
+            };
+            match attempt {
+                Ok((value, post)) => {
+                    self.after_commit(post);
+                    return Ok(value);
+                }
+                Err(TxError::Sql(e)) if is_busy(&e) && tries < MAX_TRIES => {
+                    tries += 1;
+                    log::debug!("SQLite busy, restarting transaction (try {tries}): {e}");
+                    std::thread::sleep(Duration::from_millis(u64::from(tries * tries)));
+                }
+                Err(TxError::Sql(e)) => return Err(sql_error(e)),
+                Err(TxError::Fs(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Runs `f` in one read transaction on a reader connection.
+    fn read<T>(&self, mut f: impl FnMut(&Connection) -> TxResult<T>) -> Result<T> {
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        let n = self.readers.len();
+        let mut guard = None;
+        for i in 0..n {
+            if let Some(g) = self.readers[(start + i) % n].try_lock() {
+                guard = Some(g);
+                break;
+            }
+        }
+        let conn = match guard {
+            Some(g) => g,
+            None => self.readers[start % n].lock(),
+        };
+        let mut tries = 0;
+        loop {
+            let attempt = (|| -> TxResult<T> {
+                let tx =
+                    rusqlite::Transaction::new_unchecked(&conn, TransactionBehavior::Deferred)?;
+                let v = f(&tx)?;
+                tx.finish()?;
+                Ok(v)
+            })();
+            match attempt {
+                Ok(v) => return Ok(v),
+                Err(TxError::Sql(e)) if is_busy(&e) && tries < MAX_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(u64::from(tries * tries)));
+                }
+                Err(TxError::Sql(e)) => return Err(sql_error(e)),
+                Err(TxError::Fs(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// Deletes the data of removed files and the objects of released slices.
+    fn after_commit(&self, post: PostCommit) {
+        for ino in post.deleted_files {
+            if let Err(e) = self.delete_file_data(ino) {
+                log::warn!(
+                    "deleting the data of removed inode {ino} failed (cleanup retries): {e}"
+                );
+            }
+        }
+        self.release_slices(&post.released);
+    }
+
+    /// Hands released slices to the releaser; a slice whose objects are gone
+    /// loses its `jfs_chunk_ref` row, a failed one keeps it (refs 0) so
+    /// `cleanup` (or `juicefs gc`) retries it.
+    fn release_slices(&self, released: &[ReleasedSlice]) {
+        if released.is_empty() {
+            return;
+        }
+        let releaser = self.releaser.read().clone();
+        let Some(releaser) = releaser else {
+            return;
+        };
+        for s in released {
+            if !releaser(*s) {
+                log::warn!(
+                    "deleting the objects of slice {} ({} bytes) failed; cleanup retries it",
+                    s.id,
+                    s.size
+                );
+                continue;
+            }
+            let r = self.write(|tx| {
+                tx.execute(
+                    "DELETE FROM jfs_chunk_ref WHERE chunkid=? AND refs<=0",
+                    params![s.id as i64],
+                )?;
+                Ok(())
+            });
+            if let Err(e) = r {
+                log::warn!("dropping the reference row of slice {}: {e}", s.id);
+            }
+        }
+    }
+
+    /// Reserves the next id from `range`, refilling it from counter `name`
+    /// `batch` at a time. Never called inside a write transaction.
+    fn next_id(&self, range: &Mutex<IdRange>, name: &'static str, batch: i64) -> Result<u64> {
+        let mut r = range.lock();
+        loop {
+            if r.next >= r.end {
+                let v = self.write(|tx| incr_counter(tx, name, batch))?;
+                let end = u64::try_from(v)
+                    .map_err(|_| Error::Corrupt(format!("counter {name} is negative")))?;
+                r.next = end.saturating_sub(batch as u64);
+                r.end = end;
+            }
+            let id = r.next;
+            r.next += 1;
+            // Inode 0 does not exist and 1 is the root; slice id 0 is a hole.
+            if id > 1 || (name == counter::NEXT_SLICE && id == 1) {
+                return Ok(id);
+            }
+        }
+    }
+
+    fn next_inode(&self) -> Result<Ino> {
+        self.next_id(&self.inodes, counter::NEXT_INODE, INODE_BATCH)
+    }
+}
+
+/// Adds `delta` to counter `name` (creating it at `delta`) and returns the
+/// new value.
+fn incr_counter(c: &Connection, name: &str, delta: i64) -> TxResult<i64> {
+    let cur: Option<i64> = c
+        .query_row(
+            "SELECT value FROM jfs_counter WHERE name=?",
+            params![name],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let v = cur.unwrap_or(0) + delta;
+    if cur.is_some() {
+        c.execute(
+            "UPDATE jfs_counter SET value=? WHERE name=?",
+            params![v, name],
+        )?;
+    } else {
+        c.execute(
+            "INSERT INTO jfs_counter (name, value) VALUES (?, ?)",
+            params![name, v],
+        )?;
+    }
+    Ok(v)
+}
+
+/// Reads counter `name` (0 when missing).
+fn get_counter(c: &Connection, name: &str) -> TxResult<i64> {
+    Ok(c.query_row(
+        "SELECT value FROM jfs_counter WHERE name=?",
+        params![name],
+        |r| r.get(0),
+    )
+    .optional()?
+    .unwrap_or(0))
+}
+
+/// JuiceFS's space accounting: a length rounded up to 4 KiB, and an empty
+/// node (directory, symlink, empty file) still counts 4 KiB.
+pub(crate) fn align4k(length: u64) -> i64 {
+    if length == 0 {
+        return 4096;
+    }
+    (((length - 1) >> 12) + 1).saturating_mul(4096) as i64
+}
+
+/// Whether an inode is the trash directory or one of its hourly children.
+fn is_trash(ino: Ino) -> bool {
+    ino >= crate::meta::TRASH_INO
+}
+
+/// The name `.trash` has in the root directory.
+const TRASH_NAME: &[u8] = b".trash";
+
+impl Meta for SqliteMeta {
+    fn name(&self) -> &'static str {
+        "sqlite3"
+    }
+
+    fn init(&self, format: &Format) -> Result<()> {
+        self.inner.init(format)
+    }
+
+    fn load(&self) -> Result<Format> {
+        let f = self.inner.read_format()?.ok_or(Error::NotFound)?;
+        f.check_supported()?;
+        *self.inner.format.write() = Some(f.clone());
+        Ok(f)
+    }
+
+    fn new_session(&self, info: &str) -> Result<u64> {
+        session::new_session(&self.inner, info)
+    }
+
+    fn close_session(&self) -> Result<()> {
+        session::close_session(&self.inner)
+    }
+
+    fn cleanup(&self) -> Result<()> {
+        session::cleanup(&self.inner)
+    }
+
+    fn set_slice_releaser(&self, releaser: SliceReleaser) {
+        *self.inner.releaser.write() = Some(releaser);
+    }
+
+    fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {
+        let fmt = self.inner.format()?;
+        let (used, inodes) = self.inner.read(|c| {
+            Ok((
+                get_counter(c, counter::USED_SPACE)?,
+                get_counter(c, counter::TOTAL_INODES)?,
+            ))
+        })?;
+        Ok(statfs_from(&fmt, used, inodes))
+    }
+
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
+        namespace::lookup(&self.inner, ctx, parent, name)
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.inner
+            .read(|c| node::get(c, ino)?.ok_or(TxError::Fs(Error::NotFound)))
+    }
+
+    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        node::setattr(&self.inner, ctx, ino, set)
+    }
+
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length)
+    }
+
+    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
+        chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        typ: FileType,
+        mode: u16,
+        umask: u16,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)> {
+        if matches!(typ, FileType::Directory | FileType::Symlink) {
+            return Err(Error::Invalid(
+                "mknod makes neither directories nor symlinks".into(),
+            ));
+        }
+        namespace::mknod(&self.inner, ctx, parent, name, typ, mode, umask, rdev, b"")
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)> {
+        namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::Directory,
+            mode,
+            umask,
+            0,
+            b"",
+        )
+    }
+
+    fn symlink(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<(Ino, Attr)> {
+        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+            return Err(Error::Invalid(
+                "a symlink target must be 1..4096 bytes without NUL".into(),
+            ));
+        }
+        namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::Symlink,
+            0o777,
+            0,
+            0,
+            target,
+        )
+    }
+
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        namespace::readlink(&self.inner, ino)
+    }
+
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::unlink(&self.inner, ctx, parent, name)
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::rmdir(&self.inner, ctx, parent, name)
+    }
+
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent_src: Ino,
+        name_src: &[u8],
+        parent_dst: Ino,
+        name_dst: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(Ino, Attr)> {
+        namespace::rename(
+            &self.inner,
+            ctx,
+            parent_src,
+            name_src,
+            parent_dst,
+            name_dst,
+            flags,
+        )
+    }
+
+    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        namespace::link(&self.inner, ctx, ino, parent, name)
+    }
+
+    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
+        namespace::readdir(&self.inner, ctx, ino, plus)
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)> {
+        let (ino, attr) = namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::File,
+            mode,
+            umask,
+            0,
+            b"",
+        )?;
+        session::opened(&self.inner, ino);
+        Ok((ino, attr))
+    }
+
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
+        let attr = self.getattr(ino)?;
+        let mask = match flags & libc::O_ACCMODE as u32 {
+            x if x == libc::O_WRONLY as u32 => node::MASK_W,
+            x if x == libc::O_RDWR as u32 => node::MASK_R | node::MASK_W,
+            _ => node::MASK_R,
+        };
+        node::check_access(ctx, &attr, mask)?;
+        let writing = mask & node::MASK_W != 0;
+        if writing
+            && (attr.flags & node::FLAG_IMMUTABLE != 0 || attr.parent > crate::meta::TRASH_INO)
+        {
+            return Err(Error::Perm);
+        }
+        if attr.flags & node::FLAG_APPEND != 0
+            && ((writing && flags & libc::O_APPEND as u32 == 0)
+                || flags & libc::O_TRUNC as u32 != 0)
+        {
+            return Err(Error::Perm);
+        }
+        session::opened(&self.inner, ino);
+        Ok(attr)
+    }
+
+    fn close(&self, ino: Ino) -> Result<()> {
+        session::closed(&self.inner, ino)
+    }
+
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
+        let attr = self.getattr(ino)?;
+        node::check_access(ctx, &attr, (mask & 7) as u8)
+    }
+
+    fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
+        chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn new_slice_id(&self) -> Result<u64> {
+        self.inner
+            .next_id(&self.inner.slices, counter::NEXT_SLICE, SLICE_BATCH)
+    }
+
+    fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize> {
+        chunk::write_chunk(&self.inner, ino, indx, slice, mtime)
+    }
+
+    fn compact_chunk(&self, ino: Ino, indx: u32, old: &[Slice], new: &[Slice]) -> Result<bool> {
+        chunk::compact_chunk(&self.inner, ino, indx, old, new)
+    }
+
+    fn list_chunks(&self) -> Result<Vec<(Ino, u32, Vec<Slice>)>> {
+        chunk::list_chunks(&self.inner)
+    }
+
+    fn slice_referenced(&self, id: u64, size: u32) -> Result<bool> {
+        chunk::slice_referenced(&self.inner, id, size)
+    }
+
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        xattr::get(&self.inner, ino, name)
+    }
+
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        xattr::list(&self.inner, ino)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
+        xattr::set(&self.inner, ctx, ino, name, value, mode)
+    }
+
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        xattr::remove(&self.inner, ctx, ino, name)
+    }
+}
+
+/// JuiceFS's statfs for the whole volume: the capacity quota (or 1 PiB,
+/// doubled while usage passes 80 %), and the inode quota (or 10 Mi, doubled
+/// the same way).
+fn statfs_from(fmt: &Format, used: i64, inodes: i64) -> StatFs {
+    let used = used.max(0) as u64;
+    let total = if fmt.capacity > 0 {
+        fmt.capacity.max(used)
+    } else {
+        let mut t: u64 = 1 << 50;
+        while t.saturating_mul(8) < used.saturating_mul(10) {
+            t = t.saturating_mul(2);
+        }
+        t
+    };
+    let iused = inodes.max(0) as u64;
+    let iavail = if fmt.inodes > 0 {
+        fmt.inodes.saturating_sub(iused)
+    } else {
+        let mut a: u64 = 10 << 20;
+        while iused.saturating_mul(10) > (iused + a).saturating_mul(8) {
+            a = a.saturating_mul(2);
+        }
+        a
+    };
+    StatFs {
+        total_space: total,
+        avail_space: total - used,
+        used_inodes: iused,
+        avail_inodes: iavail,
+    }
+}

@@ -1,0 +1,929 @@
+//! The namespace: directory entries (`jfs_edge`), node creation and removal,
+//! renames, hard links, symlinks and the trash, with JuiceFS's rules for link
+//! counts, usage counters and directory statistics.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::node::{self, MASK_R, MASK_W, MASK_X};
+use super::{Inner, TRASH_NAME, Tx, TxError, TxResult, align4k, counter, is_trash, session};
+use crate::error::{Error, Result};
+use crate::meta::{
+    Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, TRASH_INO, Timestamp,
+};
+
+/// A directory entry row.
+#[derive(Debug, Clone, Copy)]
+struct Edge {
+    inode: Ino,
+    typ: u8,
+}
+
+fn get_edge(c: &Connection, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
+    Ok(c.query_row(
+        "SELECT inode, type FROM jfs_edge WHERE parent=? AND name=?",
+        params![parent as i64, name],
+        |r| {
+            Ok(Edge {
+                inode: r.get::<_, i64>(0)? as u64,
+                typ: r.get::<_, i64>(1)? as u8,
+            })
+        },
+    )
+    .optional()?)
+}
+
+fn insert_edge(
+    c: &Connection,
+    parent: Ino,
+    name: &[u8],
+    inode: Ino,
+    typ: FileType,
+) -> TxResult<()> {
+    c.execute(
+        "INSERT INTO jfs_edge (parent, name, inode, type) VALUES (?,?,?,?)",
+        params![parent as i64, name, inode as i64, typ as u8],
+    )?;
+    Ok(())
+}
+
+fn delete_edge(c: &Connection, parent: Ino, name: &[u8]) -> TxResult<()> {
+    c.execute(
+        "DELETE FROM jfs_edge WHERE parent=? AND name=?",
+        params![parent as i64, name],
+    )?;
+    Ok(())
+}
+
+fn has_children(c: &Connection, dir: Ino) -> TxResult<bool> {
+    Ok(c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM jfs_edge WHERE parent=?)",
+        params![dir as i64],
+        |r| r.get(0),
+    )?)
+}
+
+/// Rejects names no entry may have.
+pub(super) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::Invalid("a name must not be empty".into()));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::NameTooLong);
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid("a name must not contain '/' or NUL".into()));
+    }
+    Ok(())
+}
+
+/// What an entry contributes to its directory's statistics:
+/// (data length, space, inodes).
+fn entry_stat(a: &Attr) -> (i64, i64, i64) {
+    let len = if a.typ == FileType::File { a.length } else { 0 };
+    (len as i64, align4k(len), 1)
+}
+
+/// The name a removed entry gets in the trash (JuiceFS `trashEntry`).
+fn trash_entry_name(parent: Ino, inode: Ino, name: &[u8]) -> Vec<u8> {
+    let mut s = format!("{parent}-{inode}-").into_bytes();
+    s.extend_from_slice(name);
+    s.truncate(MAX_NAME_LEN);
+    s
+}
+
+/// Gets a directory ready to receive a new entry, with JuiceFS's checks.
+/// `creating`: a directory removed into the trash takes no new entries.
+fn writable_dir(c: &Connection, ctx: &Context, dir: Ino, creating: bool) -> TxResult<Attr> {
+    let a = node::must_get(c, dir)?;
+    if a.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    if creating && a.parent > TRASH_INO {
+        return Err(Error::NotFound.into());
+    }
+    node::check_access(ctx, &a, MASK_W | MASK_X)?;
+    Ok(a)
+}
+
+/// The hourly trash directory for a removal from `parent`, created on first
+/// use; `None` when the volume keeps no trash or `parent` is in it already.
+pub(super) fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
+    let days = inner.format()?.trash_days;
+    if days == 0 || is_trash(parent) {
+        return Ok(None);
+    }
+    let name = hour_name(Timestamp::now().secs);
+    if let Some((cached, ino)) = inner.trash_dir.lock().as_ref()
+        && *cached == name
+    {
+        return Ok(Some(*ino));
+    }
+    let ino = inner.write(|tx| {
+        if let Some(e) = get_edge(tx, TRASH_INO, name.as_bytes())? {
+            return Ok(e.inode);
+        }
+        if node::get(tx, TRASH_INO)?.is_none() {
+            node::insert(tx, TRASH_INO, &new_trash_attr(ROOT_INO))?;
+        }
+        let next = super::incr_counter(tx, counter::NEXT_TRASH, 1)?;
+        let ino = TRASH_INO + next as u64;
+        node::insert(tx, ino, &new_trash_attr(TRASH_INO))?;
+        insert_edge(tx, TRASH_INO, name.as_bytes(), ino, FileType::Directory)?;
+        insert_dir_stats(tx, ino)?;
+        node::add_usage(tx, align4k(0), 1)?;
+        Ok(ino)
+    })?;
+    *inner.trash_dir.lock() = Some((name, ino));
+    Ok(Some(ino))
+}
+
+/// The attributes of the trash directory or one of its hourly children.
+pub(super) fn new_trash_attr(parent: Ino) -> Attr {
+    let now = Timestamp::now();
+    Attr {
+        flags: 0,
+        typ: FileType::Directory,
+        mode: 0o555,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        nlink: 2,
+        length: 4096,
+        parent,
+    }
+}
+
+fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
+    c.execute(
+        "INSERT OR IGNORE INTO jfs_dir_stats (inode, data_length, used_space, used_inodes) \
+         VALUES (?,0,0,0)",
+        params![dir as i64],
+    )?;
+    Ok(())
+}
+
+/// The UTC hour `secs` falls in, as JuiceFS names hourly trash directories
+/// ("2006-01-02-15").
+pub(super) fn hour_name(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let hour = secs.rem_euclid(86_400) / 3600;
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}-{hour:02}")
+}
+
+/// The start of the hour an hourly trash directory is named after.
+pub(super) fn parse_hour_name(name: &[u8]) -> Option<i64> {
+    let s = std::str::from_utf8(name).ok()?;
+    let parts: Vec<&str> = s.split('-').collect();
+    if parts.len() != 4 || parts[0].len() != 4 || parts[1..].iter().any(|p| p.len() != 2) {
+        return None;
+    }
+    let y: i64 = parts[0].parse().ok()?;
+    let m: u32 = parts[1].parse().ok()?;
+    let d: u32 = parts[2].parse().ok()?;
+    let h: i64 = parts[3].parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(0..24).contains(&h) {
+        return None;
+    }
+    Some(days_from_civil(y, m, d) * 86_400 + h * 3600)
+}
+
+// Gregorian calendar conversions (Howard Hinnant's algorithms).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Looks up a name, with `.`, `..` and the root's `.trash`.
+pub(super) fn lookup(
+    inner: &Inner,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+) -> Result<(Ino, Attr)> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::NameTooLong);
+    }
+    inner.read(|c| {
+        let pa = node::must_get(c, parent)?;
+        if pa.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        node::check_access(ctx, &pa, MASK_X)?;
+        match name {
+            b"." => Ok((parent, pa)),
+            b".." => {
+                let up = if parent == ROOT_INO {
+                    ROOT_INO
+                } else {
+                    pa.parent
+                };
+                Ok((up, node::must_get(c, up)?))
+            }
+            _ if parent == ROOT_INO && name == TRASH_NAME => {
+                Ok((TRASH_INO, node::must_get(c, TRASH_INO)?))
+            }
+            _ => {
+                let e = get_edge(c, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+                Ok((e.inode, node::must_get(c, e.inode)?))
+            }
+        }
+    })
+}
+
+/// Creates a node of any type (JuiceFS `Mknod`): files, directories,
+/// symlinks (`target`), devices, fifos and sockets.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mknod(
+    inner: &Inner,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+    typ: FileType,
+    mode: u16,
+    umask: u16,
+    rdev: u32,
+    target: &[u8],
+) -> Result<(Ino, Attr)> {
+    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    check_name(name)?;
+    inner.format()?;
+    let ino = inner.next_inode()?;
+    inner.write(|tx| {
+        let mut pa = writable_dir(tx, ctx, parent, true)?;
+        if pa.flags & node::FLAG_IMMUTABLE != 0 {
+            return Err(Error::Perm.into());
+        }
+        if get_edge(tx, parent, name)?.is_some() {
+            return Err(Error::Exists.into());
+        }
+        let now = Timestamp::now();
+        let mut mode = (mode & 0o7777) & !umask;
+        let mut gid = ctx.gid;
+        if pa.mode & 0o2000 != 0 {
+            gid = pa.gid;
+            if typ == FileType::Directory {
+                mode |= 0o2000;
+            }
+        } else if mode & 0o2010 == 0o2010 && !node::is_root(ctx) && !ctx.gids.contains(&pa.gid) {
+            mode &= !0o2000;
+        }
+        let attr = Attr {
+            flags: 0,
+            typ,
+            mode,
+            uid: ctx.uid,
+            gid,
+            rdev: if matches!(typ, FileType::BlockDev | FileType::CharDev) {
+                rdev
+            } else {
+                0
+            },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            nlink: if typ == FileType::Directory { 2 } else { 1 },
+            length: match typ {
+                FileType::Directory => 4096,
+                FileType::Symlink => target.len() as u64,
+                _ => 0,
+            },
+            parent,
+        };
+        insert_edge(tx, parent, name, ino, typ)?;
+        node::insert(tx, ino, &attr)?;
+        match typ {
+            FileType::Symlink => {
+                tx.execute(
+                    "INSERT INTO jfs_symlink (inode, target) VALUES (?,?)",
+                    params![ino as i64, target],
+                )?;
+            }
+            FileType::Directory => {
+                insert_dir_stats(tx, ino)?;
+                pa.nlink += 1;
+            }
+            _ => {}
+        }
+        pa.mtime = now;
+        pa.ctime = now;
+        node::update(tx, parent, &pa)?;
+        node::add_usage(tx, align4k(0), 1)?;
+        node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
+        Ok((ino, attr))
+    })
+}
+
+/// The target of a symlink.
+pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
+    inner.read(|c| {
+        let a = node::must_get(c, ino)?;
+        if a.typ != FileType::Symlink {
+            return Err(Error::Invalid(format!("inode {ino} is not a symlink")).into());
+        }
+        c.query_row(
+            "SELECT target FROM jfs_symlink WHERE inode=?",
+            params![ino as i64],
+            |r| Ok(r.get_ref(0)?.as_bytes()?.to_vec()),
+        )
+        .optional()?
+        .ok_or_else(|| TxError::Fs(Error::Corrupt(format!("symlink {ino} has no target"))))
+    })
+}
+
+/// How a non-directory node is dropped from the namespace when its last
+/// entry goes (shared by unlink and rename-over).
+fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxResult<()> {
+    if attr.typ == FileType::File {
+        if session::mark_removed_if_open(inner, ino) {
+            let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+            if sid > 0 {
+                tx.execute(
+                    "INSERT OR IGNORE INTO jfs_sustained (sid, inode) VALUES (?,?)",
+                    params![sid as i64, ino as i64],
+                )?;
+            }
+            node::update(tx, ino, attr)?;
+            return Ok(());
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO jfs_delfile (inode, length, expire) VALUES (?,?,?)",
+            params![ino as i64, attr.length as i64, Timestamp::now().secs],
+        )?;
+        node::delete(tx, ino)?;
+        node::add_usage(tx, -align4k(attr.length), -1)?;
+        tx.post.deleted_files.push(ino);
+    } else {
+        node::delete(tx, ino)?;
+        node::add_usage(tx, -align4k(0), -1)?;
+    }
+    Ok(())
+}
+
+/// Removes a non-directory entry; with a trash the node moves there.
+pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    if (parent == ROOT_INO && name == TRASH_NAME) || (is_trash(parent) && !node::is_root(ctx)) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::IsDir);
+    }
+    check_name(name)?;
+    let trash = trash_for(inner, parent)?;
+    inner.write(|tx| {
+        let mut pa = writable_dir(tx, ctx, parent, false)?;
+        if pa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+        if e.typ == FileType::Directory as u8 {
+            return Err(Error::IsDir.into());
+        }
+        let now = Timestamp::now();
+        let Some(mut a) = node::get(tx, e.inode)? else {
+            log::warn!("entry {name:?} in {parent} names missing inode {}", e.inode);
+            delete_edge(tx, parent, name)?;
+            return Ok(());
+        };
+        node::check_sticky(ctx, &pa, &a)?;
+        if a.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let mut trash = trash;
+        let trash_name = trash.map(|_| trash_entry_name(parent, e.inode, name));
+        if let (Some(t), Some(tn)) = (trash, &trash_name)
+            && a.nlink > 1
+            && get_edge(tx, t, tn)?.is_some_and(|x| x.inode == e.inode)
+        {
+            // Another link of this node is in this hour's trash already.
+            trash = None;
+        }
+        let (slen, sspace, sinodes) = entry_stat(&a);
+        a.ctime = now;
+        delete_edge(tx, parent, name)?;
+        match (trash, &trash_name) {
+            (Some(t), Some(tn)) => {
+                if a.parent > 0 {
+                    a.parent = t;
+                }
+                node::update(tx, e.inode, &a)?;
+                insert_edge(tx, t, tn, e.inode, a.typ)?;
+                node::add_dir_stat(tx, t, slen, sspace, sinodes)?;
+            }
+            _ => {
+                a.nlink = a.nlink.saturating_sub(1);
+                if a.nlink > 0 {
+                    if a.parent == parent {
+                        a.parent = 0;
+                    }
+                    node::update(tx, e.inode, &a)?;
+                } else {
+                    drop_last_link(tx, inner, e.inode, &a)?;
+                }
+            }
+        }
+        if !is_trash(parent) {
+            pa.mtime = now;
+            pa.ctime = now;
+            node::update(tx, parent, &pa)?;
+        }
+        node::add_dir_stat(tx, parent, -slen, -sspace, -sinodes)?;
+        Ok(())
+    })
+}
+
+/// Removes an empty directory; with a trash it moves there.
+pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    match name {
+        b"." => return Err(Error::Invalid("cannot remove '.'".into())),
+        b".." => return Err(Error::NotEmpty),
+        _ => {}
+    }
+    if (parent == ROOT_INO && name == TRASH_NAME)
+        || parent == TRASH_INO
+        || (is_trash(parent) && !node::is_root(ctx))
+    {
+        return Err(Error::Perm);
+    }
+    check_name(name)?;
+    let trash = trash_for(inner, parent)?;
+    inner.write(|tx| {
+        let mut pa = writable_dir(tx, ctx, parent, false)?;
+        if pa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+        if e.typ != FileType::Directory as u8 {
+            return Err(Error::NotDir.into());
+        }
+        if has_children(tx, e.inode)? {
+            return Err(Error::NotEmpty.into());
+        }
+        let now = Timestamp::now();
+        let found = node::get(tx, e.inode)?;
+        if let Some(a) = &found {
+            node::check_sticky(ctx, &pa, a)?;
+        }
+        delete_edge(tx, parent, name)?;
+        tx.execute(
+            "DELETE FROM jfs_dir_stats WHERE inode=?",
+            params![e.inode as i64],
+        )?;
+        tx.execute(
+            "DELETE FROM jfs_dir_quota WHERE inode=?",
+            params![e.inode as i64],
+        )?;
+        match (found, trash) {
+            (Some(mut a), Some(t)) => {
+                a.ctime = now;
+                a.parent = t;
+                node::update(tx, e.inode, &a)?;
+                let tn = trash_entry_name(parent, e.inode, name);
+                insert_edge(tx, t, &tn, e.inode, FileType::Directory)?;
+                node::add_dir_stat(tx, t, 0, align4k(0), 1)?;
+            }
+            (Some(_), None) => {
+                node::delete(tx, e.inode)?;
+                node::add_usage(tx, -align4k(0), -1)?;
+            }
+            (None, _) => {}
+        }
+        if !is_trash(parent) {
+            pa.nlink = pa.nlink.saturating_sub(1);
+            pa.mtime = now;
+            pa.ctime = now;
+            node::update(tx, parent, &pa)?;
+        }
+        node::add_dir_stat(tx, parent, 0, -align4k(0), -1)?;
+        Ok(())
+    })
+}
+
+/// Whether `dir` is `ancestor` or lies below it.
+fn is_under(c: &Connection, mut dir: Ino, ancestor: Ino) -> TxResult<bool> {
+    for _ in 0..4096 {
+        if dir == ancestor {
+            return Ok(true);
+        }
+        if dir == ROOT_INO || dir == 0 || is_trash(dir) {
+            return Ok(false);
+        }
+        match node::get(c, dir)? {
+            Some(a) => dir = a.parent,
+            None => return Ok(false),
+        }
+    }
+    Err(Error::Corrupt(format!("directory {dir} has a parent cycle")).into())
+}
+
+/// Renames or exchanges an entry (JuiceFS `Rename`).
+pub(super) fn rename(
+    inner: &Inner,
+    ctx: &Context,
+    psrc: Ino,
+    nsrc: &[u8],
+    pdst: Ino,
+    ndst: &[u8],
+    flags: RenameFlags,
+) -> Result<(Ino, Attr)> {
+    if (psrc == ROOT_INO && nsrc == TRASH_NAME) || (pdst == ROOT_INO && ndst == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if is_trash(pdst) || (is_trash(psrc) && !node::is_root(ctx)) {
+        return Err(Error::Perm);
+    }
+    for n in [nsrc, ndst] {
+        if n == b"." || n == b".." {
+            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        }
+        check_name(n)?;
+    }
+    if flags.noreplace && flags.exchange {
+        return Err(Error::Invalid(
+            "rename cannot both exchange and refuse to replace".into(),
+        ));
+    }
+    // Only a replaced destination goes to the trash; look before making the
+    // hourly directory.
+    let replaces = !flags.exchange
+        && !flags.noreplace
+        && inner.read(|c| Ok(get_edge(c, pdst, ndst)?.is_some()))?;
+    let trash = if replaces {
+        trash_for(inner, pdst)?
+    } else {
+        None
+    };
+    inner.write(|tx| {
+        let mut spa = node::must_get(tx, psrc)?;
+        let mut dpa = node::must_get(tx, pdst)?;
+        if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        if spa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0
+            || dpa.flags & node::FLAG_IMMUTABLE != 0
+        {
+            return Err(Error::Perm.into());
+        }
+        if dpa.parent > TRASH_INO {
+            return Err(Error::NotFound.into());
+        }
+        node::check_access(ctx, &spa, MASK_W | MASK_X)?;
+        node::check_access(ctx, &dpa, MASK_W | MASK_X)?;
+        let se = get_edge(tx, psrc, nsrc)?.ok_or(TxError::Fs(Error::NotFound))?;
+        let mut sa = node::must_get(tx, se.inode)?;
+        if psrc == pdst && nsrc == ndst {
+            return Ok((se.inode, sa));
+        }
+        if sa.typ == FileType::Directory && is_under(tx, pdst, se.inode)? {
+            return Err(Error::Invalid("cannot move a directory into itself".into()).into());
+        }
+        node::check_sticky(ctx, &spa, &sa)?;
+        if sa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let de = get_edge(tx, pdst, ndst)?;
+        let mut da = match de {
+            Some(de) => {
+                if flags.noreplace {
+                    return Err(Error::Exists.into());
+                }
+                let da = node::get(tx, de.inode)?;
+                if let Some(da) = &da {
+                    if da.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+                        return Err(Error::Perm.into());
+                    }
+                    node::check_sticky(ctx, &dpa, da)?;
+                }
+                if flags.exchange {
+                    if de.typ == FileType::Directory as u8 && is_under(tx, psrc, de.inode)? {
+                        return Err(
+                            Error::Invalid("cannot move a directory into itself".into()).into()
+                        );
+                    }
+                } else if de.inode == se.inode {
+                    // Two links of one node: POSIX says do nothing.
+                    return Ok((se.inode, sa));
+                } else if sa.typ == FileType::Directory && de.typ != FileType::Directory as u8 {
+                    return Err(Error::NotDir.into());
+                } else if de.typ == FileType::Directory as u8 {
+                    if sa.typ != FileType::Directory {
+                        return Err(Error::IsDir.into());
+                    }
+                    if has_children(tx, de.inode)? {
+                        return Err(Error::NotEmpty.into());
+                    }
+                }
+                da
+            }
+            None => {
+                if flags.exchange {
+                    return Err(Error::NotFound.into());
+                }
+                None
+            }
+        };
+        let now = Timestamp::now();
+        let same_dir = psrc == pdst;
+        let (slen, sspace, sinodes) = entry_stat(&sa);
+        let (mut src_nlink, mut dst_nlink) = (0i64, 0i64);
+        if flags.exchange {
+            let de = de.ok_or(TxError::Fs(Error::NotFound))?;
+            tx.execute(
+                "UPDATE jfs_edge SET inode=?, type=? WHERE parent=? AND name=?",
+                params![de.inode as i64, de.typ, psrc as i64, nsrc],
+            )?;
+            tx.execute(
+                "UPDATE jfs_edge SET inode=?, type=? WHERE parent=? AND name=?",
+                params![se.inode as i64, sa.typ as u8, pdst as i64, ndst],
+            )?;
+            if let Some(da) = da.as_mut() {
+                if !same_dir {
+                    if da.typ == FileType::Directory {
+                        da.parent = psrc;
+                        dst_nlink -= 1;
+                        src_nlink += 1;
+                    } else if da.parent > 0 {
+                        da.parent = psrc;
+                    }
+                    let (dlen, dspace, dinodes) = entry_stat(da);
+                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
+                    node::add_dir_stat(tx, psrc, dlen, dspace, dinodes)?;
+                }
+                da.ctime = now;
+                node::update(tx, de.inode, da)?;
+            }
+        } else {
+            delete_edge(tx, psrc, nsrc)?;
+            if let Some(de) = de {
+                delete_edge(tx, pdst, ndst)?;
+                if let Some(mut d) = da.take() {
+                    let (dlen, dspace, dinodes) = entry_stat(&d);
+                    d.ctime = now;
+                    if d.typ == FileType::Directory {
+                        dst_nlink -= 1;
+                        tx.execute(
+                            "DELETE FROM jfs_dir_stats WHERE inode=?",
+                            params![de.inode as i64],
+                        )?;
+                        tx.execute(
+                            "DELETE FROM jfs_dir_quota WHERE inode=?",
+                            params![de.inode as i64],
+                        )?;
+                    }
+                    if let Some(t) = trash {
+                        if d.parent > 0 {
+                            d.parent = t;
+                        }
+                        node::update(tx, de.inode, &d)?;
+                        let tn = trash_entry_name(pdst, de.inode, ndst);
+                        insert_edge(tx, t, &tn, de.inode, d.typ)?;
+                        node::add_dir_stat(tx, t, dlen, dspace, dinodes)?;
+                    } else if d.typ == FileType::Directory {
+                        node::delete(tx, de.inode)?;
+                        node::add_usage(tx, -align4k(0), -1)?;
+                    } else {
+                        d.nlink = d.nlink.saturating_sub(1);
+                        if d.nlink > 0 {
+                            if d.parent == pdst {
+                                d.parent = 0;
+                            }
+                            node::update(tx, de.inode, &d)?;
+                        } else {
+                            drop_last_link(tx, inner, de.inode, &d)?;
+                        }
+                    }
+                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
+                }
+            }
+            insert_edge(tx, pdst, ndst, se.inode, sa.typ)?;
+        }
+        if !same_dir {
+            if sa.typ == FileType::Directory {
+                sa.parent = pdst;
+                src_nlink -= 1;
+                dst_nlink += 1;
+            } else if sa.parent > 0 {
+                sa.parent = pdst;
+            }
+            node::add_dir_stat(tx, psrc, -slen, -sspace, -sinodes)?;
+            node::add_dir_stat(tx, pdst, slen, sspace, sinodes)?;
+        }
+        sa.ctime = now;
+        node::update(tx, se.inode, &sa)?;
+        if same_dir {
+            spa = node::must_get(tx, psrc)?;
+            spa.nlink = (i64::from(spa.nlink) + src_nlink + dst_nlink).max(0) as u32;
+            spa.mtime = now;
+            spa.ctime = now;
+            node::update(tx, psrc, &spa)?;
+        } else {
+            // Re-read: the moved entries above may have been these directories.
+            spa = node::must_get(tx, psrc)?;
+            dpa = node::must_get(tx, pdst)?;
+            spa.nlink = (i64::from(spa.nlink) + src_nlink).max(0) as u32;
+            dpa.nlink = (i64::from(dpa.nlink) + dst_nlink).max(0) as u32;
+            for (ino, a) in [(psrc, &mut spa), (pdst, &mut dpa)] {
+                if !is_trash(ino) {
+                    a.mtime = now;
+                    a.ctime = now;
+                }
+                node::update(tx, ino, a)?;
+            }
+        }
+        Ok((se.inode, sa))
+    })
+}
+
+/// Adds a hard link.
+pub(super) fn link(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    parent: Ino,
+    name: &[u8],
+) -> Result<Attr> {
+    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    check_name(name)?;
+    inner.write(|tx| {
+        let mut pa = writable_dir(tx, ctx, parent, true)?;
+        if pa.flags & node::FLAG_IMMUTABLE != 0 {
+            return Err(Error::Perm.into());
+        }
+        if get_edge(tx, parent, name)?.is_some() {
+            return Err(Error::Exists.into());
+        }
+        let mut a = node::must_get(tx, ino)?;
+        if a.typ == FileType::Directory {
+            return Err(Error::Perm.into());
+        }
+        if a.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
+            return Err(Error::Perm.into());
+        }
+        let now = Timestamp::now();
+        pa.mtime = now;
+        pa.ctime = now;
+        a.parent = 0;
+        a.nlink += 1;
+        a.ctime = now;
+        insert_edge(tx, parent, name, ino, a.typ)?;
+        node::update(tx, ino, &a)?;
+        node::update(tx, parent, &pa)?;
+        let (len, space, inodes) = entry_stat(&a);
+        node::add_dir_stat(tx, parent, len, space, inodes)?;
+        Ok(a)
+    })
+}
+
+/// An attribute record that carries only a type (readdir without `plus`).
+fn type_only(typ: FileType) -> Attr {
+    Attr {
+        flags: 0,
+        typ,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        atime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        ctime: Timestamp::default(),
+        nlink: 0,
+        length: 0,
+        parent: 0,
+    }
+}
+
+/// Lists a directory, `.` and `..` first.
+pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
+    inner.read(|c| {
+        let a = node::must_get(c, ino)?;
+        if a.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        let mask = if plus { MASK_R | MASK_X } else { MASK_R };
+        node::check_access(ctx, &a, mask)?;
+        let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
+        let up_attr = if plus {
+            node::get(c, up)?.unwrap_or_else(|| a.clone())
+        } else {
+            type_only(FileType::Directory)
+        };
+        let mut out = vec![
+            Entry {
+                inode: ino,
+                name: b".".to_vec(),
+                attr: if plus {
+                    a.clone()
+                } else {
+                    type_only(FileType::Directory)
+                },
+            },
+            Entry {
+                inode: up,
+                name: b"..".to_vec(),
+                attr: up_attr,
+            },
+        ];
+        if plus {
+            let mut stmt = c.prepare(&format!(
+                "SELECT e.name, {} FROM jfs_edge e JOIN jfs_node n ON e.inode=n.inode \
+                 WHERE e.parent=? ORDER BY e.id",
+                node::COLUMNS
+                    .split(", ")
+                    .map(|col| format!("n.{col}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))?;
+            let rows = stmt.query_map(params![ino as i64], |r| {
+                let name = r.get_ref(0)?.as_bytes()?.to_vec();
+                let (inode, attr) = node::from_row(r, 1)?;
+                Ok(Entry { inode, name, attr })
+            })?;
+            for e in rows {
+                let e = e?;
+                if !e.name.is_empty() {
+                    out.push(e);
+                }
+            }
+        } else {
+            let mut stmt =
+                c.prepare("SELECT name, inode, type FROM jfs_edge WHERE parent=? ORDER BY id")?;
+            let rows = stmt.query_map(params![ino as i64], |r| {
+                Ok((
+                    r.get_ref(0)?.as_bytes()?.to_vec(),
+                    r.get::<_, i64>(1)? as u64,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (name, inode, code) = row?;
+                let Some(typ) = u8::try_from(code).ok().and_then(FileType::from_code) else {
+                    log::warn!("entry {name:?} in {ino} has unknown type {code}");
+                    continue;
+                };
+                if !name.is_empty() {
+                    out.push(Entry {
+                        inode,
+                        name,
+                        attr: type_only(typ),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hour_names_match_juicefs_layout() {
+        // 2026-12-02 15:21:53 UTC
+        assert_eq!(hour_name(1_796_224_913), "2026-12-02-15");
+        assert_eq!(hour_name(0), "1970-01-01-00");
+        let start = parse_hour_name(b"2026-12-02-15").expect("valid name");
+        assert_eq!(hour_name(start), "2026-12-02-15");
+        assert_eq!(start % 3600, 0);
+        assert!(parse_hour_name(b"2026-13-02-15").is_none());
+        assert!(parse_hour_name(b"not-a-trash-dir").is_none());
+    }
+
+    #[test]
+    fn trash_names_are_parent_inode_name_and_fit() {
+        assert_eq!(trash_entry_name(1, 4, b"f2"), b"1-4-f2".to_vec());
+        let long = vec![b'x'; 255];
+        assert_eq!(trash_entry_name(12, 34, &long).len(), MAX_NAME_LEN);
+    }
+}

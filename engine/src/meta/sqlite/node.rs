@@ -1,0 +1,394 @@
+//! `jfs_node` rows, permission checks, setattr, and the usage counters and
+//! directory statistics JuiceFS keeps beside the nodes.
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::{Inner, TxError, TxResult, align4k, counter};
+use crate::error::{Error, Result};
+use crate::meta::{Attr, Context, FileType, Ino, SetAttr, TimeChange, Timestamp};
+
+/// Read permission bit of a mode triplet.
+pub(super) const MASK_R: u8 = 4;
+/// Write permission bit of a mode triplet.
+pub(super) const MASK_W: u8 = 2;
+/// Execute/search permission bit of a mode triplet.
+pub(super) const MASK_X: u8 = 1;
+/// JuiceFS `FlagImmutable`.
+pub(super) const FLAG_IMMUTABLE: u8 = 1;
+/// JuiceFS `FlagAppend`.
+pub(super) const FLAG_APPEND: u8 = 2;
+
+/// The columns [`from_row`] reads, in order.
+pub(super) const COLUMNS: &str = "inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
+     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent";
+
+/// JuiceFS stores a time as microseconds plus the nanoseconds left over.
+pub(super) fn split_time(t: Timestamp) -> (i64, i64) {
+    let us = t.secs.saturating_mul(1_000_000) + i64::from(t.nsecs / 1000);
+    (us, i64::from(t.nsecs % 1000))
+}
+
+fn join_time(us: i64, ns: i64) -> Timestamp {
+    let secs = us.div_euclid(1_000_000);
+    let sub_us = us.rem_euclid(1_000_000);
+    let nsecs = (sub_us * 1000 + ns.clamp(0, 999)) as u32;
+    Timestamp { secs, nsecs }
+}
+
+/// Decodes a row selected with [`COLUMNS`] (starting at column `at`).
+pub(super) fn from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(Ino, Attr)> {
+    let ino: i64 = r.get(at)?;
+    let code: i64 = r.get(at + 1)?;
+    let typ = u8::try_from(code)
+        .ok()
+        .and_then(FileType::from_code)
+        .ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                at + 1,
+                rusqlite::types::Type::Integer,
+                format!("inode {ino} has unknown type {code}").into(),
+            )
+        })?;
+    let attr = Attr {
+        flags: r.get::<_, i64>(at + 2)? as u8,
+        typ,
+        mode: r.get::<_, i64>(at + 3)? as u16,
+        uid: r.get::<_, i64>(at + 4)? as u32,
+        gid: r.get::<_, i64>(at + 5)? as u32,
+        atime: join_time(r.get(at + 6)?, r.get(at + 9)?),
+        mtime: join_time(r.get(at + 7)?, r.get(at + 10)?),
+        ctime: join_time(r.get(at + 8)?, r.get(at + 11)?),
+        nlink: r.get::<_, i64>(at + 12)? as u32,
+        length: r.get::<_, i64>(at + 13)? as u64,
+        rdev: r.get::<_, Option<i64>>(at + 14)?.unwrap_or(0) as u32,
+        parent: r.get::<_, Option<i64>>(at + 15)?.unwrap_or(0) as u64,
+    };
+    Ok((ino as u64, attr))
+}
+
+/// The attributes of `ino`, if the node exists.
+pub(super) fn get(c: &Connection, ino: Ino) -> TxResult<Option<Attr>> {
+    Ok(c.query_row(
+        &format!("SELECT {COLUMNS} FROM jfs_node WHERE inode=?"),
+        params![ino as i64],
+        |r| from_row(r, 0).map(|(_, a)| a),
+    )
+    .optional()?)
+}
+
+/// The attributes of `ino`, or `NotFound`.
+pub(super) fn must_get(c: &Connection, ino: Ino) -> TxResult<Attr> {
+    get(c, ino)?.ok_or(TxError::Fs(Error::NotFound))
+}
+
+/// Inserts a new node.
+pub(super) fn insert(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
+    let (at, atn) = split_time(a.atime);
+    let (mt, mtn) = split_time(a.mtime);
+    let (ct, ctn) = split_time(a.ctime);
+    c.execute(
+        "INSERT INTO jfs_node (inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
+         atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, \
+         default_acl_id, tier_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,0,0)",
+        params![
+            ino as i64,
+            a.typ as u8,
+            a.flags,
+            a.mode,
+            a.uid,
+            a.gid,
+            at,
+            mt,
+            ct,
+            atn,
+            mtn,
+            ctn,
+            a.nlink,
+            a.length as i64,
+            a.rdev,
+            a.parent as i64
+        ],
+    )?;
+    Ok(())
+}
+
+/// Writes back every mutable column of a node.
+pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
+    let (at, atn) = split_time(a.atime);
+    let (mt, mtn) = split_time(a.mtime);
+    let (ct, ctn) = split_time(a.ctime);
+    let n = c.execute(
+        "UPDATE jfs_node SET flags=?, mode=?, uid=?, gid=?, atime=?, mtime=?, ctime=?, \
+         atimensec=?, mtimensec=?, ctimensec=?, nlink=?, length=?, rdev=?, parent=? \
+         WHERE inode=?",
+        params![
+            a.flags,
+            a.mode,
+            a.uid,
+            a.gid,
+            at,
+            mt,
+            ct,
+            atn,
+            mtn,
+            ctn,
+            a.nlink,
+            a.length as i64,
+            a.rdev,
+            a.parent as i64,
+            ino as i64
+        ],
+    )?;
+    if n == 0 {
+        return Err(Error::NotFound.into());
+    }
+    Ok(())
+}
+
+/// Deletes a node with its symlink target and extended attributes.
+pub(super) fn delete(c: &Connection, ino: Ino) -> TxResult<()> {
+    let i = ino as i64;
+    c.execute("DELETE FROM jfs_node WHERE inode=?", params![i])?;
+    c.execute("DELETE FROM jfs_symlink WHERE inode=?", params![i])?;
+    c.execute("DELETE FROM jfs_xattr WHERE inode=?", params![i])?;
+    Ok(())
+}
+
+fn in_group(ctx: &Context, gid: u32) -> bool {
+    ctx.gid == gid || ctx.gids.contains(&gid)
+}
+
+/// The permission triplet that applies to `ctx` on a node (JuiceFS `accessMode`).
+fn access_mode(ctx: &Context, a: &Attr) -> u8 {
+    if ctx.uid == 0 {
+        return 7;
+    }
+    let m = a.mode;
+    if ctx.uid == a.uid {
+        ((m >> 6) & 7) as u8
+    } else if in_group(ctx, a.gid) {
+        ((m >> 3) & 7) as u8
+    } else {
+        (m & 7) as u8
+    }
+}
+
+/// Whether `ctx` skips permission checks (root or engine-internal work).
+pub(super) fn is_root(ctx: &Context) -> bool {
+    ctx.privileged || ctx.uid == 0
+}
+
+/// Fails with `Access` unless `ctx` has every bit of `mask` on the node.
+pub(super) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
+    if is_root(ctx) || access_mode(ctx, a) & mask == mask {
+        Ok(())
+    } else {
+        Err(Error::Access)
+    }
+}
+
+/// The sticky-directory rule: in a sticky directory only the owner of the
+/// entry, the owner of the directory or root may remove or rename it.
+pub(super) fn check_sticky(ctx: &Context, dir: &Attr, entry: &Attr) -> Result<()> {
+    if !is_root(ctx) && dir.mode & 0o1000 != 0 && ctx.uid != dir.uid && ctx.uid != entry.uid {
+        return Err(Error::Access);
+    }
+    Ok(())
+}
+
+/// Adds to the volume's usage counters (`usedSpace`, `totalInodes`).
+pub(super) fn add_usage(c: &Connection, space: i64, inodes: i64) -> TxResult<()> {
+    if space != 0 {
+        super::incr_counter(c, counter::USED_SPACE, space)?;
+    }
+    if inodes != 0 {
+        super::incr_counter(c, counter::TOTAL_INODES, inodes)?;
+    }
+    Ok(())
+}
+
+/// Adds to a directory's `jfs_dir_stats` row; a directory without a row gets
+/// one computed from its entries (as JuiceFS's sync does), which already
+/// includes the change because it runs after it.
+pub(super) fn add_dir_stat(
+    tx: &super::Tx<'_>,
+    dir: Ino,
+    length: i64,
+    space: i64,
+    inodes: i64,
+) -> TxResult<()> {
+    if !tx.dir_stats || dir == crate::meta::TRASH_INO || (length == 0 && space == 0 && inodes == 0)
+    {
+        return Ok(());
+    }
+    let n = tx.execute(
+        "UPDATE jfs_dir_stats SET data_length=data_length+?, used_space=used_space+?, \
+         used_inodes=used_inodes+? WHERE inode=?",
+        params![length, space, inodes, dir as i64],
+    )?;
+    if n == 0 {
+        let Some(attr) = get(tx, dir)? else {
+            return Ok(());
+        };
+        if attr.typ != FileType::Directory {
+            return Ok(());
+        }
+        let (len, spc, cnt) = compute_dir_stat(tx, dir)?;
+        tx.execute(
+            "INSERT INTO jfs_dir_stats (inode, data_length, used_space, used_inodes) \
+             VALUES (?,?,?,?)",
+            params![dir as i64, len, spc, cnt],
+        )?;
+    }
+    Ok(())
+}
+
+/// A directory's statistics computed from its entries (JuiceFS `calcDirStat`).
+pub(super) fn compute_dir_stat(c: &Connection, dir: Ino) -> TxResult<(i64, i64, i64)> {
+    let mut stmt = c.prepare(
+        "SELECT n.type, n.length FROM jfs_edge e JOIN jfs_node n ON e.inode=n.inode \
+         WHERE e.parent=?",
+    )?;
+    let mut rows = stmt.query(params![dir as i64])?;
+    let (mut len, mut space, mut count) = (0i64, 0i64, 0i64);
+    while let Some(r) = rows.next()? {
+        let typ: i64 = r.get(0)?;
+        let l = if typ == FileType::File as i64 {
+            r.get::<_, i64>(1)? as u64
+        } else {
+            0
+        };
+        len += l as i64;
+        space += align4k(l);
+        count += 1;
+    }
+    Ok((len, space, count))
+}
+
+/// Applies a length/space change of a file to the usage counter and to the
+/// statistics of every directory holding it (JuiceFS `updateParentStat`).
+pub(super) fn add_file_stat(
+    tx: &super::Tx<'_>,
+    ino: Ino,
+    attr: &Attr,
+    length: i64,
+    space: i64,
+) -> TxResult<()> {
+    if length == 0 && space == 0 {
+        return Ok(());
+    }
+    add_usage(tx, space, 0)?;
+    if attr.nlink == 0 {
+        return Ok(());
+    }
+    if attr.parent > 0 {
+        return add_dir_stat(tx, attr.parent, length, space, 0);
+    }
+    for (parent, links) in parents(tx, ino)? {
+        add_dir_stat(tx, parent, length * links, space * links, 0)?;
+    }
+    Ok(())
+}
+
+/// Every directory holding an entry for `ino`, with how many entries.
+pub(super) fn parents(c: &Connection, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+    let mut stmt =
+        c.prepare("SELECT parent, count(*) FROM jfs_edge WHERE inode=? GROUP BY parent")?;
+    let rows = stmt.query_map(params![ino as i64], |r| {
+        Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+fn resolve_time(t: TimeChange, now: Timestamp) -> Timestamp {
+    match t {
+        TimeChange::At(ts) => ts,
+        TimeChange::Now => now,
+    }
+}
+
+/// setattr with JuiceFS's (and Linux's) rules: only the owner changes the
+/// mode, only root the owner, the owner the group (to one of its groups);
+/// owner changes clear setuid/setgid; times need ownership, or write access
+/// when set to "now".
+pub(super) fn setattr(inner: &Inner, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
+    inner.write(|tx| {
+        let cur = must_get(tx, ino)?;
+        if cur.parent > crate::meta::TRASH_INO {
+            return Err(Error::Perm.into());
+        }
+        let root = is_root(ctx);
+        let owner = root || ctx.uid == cur.uid;
+        let now = Timestamp::now();
+        let mut a = cur.clone();
+        let mut changed = false;
+        if let Some(uid) = set.uid
+            && uid != cur.uid
+        {
+            if !root {
+                return Err(Error::Perm.into());
+            }
+            a.uid = uid;
+            changed = true;
+        }
+        if let Some(gid) = set.gid
+            && gid != cur.gid
+        {
+            if !root && (ctx.uid != cur.uid || !in_group(ctx, gid)) {
+                return Err(Error::Perm.into());
+            }
+            a.gid = gid;
+            changed = true;
+        }
+        if (set.uid.is_some() || set.gid.is_some()) && a.typ != FileType::Directory {
+            // Linux (ext4) semantics: chown clears setuid, and setgid too unless
+            // root changes a file that is not group-executable.
+            if !root || a.mode & 0o010 != 0 {
+                a.mode &= 0o1777;
+            } else {
+                a.mode &= 0o3777;
+            }
+            changed |= a.mode != cur.mode;
+        }
+        if let Some(mode) = set.mode {
+            let mut mode = mode & 0o7777;
+            if !owner {
+                return Err(Error::Perm.into());
+            }
+            if !root && mode & 0o2000 != 0 && !in_group(ctx, a.gid) {
+                mode &= 0o5777;
+            }
+            a.mode = mode;
+            changed = true;
+        }
+        for (want, slot, cur_t) in [
+            (set.atime, &mut a.atime, cur.atime),
+            (set.mtime, &mut a.mtime, cur.mtime),
+        ] {
+            let Some(t) = want else { continue };
+            match t {
+                TimeChange::Now => {
+                    if !owner && check_access(ctx, &cur, MASK_W).is_err() {
+                        return Err(Error::Access.into());
+                    }
+                }
+                TimeChange::At(ts) => {
+                    if ts == cur_t {
+                        continue;
+                    }
+                    if !owner {
+                        return Err(Error::Perm.into());
+                    }
+                }
+            }
+            *slot = resolve_time(t, now);
+            changed = true;
+        }
+        if !changed {
+            return Ok(cur);
+        }
+        a.ctime = now;
+        update(tx, ino, &a)?;
+        Ok(a)
+    })
+}

@@ -1,0 +1,397 @@
+//! Client sessions (`jfs_session2`, heartbeat), files held open across an
+//! unlink (`jfs_sustained`), and background cleanup: stale sessions, removed
+//! files' data, the expired trash and slices whose deletion failed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use rusqlite::params;
+
+use super::namespace;
+use super::node;
+use super::{Heartbeat, Inner, TxResult, align4k, counter};
+use crate::error::{Error, Result};
+use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
+
+/// How often the session's expiry is pushed forward (JuiceFS: 12 s).
+const HEARTBEAT: Duration = Duration::from_secs(12);
+/// How long a session outlives its last heartbeat (JuiceFS: 5 heartbeats).
+const SESSION_TTL_SECS: i64 = 60;
+/// Removed files whose data is still there after this long were abandoned by
+/// a crashed client (JuiceFS waits an hour too).
+const DELFILE_GRACE_SECS: i64 = 3600;
+
+fn expire_at() -> i64 {
+    Timestamp::now().secs + SESSION_TTL_SECS
+}
+
+/// The session info JuiceFS clients write: JSON with version, host, mount
+/// point and process. `info` is used as is when it is a JSON object already.
+fn session_info(info: &str) -> String {
+    if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(info).is_ok() {
+        return info.to_string();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    serde_json::json!({
+        "Version": concat!("sluice-", env!("CARGO_PKG_VERSION")),
+        "HostName": host,
+        "IPAddrs": [],
+        "MountPoint": info,
+        "MountTime": Timestamp::now().secs,
+        "ProcessID": std::process::id(),
+    })
+    .to_string()
+}
+
+/// Registers a session and starts its heartbeat.
+pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
+    inner.format()?;
+    if inner.sid.load(Ordering::Relaxed) != 0 {
+        return Err(Error::Invalid("this client has a session already".into()));
+    }
+    let info = session_info(info);
+    let sid = inner.write(|tx| {
+        let sid = super::incr_counter(tx, counter::NEXT_SESSION, 1)?;
+        tx.execute(
+            "INSERT INTO jfs_session2 (sid, expire, info) VALUES (?,?,?)",
+            params![sid, expire_at(), info.as_bytes()],
+        )?;
+        Ok(sid as u64)
+    })?;
+    inner.sid.store(sid, Ordering::Relaxed);
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let weak = Arc::downgrade(inner);
+    let stop2 = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name(format!("sluice-session-{sid}"))
+        .spawn(move || heartbeat_loop(weak, sid, info, stop2))
+        .map_err(Error::Io)?;
+    *inner.heartbeat.lock() = Some(Heartbeat { stop, thread });
+    Ok(sid)
+}
+
+fn heartbeat_loop(
+    inner: std::sync::Weak<Inner>,
+    sid: u64,
+    info: String,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+) {
+    let (lock, cvar) = &*stop;
+    loop {
+        {
+            let mut stopped = lock.lock();
+            if !*stopped {
+                cvar.wait_for(&mut stopped, HEARTBEAT);
+            }
+            if *stopped {
+                return;
+            }
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let r = inner.write(|tx| {
+            let n = tx.execute(
+                "UPDATE jfs_session2 SET expire=? WHERE sid=?",
+                params![expire_at(), sid as i64],
+            )?;
+            if n == 0 {
+                log::warn!("session {sid} was cleaned up as stale; registering it again");
+                tx.execute(
+                    "INSERT INTO jfs_session2 (sid, expire, info) VALUES (?,?,?)",
+                    params![sid as i64, expire_at(), info.as_bytes()],
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            log::warn!("session {sid} heartbeat failed: {e}");
+        }
+    }
+}
+
+impl Inner {
+    /// Stops the heartbeat thread, if one runs.
+    pub(super) fn stop_heartbeat(&self) {
+        let hb = self.heartbeat.lock().take();
+        if let Some(hb) = hb {
+            *hb.stop.0.lock() = true;
+            hb.stop.1.notify_all();
+            if hb.thread.thread().id() != std::thread::current().id() {
+                let _ = hb.thread.join();
+            }
+        }
+    }
+}
+
+/// Ends this client's session: files it kept open past their unlink are
+/// deleted, then the session row goes.
+pub(super) fn close_session(inner: &Inner) -> Result<()> {
+    inner.stop_heartbeat();
+    let sid = inner.sid.swap(0, Ordering::Relaxed);
+    if sid == 0 {
+        return Ok(());
+    }
+    let removed: Vec<Ino> = {
+        let mut open = inner.open_files.lock();
+        let ids = open
+            .iter()
+            .filter(|(_, f)| f.removed)
+            .map(|(i, _)| *i)
+            .collect();
+        open.clear();
+        ids
+    };
+    for ino in removed {
+        delete_sustained(inner, 0, ino)?;
+    }
+    clean_session(inner, sid)
+}
+
+/// Releases what session `sid` held and removes it.
+fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
+    let sustained: Vec<Ino> = inner.read(|c| {
+        let mut stmt = c.prepare("SELECT inode FROM jfs_sustained WHERE sid=?")?;
+        let rows = stmt.query_map(params![sid as i64], |r| r.get::<_, i64>(0))?;
+        Ok(rows
+            .map(|r| r.map(|v| v as u64))
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
+    for ino in sustained {
+        delete_sustained(inner, sid, ino)?;
+    }
+    inner.write(|tx| {
+        tx.execute("DELETE FROM jfs_flock WHERE sid=?", params![sid as i64])?;
+        tx.execute("DELETE FROM jfs_plock WHERE sid=?", params![sid as i64])?;
+        tx.execute("DELETE FROM jfs_sustained WHERE sid=?", params![sid as i64])?;
+        tx.execute("DELETE FROM jfs_session2 WHERE sid=?", params![sid as i64])?;
+        Ok(())
+    })
+}
+
+/// Deletes a file kept for an open handle after its last link went
+/// (JuiceFS `doDeleteSustainedInode`). `sid` 0 means this client's own.
+fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
+    let sid = if sid == 0 {
+        inner.sid.load(Ordering::Relaxed)
+    } else {
+        sid
+    };
+    inner.write(|tx| {
+        tx.execute(
+            "DELETE FROM jfs_sustained WHERE sid=? AND inode=?",
+            params![sid as i64, ino as i64],
+        )?;
+        let Some(a) = node::get(tx, ino)? else {
+            return Ok(());
+        };
+        if a.nlink > 0 || a.typ != FileType::File {
+            // Linked again meanwhile (or not ours to delete).
+            return Ok(());
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO jfs_delfile (inode, length, expire) VALUES (?,?,?)",
+            params![ino as i64, a.length as i64, Timestamp::now().secs],
+        )?;
+        node::delete(tx, ino)?;
+        node::add_usage(tx, -align4k(a.length), -1)?;
+        tx.post.deleted_files.push(ino);
+        Ok(())
+    })
+}
+
+/// Records one more open handle on `ino`.
+pub(super) fn opened(inner: &Inner, ino: Ino) {
+    inner.open_files.lock().entry(ino).or_default().count += 1;
+}
+
+/// Records a close; the last close of a file unlinked while open deletes it.
+pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
+    let delete = {
+        let mut open = inner.open_files.lock();
+        let Some(f) = open.get_mut(&ino) else {
+            return Err(Error::BadHandle);
+        };
+        f.count = f.count.saturating_sub(1);
+        if f.count > 0 {
+            return Ok(());
+        }
+        let removed = f.removed;
+        open.remove(&ino);
+        removed
+    };
+    if delete {
+        delete_sustained(inner, 0, ino)?;
+    }
+    Ok(())
+}
+
+/// Called inside the transaction that drops a file's last link: if this
+/// client holds it open, it is marked to go on the last close instead.
+pub(super) fn mark_removed_if_open(inner: &Inner, ino: Ino) -> bool {
+    let mut open = inner.open_files.lock();
+    match open.get_mut(&ino) {
+        Some(f) if f.count > 0 => {
+            f.removed = true;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Background maintenance (JuiceFS's hourly jobs, run when called).
+pub(super) fn cleanup(inner: &Inner) -> Result<()> {
+    let fmt = inner.format()?;
+    let now = Timestamp::now().secs;
+    // Sessions whose client stopped heartbeating.
+    let stale: Vec<u64> = inner.read(|c| {
+        let mut stmt = c.prepare("SELECT sid FROM jfs_session2 WHERE expire < ?")?;
+        let rows = stmt.query_map(params![now], |r| r.get::<_, i64>(0))?;
+        Ok(rows
+            .map(|r| r.map(|v| v as u64))
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
+    for sid in stale {
+        if sid != inner.sid.load(Ordering::Relaxed) {
+            log::info!("cleaning up stale session {sid}");
+            clean_session(inner, sid)?;
+        }
+    }
+    // Removed files whose data a crashed client left behind.
+    let files: Vec<Ino> = inner.read(|c| {
+        let mut stmt = c.prepare("SELECT inode FROM jfs_delfile WHERE expire < ?")?;
+        let rows = stmt.query_map(params![now - DELFILE_GRACE_SECS], |r| r.get::<_, i64>(0))?;
+        Ok(rows
+            .map(|r| r.map(|v| v as u64))
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
+    for ino in files {
+        inner.delete_file_data(ino)?;
+    }
+    if fmt.trash_days > 0 {
+        cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600)?;
+        cleanup_delayed_slices(inner, now - i64::from(fmt.trash_days) * 86_400)?;
+    }
+    // Slices whose objects could not be deleted before.
+    let pending: Vec<ReleasedSlice> = inner.read(|c| {
+        let mut stmt = c.prepare("SELECT chunkid, size FROM jfs_chunk_ref WHERE refs <= 0")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(ReleasedSlice {
+                id: r.get::<_, i64>(0)? as u64,
+                size: r.get::<_, i64>(1)? as u32,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
+    inner.release_slices(&pending);
+    Ok(())
+}
+
+/// Empties hourly trash directories named before `edge` (unix seconds).
+pub(super) fn cleanup_trash(inner: &Inner, edge: i64) -> Result<()> {
+    let ctx = Context::internal();
+    let hours = namespace::readdir(inner, &ctx, TRASH_INO, false)?;
+    for h in hours.into_iter().skip(2) {
+        let Some(start) = namespace::parse_hour_name(&h.name) else {
+            log::warn!("unexpected entry {:?} in the trash", h.name);
+            continue;
+        };
+        if start >= edge {
+            continue;
+        }
+        remove_tree(inner, &ctx, h.inode)?;
+        namespace::rmdir(inner, &ctx, TRASH_INO, &h.name).or_else(|e| match e {
+            Error::Perm => remove_trash_hour(inner, &h.name),
+            e => Err(e),
+        })?;
+    }
+    Ok(())
+}
+
+/// Removes an hourly trash directory itself (no user may rmdir it).
+fn remove_trash_hour(inner: &Inner, name: &[u8]) -> Result<()> {
+    inner.write(|tx| {
+        let ino: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
+            "SELECT inode FROM jfs_edge WHERE parent=? AND name=?",
+            params![TRASH_INO as i64, name],
+            |r| r.get(0),
+        ))?;
+        let Some(ino) = ino else { return Ok(()) };
+        let children: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM jfs_edge WHERE parent=?)",
+            params![ino],
+            |r| r.get(0),
+        )?;
+        if children {
+            return Err(Error::NotEmpty.into());
+        }
+        tx.execute(
+            "DELETE FROM jfs_edge WHERE parent=? AND name=?",
+            params![TRASH_INO as i64, name],
+        )?;
+        tx.execute("DELETE FROM jfs_dir_stats WHERE inode=?", params![ino])?;
+        node::delete(tx, ino as u64)?;
+        node::add_usage(tx, -align4k(0), -1)?;
+        Ok(())
+    })?;
+    *inner.trash_dir.lock() = None;
+    Ok(())
+}
+
+/// Deletes everything below directory `dir` (children first).
+fn remove_tree(inner: &Inner, ctx: &Context, dir: Ino) -> Result<()> {
+    let entries = namespace::readdir(inner, ctx, dir, false)?;
+    for e in entries.into_iter().skip(2) {
+        if e.attr.typ == FileType::Directory {
+            remove_tree(inner, ctx, e.inode)?;
+            namespace::rmdir(inner, ctx, dir, &e.name)?;
+        } else {
+            namespace::unlink(inner, ctx, dir, &e.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drops the references compaction kept for the trash once they expire.
+fn cleanup_delayed_slices(inner: &Inner, edge: i64) -> Result<()> {
+    let keys: Vec<i64> = inner.read(|c| {
+        let mut stmt = c.prepare("SELECT chunkid FROM jfs_delslices WHERE deleted < ?")?;
+        let rows = stmt.query_map(params![edge], |r| r.get::<_, i64>(0))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    })?;
+    for key in keys {
+        inner.write(|tx| -> TxResult<()> {
+            let blob: Option<Vec<u8>> = rusqlite::OptionalExtension::optional(tx.query_row(
+                "SELECT slices FROM jfs_delslices WHERE chunkid=?",
+                params![key],
+                |r| r.get(0),
+            ))?;
+            let Some(blob) = blob else { return Ok(()) };
+            let mut released = Vec::new();
+            for rec in blob.chunks_exact(12) {
+                let mut id = [0u8; 8];
+                id.copy_from_slice(&rec[..8]);
+                let id = u64::from_be_bytes(id);
+                let size = u32::from_be_bytes([rec[8], rec[9], rec[10], rec[11]]);
+                tx.execute(
+                    "UPDATE jfs_chunk_ref SET refs=refs-1 WHERE chunkid=? AND size=?",
+                    params![id as i64, size],
+                )?;
+                let refs: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
+                    "SELECT refs FROM jfs_chunk_ref WHERE chunkid=?",
+                    params![id as i64],
+                    |r| r.get(0),
+                ))?;
+                if refs.is_some_and(|r| r <= 0) {
+                    released.push(ReleasedSlice { id, size });
+                }
+            }
+            tx.execute("DELETE FROM jfs_delslices WHERE chunkid=?", params![key])?;
+            tx.post.released.extend(released);
+            Ok(())
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Extended attributes (`jfs_xattr`: a TEXT name and a BLOB value per row).
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::node::{self, MASK_W};
+use super::{Inner, TxError, TxResult};
+use crate::error::{Error, Result};
+use crate::meta::{Context, Ino, XattrMode};
+
+/// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
+const MAX_NAME: usize = 255;
+/// The largest attribute value Linux accepts (`XATTR_SIZE_MAX`).
+const MAX_VALUE: usize = 65536;
+
+/// JuiceFS keeps names in a TEXT column, so they must be UTF-8.
+fn text_name(name: &[u8]) -> Result<&str> {
+    if name.is_empty() {
+        return Err(Error::Invalid("an extended attribute needs a name".into()));
+    }
+    if name.len() > MAX_NAME {
+        return Err(Error::Range);
+    }
+    std::str::from_utf8(name)
+        .map_err(|_| Error::Invalid("extended attribute names must be UTF-8".into()))
+}
+
+fn missing(c: &Connection, ino: Ino) -> TxError {
+    match node::get(c, ino) {
+        Ok(Some(_)) => TxError::Fs(Error::NoXattr),
+        Ok(None) => TxError::Fs(Error::NotFound),
+        Err(e) => e,
+    }
+}
+
+/// Reads one attribute.
+pub(super) fn get(inner: &Inner, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+    let name = text_name(name)?;
+    inner.read(|c| {
+        c.query_row(
+            "SELECT value FROM jfs_xattr WHERE inode=? AND name=?",
+            params![ino as i64, name],
+            |r| Ok(r.get_ref(0)?.as_bytes()?.to_vec()),
+        )
+        .optional()?
+        .ok_or_else(|| missing(c, ino))
+    })
+}
+
+/// Lists attribute names.
+pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
+    inner.read(|c| {
+        node::must_get(c, ino)?;
+        let mut stmt = c.prepare("SELECT name FROM jfs_xattr WHERE inode=? ORDER BY id")?;
+        let rows = stmt.query_map(params![ino as i64], |r| {
+            Ok(r.get_ref(0)?
+                .as_bytes()
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default())
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    })
+}
+
+fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<()> {
+    let a = node::must_get(c, ino)?;
+    if a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0 {
+        return Err(Error::Perm.into());
+    }
+    node::check_access(ctx, &a, MASK_W)?;
+    Ok(())
+}
+
+/// Sets an attribute with create/replace semantics.
+pub(super) fn set(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    name: &[u8],
+    value: &[u8],
+    mode: XattrMode,
+) -> Result<()> {
+    let name = text_name(name)?;
+    if value.len() > MAX_VALUE {
+        return Err(Error::Range);
+    }
+    inner.write(|tx| {
+        check_writable(tx, ctx, ino)?;
+        let cur: Option<Vec<u8>> = tx
+            .query_row(
+                "SELECT value FROM jfs_xattr WHERE inode=? AND name=?",
+                params![ino as i64, name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match (mode, &cur) {
+            (XattrMode::Create, Some(_)) => return Err(Error::Exists.into()),
+            (XattrMode::Replace, None) => return Err(Error::NoXattr.into()),
+            (_, Some(v)) if v.as_slice() == value => {}
+            (_, Some(_)) => {
+                tx.execute(
+                    "UPDATE jfs_xattr SET value=? WHERE inode=? AND name=?",
+                    params![value, ino as i64, name],
+                )?;
+            }
+            (_, None) => {
+                tx.execute(
+                    "INSERT INTO jfs_xattr (inode, name, value) VALUES (?,?,?)",
+                    params![ino as i64, name, value],
+                )?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Removes an attribute.
+pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+    let name = text_name(name)?;
+    inner.write(|tx| {
+        check_writable(tx, ctx, ino)?;
+        let n = tx.execute(
+            "DELETE FROM jfs_xattr WHERE inode=? AND name=?",
+            params![ino as i64, name],
+        )?;
+        if n == 0 {
+            return Err(Error::NoXattr.into());
+        }
+        Ok(())
+    })
+}

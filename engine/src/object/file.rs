@@ -1,0 +1,423 @@
+//! `FileStore`: the `storage=file` object store, a local directory laid out
+//! exactly as JuiceFS's `file` store lays it out.
+//!
+//! Findings from JuiceFS 1.4.2 (`juicefs mount` on a `--storage file` volume):
+//! the object for key `K` is the file `BUCKET/K` (the bucket is a directory
+//! path ending in '/'); directories are created as needed with mode 0777 and
+//! objects are written with mode 0666 (the mount process runs with umask 0),
+//! through a temporary file `.{name}.tmp{random}` in the same directory that
+//! is renamed over the final name. sluice does the same, sets the modes
+//! explicitly so the result does not depend on its own umask, and fsyncs the
+//! temporary file before the rename so an acknowledged block survives a crash.
+//!
+//! The CRC32C of the stored bytes is kept in the extended attribute
+//! [`CRC_XATTR`] (4 bytes, big-endian). JuiceFS neither writes nor reads it;
+//! objects without it (all of JuiceFS's) are served unchecked.
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::{ObjectInfo, ObjectStore};
+use crate::error::{Error, Result};
+
+/// The extended attribute holding an object's CRC32C (4 bytes, big-endian).
+pub const CRC_XATTR: &str = "user.sluice.crc32c";
+
+/// Mode of object files, as JuiceFS's mount leaves them.
+const OBJECT_MODE: u32 = 0o666;
+/// Mode of the directories between the bucket and the objects.
+const DIR_MODE: u32 = 0o777;
+
+/// The `file://` object store: one file per object under a root directory.
+#[derive(Debug)]
+pub struct FileStore {
+    root: PathBuf,
+    /// Set once the file system refused user xattrs, so we stop trying.
+    no_xattr: AtomicBool,
+    /// Distinguishes temporary files of concurrent puts.
+    tmp_seq: AtomicU64,
+}
+
+fn obj_err(key: &str, source: io::Error) -> Error {
+    Error::Object {
+        key: key.to_string(),
+        source,
+    }
+}
+
+impl FileStore {
+    /// A store rooted at directory `root` (created if missing).
+    pub fn new(root: impl AsRef<Path>) -> Result<FileStore> {
+        let root = root.as_ref().to_path_buf();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&root)
+            .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        Ok(FileStore {
+            root,
+            no_xattr: AtomicBool::new(false),
+            tmp_seq: AtomicU64::new(u64::from(std::process::id()) << 32),
+        })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        // Keys come from our own code or from a listing, but a key that climbs
+        // out of the bucket must never reach the file system.
+        if key.is_empty() || key.starts_with('/') || key.split('/').any(|c| c == "..") {
+            return Err(obj_err(
+                key,
+                io::Error::new(io::ErrorKind::InvalidInput, "invalid object key"),
+            ));
+        }
+        Ok(self.root.join(key))
+    }
+
+    fn create_tmp(&self, path: &Path, key: &str) -> Result<(File, PathBuf)> {
+        let dir = path.parent().unwrap_or(&self.root);
+        let name = path.file_name().map(|n| n.as_bytes()).unwrap_or(b"obj");
+        let name = &name[..name.len().min(200)];
+        let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let mut tmp_name = Vec::with_capacity(name.len() + 32);
+        tmp_name.push(b'.');
+        tmp_name.extend_from_slice(name);
+        tmp_name.extend_from_slice(format!(".tmp{seq}").as_bytes());
+        let tmp = dir.join(std::ffi::OsStr::from_bytes(&tmp_name));
+        let open = || {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(OBJECT_MODE)
+                .open(&tmp)
+        };
+        let file = match open() {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(DIR_MODE)
+                    .create(dir)
+                    .map_err(|e| obj_err(key, e))?;
+                fix_dir_modes(&self.root, dir);
+                open().map_err(|e| obj_err(key, e))?
+            }
+            Err(e) => return Err(obj_err(key, e)),
+        };
+        Ok((file, tmp))
+    }
+
+    fn set_crc(&self, file: &File, key: &str, crc: u32) {
+        if self.no_xattr.load(Ordering::Relaxed) {
+            return;
+        }
+        let name = CString::new(CRC_XATTR).unwrap_or_default();
+        let value = crc.to_be_bytes();
+        // SAFETY: the fd is open for the call's duration; name is a valid
+        // NUL-terminated string and value points to 4 readable bytes.
+        let rc = unsafe {
+            libc::fsetxattr(
+                file.as_raw_fd(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::ENOTSUP)) {
+                self.no_xattr.store(true, Ordering::Relaxed);
+                log::warn!(
+                    "{}: the file system does not keep user xattrs; block checksums are not stored",
+                    self.root.display()
+                );
+            } else {
+                log::warn!("{key}: cannot store the block checksum: {e}");
+            }
+        }
+    }
+
+    /// The stored CRC32C of an open object, if it has one.
+    fn stored_crc(file: &File) -> Option<u32> {
+        let name = CString::new(CRC_XATTR).ok()?;
+        let mut value = [0u8; 4];
+        // SAFETY: the fd is open; name is NUL-terminated; value has room for
+        // the 4 bytes we pass as its size.
+        let n = unsafe {
+            libc::fgetxattr(
+                file.as_raw_fd(),
+                name.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        (n == 4).then(|| u32::from_be_bytes(value))
+    }
+
+    fn read_whole(&self, key: &str) -> Result<(Vec<u8>, Option<u32>)> {
+        let path = self.path(key)?;
+        let mut file = File::open(&path).map_err(|e| obj_err(key, e))?;
+        let len = file.metadata().map_err(|e| obj_err(key, e))?.len();
+        let mut buf = Vec::with_capacity(len as usize);
+        file.read_to_end(&mut buf).map_err(|e| obj_err(key, e))?;
+        Ok((buf, Self::stored_crc(&file)))
+    }
+}
+
+/// Gives the directories from `root` (exclusive) down to `dir` JuiceFS's
+/// mode, whatever our umask did to them.
+fn fix_dir_modes(root: &Path, dir: &Path) {
+    let mut d = Some(dir);
+    while let Some(p) = d {
+        if p == root || !p.starts_with(root) {
+            break;
+        }
+        let _ = fs::set_permissions(p, fs::Permissions::from_mode(DIR_MODE));
+        d = p.parent();
+    }
+}
+
+impl ObjectStore for FileStore {
+    fn describe(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+
+    fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()> {
+        let path = self.path(key)?;
+        let crc = crc.unwrap_or_else(|| sluice_simd::crc32c(0, data));
+        let (mut file, tmp) = self.create_tmp(&path, key)?;
+        let written = (|| -> io::Result<()> {
+            file.write_all(data)?;
+            file.set_permissions(fs::Permissions::from_mode(OBJECT_MODE))?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(obj_err(key, e));
+        }
+        self.set_crc(&file, key, crc);
+        if let Err(e) = file.sync_data().and_then(|_| fs::rename(&tmp, &path)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(obj_err(key, e));
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let (buf, stored) = self.read_whole(key)?;
+        let Some(stored) = stored else {
+            return Ok(buf);
+        };
+        if sluice_simd::crc32c(0, &buf) == stored {
+            return Ok(buf);
+        }
+        // A torn read (or a flaky disk) may pass on a second try.
+        let (buf, stored) = self.read_whole(key)?;
+        let actual = sluice_simd::crc32c(0, &buf);
+        if stored.is_none_or(|s| s == actual) {
+            return Ok(buf);
+        }
+        log::error!(
+            "object {key} in {} fails its checksum: stored crc32c {:08x}, data has {actual:08x}",
+            self.describe(),
+            stored.unwrap_or_default()
+        );
+        Err(Error::Corrupt(format!(
+            "object {key} does not match its stored CRC32C"
+        )))
+    }
+
+    fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
+        let path = self.path(key)?;
+        let file = File::open(&path).map_err(|e| obj_err(key, e))?;
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match file.read_at(&mut buf[done..], off + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(obj_err(key, e)),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    fn head(&self, key: &str) -> Result<ObjectInfo> {
+        let path = self.path(key)?;
+        let md = fs::metadata(&path).map_err(|e| obj_err(key, e))?;
+        if !md.is_file() {
+            return Err(obj_err(
+                key,
+                io::Error::new(io::ErrorKind::NotFound, "not an object"),
+            ));
+        }
+        Ok(ObjectInfo {
+            key: key.to_string(),
+            size: md.len(),
+            mtime: md.modified().map_err(|e| obj_err(key, e))?,
+        })
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(obj_err(key, e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        // Walk only the directory the prefix names (or its parent when the
+        // prefix ends inside a name), then filter by the full prefix.
+        let start = match prefix.rfind('/') {
+            Some(i) => &prefix[..i],
+            None => "",
+        };
+        let mut out = Vec::new();
+        let dir = if start.is_empty() {
+            self.root.clone()
+        } else {
+            self.path(start)?
+        };
+        let mut stack = vec![(dir, start.to_string())];
+        while let Some((dir, key_dir)) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(obj_err(&key_dir, e)),
+            };
+            for ent in rd {
+                let ent = ent.map_err(|e| obj_err(&key_dir, e))?;
+                let name = ent.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let key = if key_dir.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{key_dir}/{name}")
+                };
+                let ft = ent.file_type().map_err(|e| obj_err(&key, e))?;
+                if ft.is_dir() {
+                    if key.starts_with(prefix) || prefix.starts_with(&format!("{key}/")) {
+                        stack.push((ent.path(), key));
+                    }
+                } else if ft.is_file() && key.starts_with(prefix) && !name.starts_with('.') {
+                    // Dot files are temporaries of puts in flight.
+                    let md = ent.metadata().map_err(|e| obj_err(&key, e))?;
+                    let mtime = md.modified().map_err(|e| obj_err(&key, e))?;
+                    out.push(ObjectInfo {
+                        key,
+                        size: md.len(),
+                        mtime,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::object::is_not_found;
+
+    #[test]
+    fn put_get_range_head_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        let key = "vol/chunks/0/0/5_0_11";
+        store.put(key, b"hello world", None).unwrap();
+        assert_eq!(store.get(key).unwrap(), b"hello world");
+        assert_eq!(store.get_range(key, 6, 100).unwrap(), b"world");
+        assert_eq!(store.head(key).unwrap().size, 11);
+        let path = dir.path().join(key);
+        let md = fs::metadata(&path).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, OBJECT_MODE);
+        let d = fs::metadata(path.parent().unwrap()).unwrap();
+        assert_eq!(d.permissions().mode() & 0o777, DIR_MODE);
+        // No temporary file is left beside the object.
+        let names: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1);
+        // Overwrite replaces the whole object.
+        store.put(key, b"bye", None).unwrap();
+        assert_eq!(store.get(key).unwrap(), b"bye");
+        store.delete(key).unwrap();
+        store.delete(key).unwrap();
+        assert!(is_not_found(&store.get(key).unwrap_err()));
+        assert!(is_not_found(&store.head(key).unwrap_err()));
+    }
+
+    #[test]
+    fn crc_mismatch_is_corrupt_and_unchecked_objects_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        let key = "v/chunks/0/0/1_0_4";
+        store.put(key, b"abcd", None).unwrap();
+        let path = dir.path().join(key);
+        assert_eq!(
+            FileStore::stored_crc(&File::open(&path).unwrap()),
+            Some(sluice_simd::crc32c(0, b"abcd"))
+        );
+        // Flip a byte in place (keeps the xattr).
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_at(b"X", 1).unwrap();
+        let err = store.get(key).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(ref m) if m.contains(key)),
+            "{err}"
+        );
+        // An object written by someone else (no xattr) is served as is.
+        fs::write(dir.path().join("v/chunks/0/0/2_0_3"), b"xyz").unwrap();
+        assert_eq!(store.get("v/chunks/0/0/2_0_3").unwrap(), b"xyz");
+    }
+
+    #[test]
+    fn list_by_prefix_skips_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        for k in [
+            "v/chunks/0/0/1_0_3",
+            "v/chunks/0/1/1001_0_3",
+            "v/juicefs_uuid",
+            "w/chunks/0/0/1_0_3",
+        ] {
+            store.put(k, b"abc", None).unwrap();
+        }
+        fs::write(dir.path().join("v/chunks/0/0/.1_0_3.tmp9"), b"t").unwrap();
+        let keys: Vec<_> = store
+            .list("v/chunks/")
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        assert_eq!(keys, ["v/chunks/0/0/1_0_3", "v/chunks/0/1/1001_0_3"]);
+        assert_eq!(store.list("v/").unwrap().len(), 3);
+        assert_eq!(store.list("").unwrap().len(), 4);
+    }
+
+    #[test]
+    fn keys_outside_the_bucket_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        assert!(store.put("../x", b"a", None).is_err());
+        assert!(store.get("/etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,52 @@
+//! Object stores: where block objects live. The trait speaks in keys and
+//! bytes; each store keeps a block's CRC32C beside the object (never inside
+//! it), so JuiceFS reads what sluice writes unchanged.
+
+pub mod file;
+
+use std::time::SystemTime;
+
+use crate::error::Result;
+
+pub use file::FileStore;
+
+/// What a store knows about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The object's key.
+    pub key: String,
+    /// Stored size in bytes (after compression).
+    pub size: u64,
+    /// Last modification time.
+    pub mtime: SystemTime,
+}
+
+/// A flat key → bytes store (a local directory, an S3 bucket).
+///
+/// Every method may be called from many threads at once. Errors name the key
+/// (`Error::Object`); a missing object is `Error::Object` whose source has
+/// kind `NotFound`.
+pub trait ObjectStore: Send + Sync + std::fmt::Debug {
+    /// A short description for logs (`file:///data/bucket/`).
+    fn describe(&self) -> String;
+    /// Stores `data` under `key` atomically (readers see the old object or
+    /// the whole new one). `crc` is the CRC32C of `data`, kept beside the
+    /// object; `None` makes the store compute it.
+    fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()>;
+    /// The whole object, checked against its CRC32C when one is stored.
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// `len` bytes from offset `off` (fewer at the end of the object). A
+    /// range cannot be checked against the whole-object CRC.
+    fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>>;
+    /// Size and time of an object.
+    fn head(&self, key: &str) -> Result<ObjectInfo>;
+    /// Deletes an object; deleting a missing object succeeds.
+    fn delete(&self, key: &str) -> Result<()>;
+    /// Every object whose key starts with `prefix`, in key order.
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+}
+
+/// Whether an error from a store means "no such object".
+pub fn is_not_found(err: &crate::Error) -> bool {
+    matches!(err, crate::Error::Object { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}

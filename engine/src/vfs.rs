@@ -1,0 +1,790 @@
+//! The file-system facade the FUSE layer (and later virtio-fs) calls: inode
+//! operations go to the metadata engine, file data through the write buffers,
+//! the reader and the block cache. See `VFS_API.md` for the contract.
+//!
+//! Every method takes `&self` and may run on many threads at once.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::block_cache::BlockCache;
+use crate::compaction::{COMPACT_THRESHOLD, Compactor};
+use crate::error::{Error, Result};
+use crate::gc::slice_releaser;
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+};
+use crate::reader::{Fragment, Reader};
+use crate::volume::Volume;
+use crate::writer::FileWriter;
+
+/// A file handle the Vfs hands out; 0 is never a valid handle.
+pub type Fh = u64;
+
+/// What `open` and `create` return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenOut {
+    /// The new handle.
+    pub fh: Fh,
+    /// The file's attributes (length includes buffered writes).
+    pub attr: Attr,
+    /// Whether the kernel may keep its page cache from earlier opens.
+    pub keep_cache: bool,
+    /// Whether the kernel should bypass its page cache.
+    pub direct_io: bool,
+}
+
+/// Tunables of a [`Vfs`].
+#[derive(Debug, Clone)]
+pub struct VfsConfig {
+    /// Bytes of decompressed blocks kept in memory.
+    pub cache_bytes: usize,
+    /// Buffered bytes per file that trigger an early flush.
+    pub buffer_bytes: usize,
+    /// Threads that upload one slice's blocks in parallel.
+    pub upload_threads: usize,
+    /// Whether fragmented chunks are compacted in the background.
+    pub compaction: bool,
+    /// How often the metadata engine's background cleanup runs (None: never).
+    pub cleanup_interval: Option<Duration>,
+}
+
+impl Default for VfsConfig {
+    fn default() -> Self {
+        VfsConfig {
+            cache_bytes: 1 << 30,
+            buffer_bytes: 64 << 20,
+            upload_threads: 8,
+            compaction: true,
+            cleanup_interval: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// The state of a regular file while some handle holds it open.
+#[derive(Debug)]
+struct OpenFile {
+    writer: FileWriter,
+    /// The file length as this process knows it, buffered writes included.
+    length: AtomicU64,
+    /// Open handles.
+    handles: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Handle {
+    File {
+        ino: Ino,
+        file: Arc<OpenFile>,
+        writable: bool,
+    },
+    Dir {
+        ino: Ino,
+        entries: Mutex<Option<Arc<Vec<Entry>>>>,
+    },
+}
+
+/// The background thread that runs the metadata engine's cleanup.
+#[derive(Debug)]
+struct Janitor {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// The file system of one mounted volume.
+#[derive(Debug)]
+pub struct Vfs {
+    vol: Arc<Volume>,
+    reader: Arc<Reader>,
+    compactor: Option<Compactor>,
+    cfg: VfsConfig,
+    handles: Mutex<HashMap<Fh, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    files: Mutex<HashMap<Ino, Arc<OpenFile>>>,
+    janitor: Mutex<Option<Janitor>>,
+}
+
+fn enxio() -> Error {
+    Error::Io(io::Error::from_raw_os_error(libc::ENXIO))
+}
+
+impl Vfs {
+    /// Serves `vol`: registers a session, installs the slice releaser and
+    /// starts the background compactor and cleanup.
+    pub fn new(vol: Arc<Volume>, cfg: VfsConfig) -> Result<Vfs> {
+        let cache = Arc::new(BlockCache::new(cfg.cache_bytes));
+        vol.meta.set_slice_releaser(slice_releaser(
+            vol.store.clone(),
+            vol.name().to_string(),
+            vol.block_size,
+            cache.clone(),
+        ));
+        let reader = Arc::new(Reader::new(vol.clone(), cache));
+        let compactor = if cfg.compaction {
+            Some(Compactor::start(
+                vol.clone(),
+                reader.clone(),
+                cfg.upload_threads,
+            )?)
+        } else {
+            None
+        };
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        vol.meta.new_session(&format!(
+            "{{\"Version\":\"sluice {}\",\"HostName\":\"{}\",\"ProcessID\":{}}}",
+            env!("CARGO_PKG_VERSION"),
+            host.trim(),
+            std::process::id()
+        ))?;
+        let janitor = match cfg.cleanup_interval {
+            Some(every) => {
+                let (stop, rx) = mpsc::channel::<()>();
+                let meta = vol.meta.clone();
+                let thread = std::thread::Builder::new()
+                    .name("sluice-cleanup".into())
+                    .spawn(move || {
+                        while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
+                            if let Err(e) = meta.cleanup() {
+                                log::warn!("metadata cleanup failed: {e}");
+                            }
+                        }
+                    })?;
+                Some(Janitor { stop, thread })
+            }
+            None => None,
+        };
+        Ok(Vfs {
+            vol,
+            reader,
+            compactor,
+            cfg,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            files: Mutex::new(HashMap::new()),
+            janitor: Mutex::new(janitor),
+        })
+    }
+
+    /// The volume served.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
+    }
+
+    /// The reader (for callers that want fragments, such as virtio-fs).
+    pub fn reader(&self) -> &Arc<Reader> {
+        &self.reader
+    }
+
+    fn handle(&self, fh: Fh) -> Result<Arc<Handle>> {
+        self.handles
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or(Error::BadHandle)
+    }
+
+    fn file_handle(&self, ino: Ino, fh: Fh) -> Result<(Arc<OpenFile>, bool)> {
+        match &*self.handle(fh)? {
+            Handle::File {
+                ino: i,
+                file,
+                writable,
+            } if *i == ino => Ok((file.clone(), *writable)),
+            _ => Err(Error::BadHandle),
+        }
+    }
+
+    fn add_handle(&self, h: Handle) -> Fh {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::new(h));
+        fh
+    }
+
+    /// Registers one more open handle of `ino` and returns its state.
+    fn open_file(&self, ino: Ino, length: u64) -> Arc<OpenFile> {
+        let mut files = self.files.lock();
+        let f = files.entry(ino).or_insert_with(|| {
+            Arc::new(OpenFile {
+                writer: FileWriter::new(),
+                length: AtomicU64::new(length),
+                handles: AtomicU64::new(0),
+            })
+        });
+        if f.handles.load(Ordering::Relaxed) == 0 {
+            f.length.store(length, Ordering::Relaxed);
+        }
+        f.handles.fetch_add(1, Ordering::Relaxed);
+        f.clone()
+    }
+
+    fn open_out(&self, ino: Ino, flags: u32, attr: Attr) -> OpenOut {
+        let acc = flags & libc::O_ACCMODE as u32;
+        let writable = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
+        let file = self.open_file(ino, attr.length);
+        let fh = self.add_handle(Handle::File {
+            ino,
+            file,
+            writable,
+        });
+        OpenOut {
+            fh,
+            attr,
+            keep_cache: false,
+            direct_io: false,
+        }
+    }
+
+    /// Commits the buffered writes of an open file and schedules compaction
+    /// of chunks that grew fragmented.
+    fn flush_file(&self, ino: Ino, file: &OpenFile) -> Result<()> {
+        let res = file.writer.flush(&self.vol, ino, self.cfg.upload_threads);
+        let committed = match res {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("writing back inode {ino} failed: {e}");
+                // Whatever was committed before the failure is visible now.
+                self.reader.invalidate_inode(ino);
+                return Err(e);
+            }
+        };
+        for c in committed {
+            self.reader.invalidate_chunk(ino, c.indx);
+            if c.slices >= COMPACT_THRESHOLD
+                && let Some(comp) = &self.compactor
+            {
+                comp.request(ino, c.indx);
+            }
+        }
+        Ok(())
+    }
+
+    fn open_state(&self, ino: Ino) -> Option<Arc<OpenFile>> {
+        self.files.lock().get(&ino).cloned()
+    }
+
+    /// Flushes `ino`'s buffered writes, if it is open here.
+    fn flush_ino(&self, ino: Ino) -> Result<()> {
+        match self.open_state(ino) {
+            Some(f) => self.flush_file(ino, &f),
+            None => Ok(()),
+        }
+    }
+
+    /// Adjusts attributes for writes still in the buffer.
+    fn with_buffered(&self, ino: Ino, mut attr: Attr) -> Attr {
+        if attr.typ == FileType::File
+            && let Some(f) = self.open_state(ino)
+        {
+            attr.length = attr.length.max(f.writer.end());
+        }
+        attr
+    }
+
+    fn entry(&self, ino: Ino, name: &[u8], attr: Attr) -> Entry {
+        Entry {
+            inode: ino,
+            name: name.to_vec(),
+            attr: self.with_buffered(ino, attr),
+        }
+    }
+
+    /// Walks the bytes `offset..offset+len` of an open file (bounded by its
+    /// length) as fragments; returns how many bytes were visited. This is
+    /// the read path for destinations other than a plain buffer.
+    pub fn read_fragments(
+        &self,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        len: usize,
+        f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<usize> {
+        let (file, _) = self.file_handle(ino, fh)?;
+        // Reads see every write made before them: commit what is buffered.
+        self.flush_file(ino, &file)?;
+        let length = file.length.load(Ordering::Acquire);
+        if offset >= length {
+            return Ok(0);
+        }
+        let n = (len as u64).min(length - offset);
+        match self.reader.visit(ino, offset, n, f) {
+            Err(e) if crate::object::is_not_found(&e) => {
+                // A compaction may have replaced the slices we resolved.
+                self.reader.invalidate_inode(ino);
+                Err(Error::Corrupt(format!(
+                    "a block of inode {ino} is missing from the object store: {e}"
+                )))
+            }
+            r => r.map(|()| n as usize),
+        }
+    }
+
+    /// At FUSE_INIT; nothing to do (the session is registered by `new`).
+    pub fn init(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Flushes every open file, stops background work and closes the session.
+    pub fn destroy(&self) {
+        let files: Vec<_> = self
+            .files
+            .lock()
+            .iter()
+            .map(|(i, f)| (*i, f.clone()))
+            .collect();
+        for (ino, f) in files {
+            if let Err(e) = self.flush_file(ino, &f) {
+                log::error!("inode {ino}: buffered writes lost at unmount: {e}");
+            }
+        }
+        if let Some(c) = &self.compactor {
+            c.stop();
+        }
+        if let Some(j) = self.janitor.lock().take() {
+            drop(j.stop);
+            let _ = j.thread.join();
+        }
+        if let Err(e) = self.vol.meta.close_session() {
+            log::warn!("closing the metadata session failed: {e}");
+        }
+    }
+
+    /// Looks up `name` in `parent`.
+    pub fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
+        let (ino, attr) = self.vol.meta.lookup(ctx, parent, name)?;
+        Ok(self.entry(ino, name, attr))
+    }
+
+    /// The kernel dropped `nlookup` references; nothing is kept per lookup.
+    pub fn forget(&self, _ino: Ino, _nlookup: u64) {}
+
+    /// The attributes of `ino` (length includes buffered writes).
+    pub fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
+        let attr = self.vol.meta.getattr(ino)?;
+        Ok(self.with_buffered(ino, attr))
+    }
+
+    /// Changes attributes; `size` truncates (or extends) a regular file.
+    pub fn setattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        _fh: Option<Fh>,
+        set: &SetAttr,
+        size: Option<u64>,
+    ) -> Result<Attr> {
+        let mut attr = None;
+        if let Some(size) = size {
+            // Writes made before the truncate must land before it.
+            self.flush_ino(ino)?;
+            let a = self.vol.meta.truncate(ctx, ino, size)?;
+            self.reader.invalidate_inode(ino);
+            if let Some(f) = self.open_state(ino) {
+                f.length.store(a.length, Ordering::Release);
+            }
+            attr = Some(a);
+        }
+        if *set != SetAttr::default() {
+            attr = Some(self.vol.meta.setattr(ctx, ino, set)?);
+        }
+        match attr {
+            Some(a) => Ok(self.with_buffered(ino, a)),
+            None => self.getattr(ctx, ino),
+        }
+    }
+
+    /// The target of a symlink.
+    pub fn readlink(&self, _ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
+        self.vol.meta.readlink(ino)
+    }
+
+    /// Creates a node; `mode` carries the `S_IF*` type bits.
+    pub fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry> {
+        let typ = FileType::from_mode(mode)
+            .ok_or_else(|| Error::Invalid(format!("mknod with unknown file type {mode:o}")))?;
+        let perm = (mode & 0o7777) as u16;
+        let umask = (umask & 0o7777) as u16;
+        let (ino, attr) = match typ {
+            FileType::Directory => self.vol.meta.mkdir(ctx, parent, name, perm, umask)?,
+            FileType::Symlink => {
+                return Err(Error::Invalid("mknod cannot make a symlink".into()));
+            }
+            _ => self
+                .vol
+                .meta
+                .mknod(ctx, parent, name, typ, perm, umask, rdev)?,
+        };
+        Ok(self.entry(ino, name, attr))
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        let (ino, attr) = self.vol.meta.mkdir(
+            ctx,
+            parent,
+            name,
+            (mode & 0o7777) as u16,
+            (umask & 0o7777) as u16,
+        )?;
+        Ok(self.entry(ino, name, attr))
+    }
+
+    /// Removes a non-directory entry.
+    pub fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        self.vol.meta.unlink(ctx, parent, name)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        self.vol.meta.rmdir(ctx, parent, name)
+    }
+
+    /// Creates a symbolic link.
+    pub fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
+        let (ino, attr) = self.vol.meta.symlink(ctx, parent, name, target)?;
+        Ok(self.entry(ino, name, attr))
+    }
+
+    /// Renames (or exchanges) an entry.
+    pub fn rename(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        self.vol
+            .meta
+            .rename(ctx, parent, name, new_parent, new_name, flags)
+            .map(|_| ())
+    }
+
+    /// Adds a hard link.
+    pub fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
+        let attr = self.vol.meta.link(ctx, ino, new_parent, new_name)?;
+        Ok(self.entry(ino, new_name, attr))
+    }
+
+    /// Opens a file.
+    pub fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
+        let attr = self.vol.meta.open(ctx, ino, flags)?;
+        let attr = self.with_buffered(ino, attr);
+        Ok(self.open_out(ino, flags, attr))
+    }
+
+    /// Creates and opens a regular file.
+    pub fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: u32,
+    ) -> Result<(Entry, OpenOut)> {
+        let (ino, attr) = self.vol.meta.create(
+            ctx,
+            parent,
+            name,
+            (mode & 0o7777) as u16,
+            (umask & 0o7777) as u16,
+        )?;
+        let out = self.open_out(ino, flags, attr.clone());
+        Ok((self.entry(ino, name, attr), out))
+    }
+
+    /// Reads into `buf`; short only at the end of the file.
+    pub fn read(
+        &self,
+        _ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let mut at = 0usize;
+        self.read_fragments(ino, fh, offset, buf.len(), &mut |frag| {
+            match frag {
+                Fragment::Zeros(n) => {
+                    buf[at..at + n].fill(0);
+                    at += n;
+                }
+                Fragment::Data(d) => {
+                    sluice_simd::copy(&mut buf[at..at + d.len()], d);
+                    at += d.len();
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Buffers a write; it becomes a slice on flush, fsync or release (or
+    /// earlier when the file's buffer is full).
+    pub fn write(
+        &self,
+        _ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
+        let (file, writable) = self.file_handle(ino, fh)?;
+        if !writable {
+            return Err(Error::BadHandle);
+        }
+        let buffered = file.writer.write(offset, data)?;
+        file.length
+            .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        if buffered >= self.cfg.buffer_bytes {
+            self.flush_file(ino, &file)?;
+        }
+        Ok(data.len())
+    }
+
+    /// Commits the file's buffered writes.
+    pub fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        let (file, _) = self.file_handle(ino, fh)?;
+        self.flush_file(ino, &file)
+    }
+
+    /// Flushes and closes a handle.
+    pub fn release(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        let (file, _) = self.file_handle(ino, fh)?;
+        self.handles.lock().remove(&fh);
+        let flushed = self.flush_file(ino, &file);
+        {
+            let mut files = self.files.lock();
+            if file.handles.fetch_sub(1, Ordering::AcqRel) == 1 && !file.writer.is_dirty() {
+                files.remove(&ino);
+            }
+        }
+        let closed = self.vol.meta.close(ino);
+        flushed.and(closed)
+    }
+
+    /// Commits the file's buffered writes (data reaches the object store
+    /// before the slice is committed, so this is durable).
+    pub fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+        self.flush(ctx, ino, fh)
+    }
+
+    /// Opens a directory.
+    pub fn opendir(&self, _ctx: &Context, ino: Ino) -> Result<Fh> {
+        let attr = self.vol.meta.getattr(ino)?;
+        if attr.typ != FileType::Directory {
+            return Err(Error::NotDir);
+        }
+        Ok(self.add_handle(Handle::Dir {
+            ino,
+            entries: Mutex::new(None),
+        }))
+    }
+
+    /// Entries from index `offset` of the snapshot taken at offset 0.
+    pub fn readdir(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Vec<Entry>> {
+        let h = self.handle(fh)?;
+        let Handle::Dir { ino: dino, entries } = &*h else {
+            return Err(Error::BadHandle);
+        };
+        if *dino != ino {
+            return Err(Error::BadHandle);
+        }
+        let snapshot = {
+            let mut e = entries.lock();
+            match &*e {
+                Some(s) if offset != 0 => s.clone(),
+                _ => {
+                    let mut list = self.vol.meta.readdir(ctx, ino, plus)?;
+                    if plus {
+                        for ent in &mut list {
+                            ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
+                        }
+                    }
+                    let s = Arc::new(list);
+                    *e = Some(s.clone());
+                    s
+                }
+            }
+        };
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(snapshot.len());
+        Ok(snapshot[start..].to_vec())
+    }
+
+    /// Closes a directory handle.
+    pub fn releasedir(&self, _ctx: &Context, _ino: Ino, fh: Fh) -> Result<()> {
+        self.handles
+            .lock()
+            .remove(&fh)
+            .map(|_| ())
+            .ok_or(Error::BadHandle)
+    }
+
+    /// Directories need no syncing: metadata changes are committed at once.
+    pub fn fsyncdir(&self, _ctx: &Context, _ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+        self.handle(fh).map(|_| ())
+    }
+
+    /// Space and inode usage.
+    pub fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
+        self.vol.meta.statfs(ctx, ino)
+    }
+
+    /// Sets an extended attribute.
+    pub fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
+        self.vol.meta.setxattr(ctx, ino, name, value, mode)
+    }
+
+    /// Reads an extended attribute.
+    pub fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.vol.meta.getxattr(ino, name)
+    }
+
+    /// Lists extended attribute names.
+    pub fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.vol.meta.listxattr(ino)
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        self.vol.meta.removexattr(ctx, ino, name)
+    }
+
+    /// Checks access permissions.
+    pub fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
+        self.vol.meta.access(ctx, ino, mask)
+    }
+
+    /// Preallocates, punches a hole or zeroes a range (`FALLOC_FL_*` bits).
+    pub fn fallocate(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let (file, writable) = self.file_handle(ino, fh)?;
+        if !writable {
+            return Err(Error::BadHandle);
+        }
+        self.flush_file(ino, &file)?;
+        let attr = self.vol.meta.fallocate(ctx, ino, mode, offset, len)?;
+        self.reader.invalidate_inode(ino);
+        file.length.store(attr.length, Ordering::Release);
+        Ok(())
+    }
+
+    /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that holds
+    /// data (or is a hole). Zeros written as data count as data; the end of
+    /// the file counts as a hole.
+    pub fn lseek(&self, _ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
+        let (file, _) = self.file_handle(ino, fh)?;
+        self.flush_file(ino, &file)?;
+        let want_data = match whence as i32 {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return Err(Error::Invalid(format!("lseek whence {whence}"))),
+        };
+        let length = file.length.load(Ordering::Acquire);
+        if offset >= length {
+            return Err(enxio());
+        }
+        if !want_data {
+            return self.next_hole(ino, offset, length);
+        }
+        let mut at = offset;
+        while at < length {
+            let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
+            let base = u64::from(indx) * CHUNK_SIZE;
+            let coff = at - base;
+            let pieces = self.reader.pieces(ino, indx)?;
+            if let Some(p) = pieces.iter().find(|p| !p.is_hole() && p.end() > coff) {
+                let found = base + u64::from(p.pos).max(coff);
+                return if found < length {
+                    Ok(found)
+                } else {
+                    Err(enxio())
+                };
+            }
+            at = base + CHUNK_SIZE;
+        }
+        Err(enxio())
+    }
+
+    /// The first hole at or after `at` (the file end counts as one).
+    fn next_hole(&self, ino: Ino, mut at: u64, length: u64) -> Result<u64> {
+        while at < length {
+            let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
+            let base = u64::from(indx) * CHUNK_SIZE;
+            let pieces = self.reader.pieces(ino, indx)?;
+            let mut coff = at - base;
+            for p in pieces.iter().filter(|p| !p.is_hole()) {
+                if p.end() <= coff {
+                    continue;
+                }
+                if u64::from(p.pos) > coff {
+                    return Ok((base + coff).min(length));
+                }
+                coff = p.end();
+            }
+            if coff < CHUNK_SIZE {
+                return Ok((base + coff).min(length));
+            }
+            at = base + CHUNK_SIZE;
+        }
+        Ok(length)
+    }
+}
+
+impl Drop for Vfs {
+    fn drop(&mut self) {
+        if let Some(j) = self.janitor.lock().take() {
+            drop(j.stop);
+            let _ = j.thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
