@@ -282,7 +282,14 @@ impl Vfs {
         if attr.typ == FileType::File
             && let Some(f) = self.open_state(ino)
         {
-            attr.length = attr.length.max(f.writer.end());
+            // `writer.end()` drops to 0 while a flush uploads the taken
+            // buffer, before meta has the new length; `length` covers that
+            // window (a stale length here made O_APPEND writers overwrite
+            // each other through the kernel's i_size).
+            attr.length = attr
+                .length
+                .max(f.writer.end())
+                .max(f.length.load(Ordering::Acquire));
         }
         attr
     }

@@ -5,22 +5,9 @@
 use sluice_engine::Result;
 use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
 
-/// A file or directory handle handed out by the file system; 0 is never a
-/// valid handle.
-pub type Fh = u64;
-
-/// The result of opening a file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenOut {
-    /// The handle later requests on this open file carry.
-    pub fh: Fh,
-    /// The file's attributes at open time.
-    pub attr: Attr,
-    /// Whether the kernel may keep cached pages of the file (`FOPEN_KEEP_CACHE`).
-    pub keep_cache: bool,
-    /// Whether the kernel must bypass its page cache (`FOPEN_DIRECT_IO`).
-    pub direct_io: bool,
-}
+/// File handles and open results are the engine's own types, so the
+/// engine's `Vfs` implements [`Filesystem`] by plain delegation.
+pub use sluice_engine::vfs::{Fh, OpenOut};
 
 /// A file system the FUSE dispatcher serves. Every method may be called from
 /// several threads at once. Errors become errno values through

@@ -38,6 +38,7 @@
 pub mod abi;
 pub mod dev;
 pub mod dispatch;
+pub mod engine_fs;
 pub mod filesystem;
 pub mod reply;
 pub mod request;
