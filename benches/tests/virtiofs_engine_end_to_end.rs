@@ -21,14 +21,13 @@ use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 const REQUEST_QUEUES: usize = 2;
 
 struct Served {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     socket: PathBuf,
     server: JoinHandle<sluice_vhost::Result<()>>,
 }
 
-fn volume(dir: &Path) -> Vfs {
-    let url = format!("sqlite3://{}/meta.db", dir.display());
-    let meta = open_meta(&url).expect("open meta");
+fn format(dir: &Path) {
+    let meta = open_meta(&meta_url(dir)).expect("open meta");
     format_volume(
         &*meta,
         "e2e",
@@ -38,6 +37,14 @@ fn volume(dir: &Path) -> Vfs {
         0,
     )
     .expect("format volume");
+}
+
+fn meta_url(dir: &Path) -> String {
+    format!("sqlite3://{}/meta.db", dir.display())
+}
+
+fn open_vfs(dir: &Path) -> Vfs {
+    let meta = open_meta(&meta_url(dir)).expect("open meta");
     let config = VfsConfig {
         cache_bytes: 64 << 20,
         cleanup_interval: None,
@@ -46,9 +53,9 @@ fn volume(dir: &Path) -> Vfs {
     Vfs::new(open_volume(meta).expect("open volume"), config).expect("vfs")
 }
 
-fn serve() -> Served {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let vfs = volume(dir.path());
+/// Serves the volume in `dir` for one connection.
+fn serve_in(dir: tempfile::TempDir) -> Served {
+    let vfs = open_vfs(dir.path());
     let config = DeviceConfig::new("sluice-e2e", REQUEST_QUEUES);
     let handler = FuseHandler::new(Dispatcher::new(vfs, Config::default()), config.num_queues());
     let socket = dir.path().join("vhost-fs.sock");
@@ -56,10 +63,27 @@ fn serve() -> Served {
     let device = VirtioFsDevice::new(config, Arc::new(handler)).expect("device");
     let server = std::thread::spawn(move || device.serve(&mut listener));
     Served {
-        _dir: dir,
+        dir,
         socket,
         server,
     }
+}
+
+/// Formats a fresh volume and serves it.
+fn serve() -> Served {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format(dir.path());
+    serve_in(dir)
+}
+
+/// Waits for the connection to end; gives the volume's directory back.
+fn stop(served: Served) -> tempfile::TempDir {
+    served
+        .server
+        .join()
+        .expect("server thread")
+        .expect("clean shutdown");
+    served.dir
 }
 
 fn connect(served: &Served) -> Device {
@@ -196,11 +220,45 @@ fn guest_reads_what_it_wrote_through_the_engine() {
     assert_eq!(q1.getattr(entry.nodeid).expect("GETATTR").size, len as u64);
 
     drop(device);
-    served
-        .server
-        .join()
-        .expect("server thread")
-        .expect("clean shutdown");
+    stop(served);
+}
+
+#[test]
+fn unflushed_writes_survive_the_guest_going_away() {
+    let served = serve();
+    let mut device = connect(&served);
+    let mut queue = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    queue.init().expect("INIT");
+    let (entry, fh) = queue
+        .create(
+            ROOT_ID,
+            b"unflushed",
+            (libc::O_WRONLY | libc::O_CREAT) as u32,
+            libc::S_IFREG | 0o644,
+        )
+        .expect("CREATE");
+    let mut data = vec![0u8; 300_000];
+    fill_pattern(&mut data, 7);
+    queue.write(entry.nodeid, fh, 0, &data).expect("WRITE");
+    // The guest vanishes: no FLUSH, no RELEASE, no DESTROY.
+    drop(device);
+    let dir = stop(served);
+
+    let served = serve_in(dir);
+    let mut device = connect(&served);
+    let mut queue = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    queue.init().expect("INIT");
+    let found = queue.lookup(ROOT_ID, b"unflushed").expect("LOOKUP");
+    assert_eq!(found.attr.size, data.len() as u64);
+    let fh = queue
+        .open(found.nodeid, libc::O_RDONLY as u32)
+        .expect("OPEN");
+    let got = queue
+        .read(found.nodeid, fh, 0, data.len() as u32)
+        .expect("READ");
+    assert_same(&got, &data);
+    drop(device);
+    stop(served);
 }
 
 #[test]
@@ -222,9 +280,5 @@ fn bench_drives_the_sluice_device() {
     assert!(report.ops > 0);
     assert_eq!(report.bytes, report.ops * (256 << 10));
     assert_eq!(report.tag.as_deref(), Some("sluice-e2e"));
-    served
-        .server
-        .join()
-        .expect("server thread")
-        .expect("clean shutdown");
+    stop(served);
 }

@@ -212,17 +212,24 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
 
     /// Accepts one frontend connection on `listener` and serves it until the
     /// frontend disconnects. The worker threads stop before this returns.
+    /// Afterwards the handler's
+    /// [`connection_closed`](RequestHandler::connection_closed) runs.
     pub fn serve(self, listener: &mut Listener) -> Result<()> {
         let mem = self.backend.mem.clone();
+        let handler = self.backend.handler.clone();
         let mut daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem)
             .map_err(Error::Daemon)?;
         daemon.start(listener).map_err(Error::Daemon)?;
         info!("vhost-user frontend connected");
         let result = daemon.wait();
-        for handler in daemon.get_epoll_handlers() {
-            handler.send_exit_event();
+        for epoll_handler in daemon.get_epoll_handlers() {
+            epoll_handler.send_exit_event();
         }
+        // The daemon owns the vhost-user handler, whose drop joins the worker
+        // threads: after this no request is in flight.
+        drop(daemon);
         info!("vhost-user frontend disconnected");
+        handler.connection_closed();
         match result {
             Ok(()) => Ok(()),
             Err(vhost_user_backend::Error::HandleRequest(

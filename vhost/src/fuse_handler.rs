@@ -55,6 +55,12 @@ impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
         }
         Ok(())
     }
+
+    /// Ends the FUSE session: the file system flushes and closes, whether or
+    /// not the guest sent DESTROY before it went away.
+    fn connection_closed(&self) {
+        self.dispatcher.shutdown();
+    }
 }
 
 impl ReplySink for Writer<'_> {

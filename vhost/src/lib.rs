@@ -43,10 +43,19 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// write nothing. If this returns an error before writing anything, the
     /// device answers `EIO`.
     fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()>;
+
+    /// Called once the frontend has disconnected and every worker has
+    /// stopped: no request will come any more on this connection. A file
+    /// system flushes here what the guest did not.
+    fn connection_closed(&self) {}
 }
 
 impl<T: RequestHandler + ?Sized> RequestHandler for std::sync::Arc<T> {
     fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
         (**self).handle(queue, request, reply)
+    }
+
+    fn connection_closed(&self) {
+        (**self).connection_closed()
     }
 }
