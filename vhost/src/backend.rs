@@ -218,8 +218,8 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
         let mem = self.backend.mem.clone();
         let handler = self.backend.handler.clone();
         let mut daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem)
-            .map_err(Error::Daemon)?;
-        daemon.start(listener).map_err(Error::Daemon)?;
+            .map_err(daemon_error)?;
+        daemon.start(listener).map_err(daemon_error)?;
         info!("vhost-user frontend connected");
         let result = daemon.wait();
         for epoll_handler in daemon.get_epoll_handlers() {
@@ -235,9 +235,13 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             Err(vhost_user_backend::Error::HandleRequest(
                 vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
             )) => Ok(()),
-            Err(e) => Err(Error::Daemon(e)),
+            Err(e) => Err(daemon_error(e)),
         }
     }
+}
+
+fn daemon_error(e: vhost_user_backend::Error) -> Error {
+    Error::Daemon(e.to_string())
 }
 
 /// Creates the vhost-user socket at `path`, replacing a stale one.

@@ -39,9 +39,11 @@ pub enum Error {
         #[source]
         cause: vhost::vhost_user::Error,
     },
-    /// The vhost-user daemon failed while serving a connection.
+    /// The vhost-user daemon failed while serving a connection. The daemon's
+    /// error is kept as text: it can hold a thread's panic payload, which is
+    /// not `Sync`, and this error must travel into `anyhow`.
     #[error("the vhost-user connection failed: {0}")]
-    Daemon(vhost_user_backend::Error),
+    Daemon(String),
 }
 
 /// Result of device setup and serving.

@@ -27,6 +27,12 @@ pub use backend::{DEVICE_FEATURES, VirtioFsDevice, listen, protocol_features};
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
+
+/// The device's errors must convert into `anyhow::Error` at the binary.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Error>();
+};
 pub use fuse_handler::FuseHandler;
 
 /// Answers FUSE requests taken off a virtqueue.
