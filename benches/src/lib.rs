@@ -1,10 +1,12 @@
 //! sluice benchmarks: the MLPerf Storage training emulation (`sluice bench mlperf`),
 //! a `juicefs bench`-style file-system benchmark (`sluice bench PATH`), the
-//! io_uring reactor benchmark (`sluice bench reactor`) and the command-line
-//! glue the `sluice` binary mounts under `sluice bench`.
+//! io_uring reactor benchmark (`sluice bench reactor`), the host-side virtio-fs
+//! driver harness (`sluice bench virtiofs`) and the command-line glue the
+//! `sluice` binary mounts under `sluice bench`.
 pub mod command;
 pub mod fsbench;
 pub mod mlperf;
 pub mod page_cache;
 pub mod reactor;
 pub mod size;
+pub mod virtiofs;

@@ -1,1 +1,67 @@
-//! sluice vhost crate.
+//! The sluice virtio-fs device: a vhost-user-fs backend.
+//!
+//! The guest's virtiofs driver places FUSE requests on virtqueues: queue 0 is
+//! the hiprio queue (FORGET, INTERRUPT), queues 1..=N are request queues. Each
+//! queue is owned by one worker thread, which pops descriptor chains in
+//! batches, checks each chain against the guest's memory regions
+//! ([`descriptor`]), checks the FUSE framing ([`frame`]), hands the request
+//! bytes to a [`RequestHandler`] together with a [`Writer`] that scatters the
+//! reply straight into the guest's writable buffers, and signals the guest once
+//! per batch (EVENT_IDX).
+//!
+//! A malformed chain or request never reaches the handler: it is answered with
+//! an error reply (`EFAULT` for buffers outside guest memory, `EINVAL` for bad
+//! framing, `E2BIG` for oversized requests).
+
+mod backend;
+pub mod config;
+pub mod descriptor;
+mod error;
+pub mod frame;
+mod fuse_handler;
+mod worker;
+
+use std::io;
+
+pub use backend::{DEVICE_FEATURES, VirtioFsDevice, listen, protocol_features};
+pub use config::DeviceConfig;
+pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
+pub use error::{Error, Result};
+
+/// The device's errors must convert into `anyhow::Error` at the binary.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Error>();
+};
+pub use fuse_handler::FuseHandler;
+
+/// Answers FUSE requests taken off a virtqueue.
+///
+/// This is the boundary between the device and the FUSE protocol layer: the
+/// device has already checked that `request` is one complete FUSE message
+/// (header, arguments and any WRITE payload, the header's `len` equal to
+/// `request.len()`, within the size limit).
+pub trait RequestHandler: Send + Sync + 'static {
+    /// Handles one request taken from queue `queue` (0 = hiprio).
+    ///
+    /// The reply (out header and payload) is written to `reply`, which writes
+    /// straight into the guest's buffers; requests that take no reply (FORGET)
+    /// write nothing. If this returns an error before writing anything, the
+    /// device answers `EIO`.
+    fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()>;
+
+    /// Called once the frontend has disconnected and every worker has
+    /// stopped: no request will come any more on this connection. A file
+    /// system flushes here what the guest did not.
+    fn connection_closed(&self) {}
+}
+
+impl<T: RequestHandler + ?Sized> RequestHandler for std::sync::Arc<T> {
+    fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+        (**self).handle(queue, request, reply)
+    }
+
+    fn connection_closed(&self) {
+        (**self).connection_closed()
+    }
+}

@@ -1,0 +1,23 @@
+//! A host-side virtio-fs driver that plays the guest.
+//!
+//! It shares memfd-backed "guest RAM" with a vhost-user-fs device through
+//! `vhost`'s frontend, lays out split virtqueues in that memory, fills and
+//! drains them itself and speaks FUSE over them: INIT, LOOKUP, OPEN, READ,
+//! WRITE, READDIRPLUS, RELEASE. It drives any vhost-user-fs socket, sluice's
+//! or virtiofsd's. [`run`] is `sluice bench virtiofs`; the integration tests
+//! use [`Device`] and [`FuseQueue`] directly.
+
+mod bench;
+mod device;
+mod error;
+mod guest_memory;
+mod session;
+mod virtqueue;
+pub mod wire;
+
+pub use bench::{Latency, Report, VirtiofsArgs, fill_pattern, memcpy_throughput, parse_size, run};
+pub use device::{Device, DeviceOptions};
+pub use error::{HarnessError, Result};
+pub use guest_memory::{GUEST_BASE, SharedMemory, memfd_region};
+pub use session::{FuseQueue, REQUEST_TIMEOUT};
+pub use virtqueue::{RawDescriptor, SplitQueue};

@@ -1,0 +1,254 @@
+//! The vhost-user-fs backend: features, configuration space, memory updates
+//! and the mapping of request queues onto worker threads.
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use log::{info, warn};
+use vhost::vhost_user::Listener;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringRwLock};
+use virtio_bindings::bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
+};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    EventConsumer, EventFlag, EventNotifier, new_event_consumer_and_notifier,
+};
+
+use crate::RequestHandler;
+use crate::config::DeviceConfig;
+use crate::error::{Error, Result};
+use crate::worker::{GuestMem, Limits, WorkerState, process_queue};
+
+/// The virtio features the device offers.
+pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// The vhost-user protocol features the device offers.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+}
+
+/// The backend state shared by the vhost-user handler thread and the workers.
+struct FsBackend<H: ?Sized> {
+    config: DeviceConfig,
+    config_space: Vec<u8>,
+    mem: GuestMem,
+    event_idx: AtomicBool,
+    /// One per worker thread, i.e. one per queue.
+    workers: Vec<Mutex<WorkerState>>,
+    /// Taken once per worker by the daemon when it starts the thread.
+    exit_events: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
+    handler: Arc<H>,
+}
+
+impl<H: RequestHandler + ?Sized> FsBackend<H> {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_request_size: self.config.max_request_size,
+            batch: usize::from(self.config.queue_size),
+        }
+    }
+}
+
+impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
+    type Bitmap = ();
+    type Vring = VringRwLock<GuestMem>;
+
+    fn num_queues(&self) -> usize {
+        self.config.num_queues()
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.config.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        DEVICE_FEATURES
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        protocol_features()
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        // An out-of-range read gets an empty answer, which the vhost-user
+        // layer reports to the frontend as a failed GET_CONFIG.
+        let start = offset as usize;
+        match start.checked_add(size as usize) {
+            Some(end) if end <= self.config_space.len() => self.config_space[start..end].to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the virtio-fs configuration space is read-only",
+        ))
+    }
+
+    fn update_memory(&self, _mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
+        // The vhost-user layer swaps the new table into the same atomic handle
+        // the workers hold; each batch takes its own snapshot of it.
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.config.num_queues())
+            .map(|queue| 1u64 << queue)
+            .collect()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let mut events = self.exit_events.lock().ok()?;
+        events.get_mut(thread_index)?.take()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock<GuestMem>],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            warn!("queue {thread_id}: unexpected event set {evset:?}");
+            return Ok(());
+        }
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            warn!("queue {thread_id}: event for unknown vring {device_event}");
+            return Ok(());
+        };
+        let Some(worker) = self.workers.get(thread_id) else {
+            return Ok(());
+        };
+        // Each worker state is only ever used by its own thread; the mutex is
+        // uncontended.
+        let mut state = worker
+            .lock()
+            .map_err(|_| io::Error::other("worker state poisoned"))?;
+        let queue = u16::try_from(thread_id).unwrap_or(u16::MAX);
+        process_queue(
+            queue,
+            vring,
+            &self.mem,
+            self.event_idx.load(Ordering::Acquire),
+            self.limits(),
+            &*self.handler,
+            &mut state,
+        )
+    }
+}
+
+/// A virtio-fs device served over a vhost-user socket.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # fn demo(handler: Arc<dyn sluice_vhost::RequestHandler>) -> sluice_vhost::Result<()> {
+/// let config = sluice_vhost::DeviceConfig::new("training", 4);
+/// let mut listener = sluice_vhost::listen("/run/sluice/fs.sock")?;
+/// loop {
+///     // One connection at a time: QEMU reconnects after a restart.
+///     sluice_vhost::VirtioFsDevice::new(config.clone(), handler.clone())?.serve(&mut listener)?;
+/// }
+/// # }
+/// ```
+pub struct VirtioFsDevice<H: RequestHandler + ?Sized> {
+    backend: Arc<FsBackend<H>>,
+}
+
+impl<H: RequestHandler + ?Sized> std::fmt::Debug for VirtioFsDevice<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtioFsDevice")
+            .field("config", &self.backend.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
+    /// A device with `config` whose requests go to `handler`.
+    pub fn new(config: DeviceConfig, handler: Arc<H>) -> Result<Self> {
+        config.validate()?;
+        let num_queues = config.num_queues();
+        let mut exit_events = Vec::with_capacity(num_queues);
+        for _ in 0..num_queues {
+            let pair = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
+                .map_err(Error::ExitEvent)?;
+            exit_events.push(Some(pair));
+        }
+        let backend = FsBackend {
+            config_space: config.config_space().to_vec(),
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            event_idx: AtomicBool::new(false),
+            workers: (0..num_queues).map(|_| Mutex::default()).collect(),
+            exit_events: Mutex::new(exit_events),
+            handler,
+            config,
+        };
+        Ok(VirtioFsDevice {
+            backend: Arc::new(backend),
+        })
+    }
+
+    /// The device's settings.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.backend.config
+    }
+
+    /// Accepts one frontend connection on `listener` and serves it until the
+    /// frontend disconnects. The worker threads stop before this returns.
+    /// Afterwards the handler's
+    /// [`connection_closed`](RequestHandler::connection_closed) runs.
+    pub fn serve(self, listener: &mut Listener) -> Result<()> {
+        let mem = self.backend.mem.clone();
+        let handler = self.backend.handler.clone();
+        let mut daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem)
+            .map_err(daemon_error)?;
+        daemon.start(listener).map_err(daemon_error)?;
+        info!("vhost-user frontend connected");
+        let result = daemon.wait();
+        for epoll_handler in daemon.get_epoll_handlers() {
+            epoll_handler.send_exit_event();
+        }
+        // The daemon owns the vhost-user handler, whose drop joins the worker
+        // threads: after this no request is in flight.
+        drop(daemon);
+        info!("vhost-user frontend disconnected");
+        handler.connection_closed();
+        match result {
+            Ok(()) => Ok(()),
+            Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => Ok(()),
+            Err(e) => Err(daemon_error(e)),
+        }
+    }
+}
+
+fn daemon_error(e: vhost_user_backend::Error) -> Error {
+    Error::Daemon(e.to_string())
+}
+
+/// Creates the vhost-user socket at `path`, replacing a stale one.
+pub fn listen(path: impl AsRef<Path>) -> Result<Listener> {
+    let path = path.as_ref();
+    Listener::new(path, true).map_err(|cause| Error::Listen {
+        path: path.display().to_string(),
+        cause,
+    })
+}

@@ -1,0 +1,423 @@
+//! Bounds-checked views of a descriptor chain's buffers in guest memory.
+//!
+//! A chain is walked once, up front: every descriptor is checked to lie wholly
+//! inside the guest's memory regions and every running total is overflow-checked,
+//! so the [`Reader`] and [`Writer`] built from it never touch host memory outside
+//! the guest's regions. All access still goes through `vm-memory`'s bounds-checked
+//! `Bytes` interface; the up-front walk only lets a bad chain be answered with an
+//! error reply before any request byte is interpreted.
+
+use std::io;
+use std::ops::Deref;
+
+use virtio_queue::DescriptorChain;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// What is wrong with a descriptor chain the guest made available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// A descriptor points (partly) outside the guest's memory regions.
+    #[error("descriptor at {addr:#x} of {len} bytes lies outside guest memory")]
+    OutsideGuestMemory {
+        /// Guest physical address of the descriptor's buffer.
+        addr: u64,
+        /// Length of the descriptor's buffer.
+        len: u32,
+    },
+    /// The chain's buffers add up to more bytes than can be addressed.
+    #[error("descriptor chain lengths overflow")]
+    LengthOverflow,
+    /// A device-readable descriptor follows a device-writable one.
+    #[error("a readable descriptor follows a writable one")]
+    ReadableAfterWritable,
+    /// The chain ends in a descriptor that still claims a successor: it loops,
+    /// is longer than the queue, or has a broken indirect table.
+    #[error("descriptor chain is truncated, loops or has a broken indirect table")]
+    Truncated,
+}
+
+/// One guest buffer: a guest physical address and a length, already checked to
+/// lie inside guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GuestRegion {
+    addr: GuestAddress,
+    len: usize,
+}
+
+/// The buffers of one descriptor chain, split into the device-readable part (the
+/// request) and the device-writable part (room for the reply).
+#[derive(Debug, Default)]
+pub struct ChainBuffers {
+    readable: Vec<GuestRegion>,
+    writable: Vec<GuestRegion>,
+    readable_len: usize,
+    writable_len: usize,
+}
+
+impl ChainBuffers {
+    /// Walks `chain` and checks every descriptor against `mem`.
+    ///
+    /// Returns the valid buffers together with the first problem found, if any.
+    /// On a problem the valid writable buffers are still returned, so that the
+    /// caller can put an error reply into them: they are inside guest memory.
+    pub fn parse<M>(mem: &GuestMemoryMmap, chain: DescriptorChain<M>) -> (Self, Option<ChainError>)
+    where
+        M: Deref,
+        M::Target: vm_memory::GuestMemory,
+    {
+        let mut buffers = ChainBuffers::default();
+        let mut error = None;
+        let mut seen_writable = false;
+        let mut last_has_next = false;
+        for desc in chain {
+            last_has_next = desc.has_next();
+            let len = desc.len();
+            let addr = desc.addr();
+            if len == 0 {
+                continue;
+            }
+            let len_usize = len as usize;
+            let inside =
+                addr.checked_add(u64::from(len) - 1).is_some() && mem.check_range(addr, len_usize);
+            if !inside {
+                error.get_or_insert(ChainError::OutsideGuestMemory { addr: addr.0, len });
+                continue;
+            }
+            let region = GuestRegion {
+                addr,
+                len: len_usize,
+            };
+            if desc.is_write_only() {
+                seen_writable = true;
+                match buffers.writable_len.checked_add(len_usize) {
+                    Some(total) if total <= u32::MAX as usize => {
+                        buffers.writable_len = total;
+                        buffers.writable.push(region);
+                    }
+                    _ => {
+                        error.get_or_insert(ChainError::LengthOverflow);
+                    }
+                }
+            } else if seen_writable {
+                error.get_or_insert(ChainError::ReadableAfterWritable);
+            } else {
+                match buffers.readable_len.checked_add(len_usize) {
+                    Some(total) if total <= u32::MAX as usize => {
+                        buffers.readable_len = total;
+                        buffers.readable.push(region);
+                    }
+                    _ => {
+                        error.get_or_insert(ChainError::LengthOverflow);
+                    }
+                }
+            }
+        }
+        if last_has_next {
+            error.get_or_insert(ChainError::Truncated);
+        }
+        (buffers, error)
+    }
+
+    /// Total bytes the device may read (the request).
+    pub fn readable_len(&self) -> usize {
+        self.readable_len
+    }
+
+    /// Total bytes the device may write (room for the reply).
+    pub fn writable_len(&self) -> usize {
+        self.writable_len
+    }
+
+    /// A reader over the readable buffers.
+    pub fn reader<'a>(&self, mem: &'a GuestMemoryMmap) -> Reader<'a> {
+        Reader {
+            mem,
+            regions: self.readable.clone(),
+            index: 0,
+            offset: 0,
+            bytes_read: 0,
+            available: self.readable_len,
+        }
+    }
+
+    /// A writer over the writable buffers.
+    pub fn writer<'a>(&self, mem: &'a GuestMemoryMmap) -> Writer<'a> {
+        Writer {
+            mem,
+            regions: self.writable.clone(),
+            index: 0,
+            offset: 0,
+            bytes_written: 0,
+            available: self.writable_len,
+        }
+    }
+}
+
+/// Reads the request bytes of a chain from guest memory, in order.
+#[derive(Debug)]
+pub struct Reader<'a> {
+    mem: &'a GuestMemoryMmap,
+    regions: Vec<GuestRegion>,
+    index: usize,
+    offset: usize,
+    bytes_read: usize,
+    available: usize,
+}
+
+impl Reader<'_> {
+    /// Bytes not read yet.
+    pub fn available_bytes(&self) -> usize {
+        self.available
+    }
+
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> usize {
+        self.bytes_read
+    }
+
+    /// Appends all remaining bytes to `buf`.
+    pub fn read_to_vec(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let start = buf.len();
+        let count = self.available;
+        buf.resize(start + count, 0);
+        self.read_exact_into(&mut buf[start..])?;
+        Ok(count)
+    }
+
+    fn read_exact_into(&mut self, mut dst: &mut [u8]) -> io::Result<()> {
+        while !dst.is_empty() {
+            let n = io::Read::read(self, dst)?;
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            dst = &mut dst[n..];
+        }
+        Ok(())
+    }
+}
+
+impl io::Read for Reader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let Some(region) = self.regions.get(self.index) else {
+                break;
+            };
+            let left = region.len - self.offset;
+            let n = left.min(buf.len() - done);
+            // `offset < region.len` and the region was checked to be inside guest
+            // memory, so this addition cannot overflow.
+            let addr = GuestAddress(region.addr.0 + self.offset as u64);
+            self.mem
+                .read_slice(&mut buf[done..done + n], addr)
+                .map_err(io::Error::other)?;
+            done += n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        self.bytes_read += done;
+        self.available -= done;
+        Ok(done)
+    }
+}
+
+/// Writes a reply into a chain's writable buffers in guest memory, in order.
+#[derive(Debug)]
+pub struct Writer<'a> {
+    mem: &'a GuestMemoryMmap,
+    regions: Vec<GuestRegion>,
+    index: usize,
+    offset: usize,
+    bytes_written: usize,
+    available: usize,
+}
+
+impl<'a> Writer<'a> {
+    /// Room left for the reply.
+    pub fn available_bytes(&self) -> usize {
+        self.available
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> usize {
+        self.bytes_written
+    }
+
+    /// Splits off the room after the next `offset` bytes into a second writer.
+    ///
+    /// `self` keeps the first `offset` bytes (fewer if less room is left), the
+    /// returned writer gets the rest. This lets a reply's payload be written
+    /// before its header, whose length field depends on the payload.
+    pub fn split_at(&mut self, offset: usize) -> Writer<'a> {
+        let offset = offset.min(self.available);
+        let mut rest = Vec::new();
+        let mut remaining = offset;
+        let mut index = self.index;
+        let mut first_offset = self.offset;
+        while index < self.regions.len() {
+            let region = self.regions[index];
+            let left = region.len - first_offset;
+            if remaining < left {
+                let split = first_offset + remaining;
+                rest.push(GuestRegion {
+                    addr: GuestAddress(region.addr.0 + split as u64),
+                    len: region.len - split,
+                });
+                rest.extend_from_slice(&self.regions[index + 1..]);
+                self.regions.truncate(index + 1);
+                self.regions[index].len = split;
+                break;
+            }
+            remaining -= left;
+            first_offset = 0;
+            index += 1;
+        }
+        let tail_len = self.available - offset;
+        self.available = offset;
+        Writer {
+            mem: self.mem,
+            regions: rest,
+            index: 0,
+            offset: 0,
+            bytes_written: 0,
+            available: tail_len,
+        }
+    }
+}
+
+impl io::Write for Writer<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let Some(region) = self.regions.get(self.index) else {
+                break;
+            };
+            let left = region.len - self.offset;
+            let n = left.min(buf.len() - done);
+            // `offset < region.len` and the region was checked to be inside guest
+            // memory, so this addition cannot overflow.
+            let addr = GuestAddress(region.addr.0 + self.offset as u64);
+            self.mem
+                .write_slice(&buf[done..done + n], addr)
+                .map_err(io::Error::other)?;
+            done += n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        self.bytes_written += done;
+        self.available -= done;
+        Ok(done)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    const BASE: u64 = 0x10_000;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(BASE), 0x10_000)]).expect("memory")
+    }
+
+    fn buffers(readable: &[(u64, usize)], writable: &[(u64, usize)]) -> ChainBuffers {
+        let region = |&(addr, len): &(u64, usize)| GuestRegion {
+            addr: GuestAddress(addr),
+            len,
+        };
+        ChainBuffers {
+            readable: readable.iter().map(region).collect(),
+            writable: writable.iter().map(region).collect(),
+            readable_len: readable.iter().map(|r| r.1).sum(),
+            writable_len: writable.iter().map(|r| r.1).sum(),
+        }
+    }
+
+    #[test]
+    fn reader_gathers_across_buffers() {
+        let mem = memory();
+        mem.write_slice(b"hello ", GuestAddress(BASE + 0x100))
+            .unwrap();
+        mem.write_slice(b"guest", GuestAddress(BASE + 0x900))
+            .unwrap();
+        let chain = buffers(&[(BASE + 0x100, 6), (BASE + 0x900, 5)], &[]);
+        let mut reader = chain.reader(&mem);
+        let mut first = [0u8; 4];
+        reader.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"hell");
+        assert_eq!(reader.available_bytes(), 7);
+        let mut rest = Vec::new();
+        reader.read_to_vec(&mut rest).unwrap();
+        assert_eq!(rest, b"o guest");
+        assert_eq!(reader.bytes_read(), 11);
+        assert_eq!(reader.read(&mut first).unwrap(), 0);
+    }
+
+    #[test]
+    fn writer_scatters_and_stops_at_the_end() {
+        let mem = memory();
+        let chain = buffers(&[], &[(BASE + 0x200, 3), (BASE + 0x400, 4)]);
+        let mut writer = chain.writer(&mem);
+        assert_eq!(writer.write(b"abcdefghij").unwrap(), 7);
+        assert_eq!(writer.write(b"k").unwrap(), 0);
+        assert!(writer.write_all(b"k").is_err());
+        let mut got = [0u8; 4];
+        mem.read_slice(&mut got[..3], GuestAddress(BASE + 0x200))
+            .unwrap();
+        assert_eq!(&got[..3], b"abc");
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x400))
+            .unwrap();
+        assert_eq!(&got, b"defg");
+        assert_eq!(writer.bytes_written(), 7);
+    }
+
+    #[test]
+    fn split_writer_lets_payload_go_before_header() {
+        let mem = memory();
+        // The split point falls inside the second buffer.
+        let chain = buffers(&[], &[(BASE + 0x300, 10), (BASE + 0x500, 10)]);
+        let mut header = chain.writer(&mem);
+        let mut payload = header.split_at(16);
+        assert_eq!(header.available_bytes(), 16);
+        assert_eq!(payload.available_bytes(), 4);
+        payload.write_all(b"DATA").unwrap();
+        header.write_all(b"0123456789abcdef").unwrap();
+        assert_eq!(header.available_bytes(), 0);
+        let mut got = [0u8; 10];
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x500))
+            .unwrap();
+        assert_eq!(&got, b"abcdefDATA");
+    }
+
+    #[test]
+    fn split_at_a_buffer_boundary_and_past_the_end() {
+        let mem = memory();
+        let chain = buffers(&[], &[(BASE + 0x300, 8), (BASE + 0x500, 8)]);
+        let mut head = chain.writer(&mem);
+        let mut tail = head.split_at(8);
+        tail.write_all(b"tailtail").unwrap();
+        head.write_all(b"headhead").unwrap();
+        let mut got = [0u8; 8];
+        mem.read_slice(&mut got, GuestAddress(BASE + 0x500))
+            .unwrap();
+        assert_eq!(&got, b"tailtail");
+        let mut all = chain.writer(&mem);
+        let empty = all.split_at(100);
+        assert_eq!(all.available_bytes(), 16);
+        assert_eq!(empty.available_bytes(), 0);
+    }
+}

@@ -1,0 +1,85 @@
+//! The bridge to the `fuse` crate: requests taken off a virtqueue go to its
+//! [`Dispatcher`], replies go straight into the guest's writable buffers.
+
+use std::io::{self, Write};
+use std::sync::Mutex;
+
+use sluice_fuse::{Dispatcher, Filesystem, Outcome, ReplyHead, ReplySink, Scratch};
+
+use crate::RequestHandler;
+use crate::descriptor::Writer;
+use crate::frame::{OUT_HEADER_LEN, error_reply};
+
+/// Serves a [`Filesystem`] to the guest: decodes each request with the
+/// `fuse` crate and dispatches it.
+#[derive(Debug)]
+pub struct FuseHandler<F> {
+    dispatcher: Dispatcher<F>,
+    /// Reply buffers, one per queue; each is only used by its queue's worker.
+    scratch: Vec<Mutex<Scratch>>,
+}
+
+impl<F: Filesystem> FuseHandler<F> {
+    /// A handler for a device with `num_queues` queues (hiprio included).
+    pub fn new(dispatcher: Dispatcher<F>, num_queues: usize) -> Self {
+        FuseHandler {
+            dispatcher,
+            scratch: (0..num_queues)
+                .map(|_| Mutex::new(Scratch::new()))
+                .collect(),
+        }
+    }
+
+    /// The dispatcher, e.g. to shut the session down when the device stops.
+    pub fn dispatcher(&self) -> &Dispatcher<F> {
+        &self.dispatcher
+    }
+}
+
+impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
+    fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+        let outcome = match self.scratch.get(usize::from(queue)) {
+            Some(scratch) => {
+                let mut scratch = scratch
+                    .lock()
+                    .map_err(|_| io::Error::other("reply buffers poisoned"))?;
+                self.dispatcher
+                    .handle_message(request, &mut scratch, reply)?
+            }
+            None => self
+                .dispatcher
+                .handle_message(request, &mut Scratch::new(), reply)?,
+        };
+        if outcome == Outcome::Destroyed {
+            log::info!("the guest ended the FUSE session (DESTROY)");
+        }
+        Ok(())
+    }
+
+    /// Ends the FUSE session: the file system flushes and closes, whether or
+    /// not the guest sent DESTROY before it went away.
+    fn connection_closed(&self) {
+        self.dispatcher.shutdown();
+    }
+}
+
+impl ReplySink for Writer<'_> {
+    /// Writes the reply into the guest's buffers. A reply larger than the room
+    /// the guest gave is replaced by an `EIO` reply, never written in part.
+    fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()> {
+        let head_bytes = head.as_bytes();
+        let total = head_bytes.len().saturating_add(payload.len());
+        let room = self.available_bytes();
+        if total > room {
+            let unique = head.header().unique;
+            if room >= OUT_HEADER_LEN {
+                self.write_all(&error_reply(libc::EIO, unique))?;
+            }
+            return Err(io::Error::other(format!(
+                "a {total}-byte reply does not fit the {room} bytes the guest offered"
+            )));
+        }
+        self.write_all(head_bytes)?;
+        self.write_all(payload)
+    }
+}

@@ -1,0 +1,201 @@
+//! The per-queue worker: pops descriptor chains in batches, checks their
+//! framing, hands each request to the [`RequestHandler`] and signals the guest
+//! once per batch.
+
+use std::io::{self, Write};
+
+use log::{debug, warn};
+use vhost_user_backend::{VringRwLock, VringT};
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::RequestHandler;
+use crate::descriptor::{ChainBuffers, ChainError, Writer};
+use crate::frame::{IN_HEADER_LEN, InHeader, OUT_HEADER_LEN, error_reply};
+
+/// The guest memory as the backend shares it with its vrings.
+pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// What a worker keeps between batches.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerState {
+    /// Reused buffer the request bytes are gathered into.
+    request: Vec<u8>,
+    /// Reused list of (head index, used length) of the batch being answered.
+    completed: Vec<(u16, u32)>,
+}
+
+/// The rules one worker applies to every chain.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Requests larger than this get `E2BIG`.
+    pub max_request_size: usize,
+    /// At most this many chains are popped before the guest is signalled.
+    pub batch: usize,
+}
+
+/// Serves `vring` until it has no more available chains.
+///
+/// With EVENT_IDX the worker turns guest notifications off while it drains the
+/// queue and back on when it is empty, re-checking for chains that raced in.
+pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
+    queue: u16,
+    vring: &VringRwLock<GuestMem>,
+    mem: &GuestMem,
+    event_idx: bool,
+    limits: Limits,
+    handler: &H,
+    state: &mut WorkerState,
+) -> io::Result<()> {
+    loop {
+        if event_idx {
+            vring.disable_notification().map_err(io::Error::other)?;
+        }
+        while process_batch(queue, vring, mem, limits, handler, state)? {}
+        if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+            return Ok(());
+        }
+    }
+}
+
+/// Handles up to `limits.batch` chains; returns whether any chain was handled.
+fn process_batch<H: RequestHandler + ?Sized>(
+    queue: u16,
+    vring: &VringRwLock<GuestMem>,
+    atomic: &GuestMem,
+    limits: Limits,
+    handler: &H,
+    state: &mut WorkerState,
+) -> io::Result<bool> {
+    // One snapshot of the memory table for the whole batch: a concurrent
+    // SET_MEM_TABLE or REM_MEM_REG swaps in a new table but leaves these
+    // mappings alive until the snapshot is dropped.
+    let mem = atomic.memory();
+    let chains: Vec<_> = {
+        let mut guard = vring.get_mut();
+        let queue_state = guard.get_queue_mut();
+        match queue_state.iter(&*mem) {
+            Ok(iter) => iter.take(limits.batch).collect(),
+            Err(e) => {
+                warn!("queue {queue}: cannot read the available ring: {e}");
+                return Ok(false);
+            }
+        }
+    };
+    if chains.is_empty() {
+        return Ok(false);
+    }
+    state.completed.clear();
+    for chain in chains {
+        let head = chain.head_index();
+        let (buffers, problem) = ChainBuffers::parse(&mem, chain);
+        let used = handle_chain(
+            queue,
+            &mem,
+            &buffers,
+            problem,
+            limits,
+            handler,
+            &mut state.request,
+        );
+        state.completed.push((head, used));
+    }
+    let mut guard = vring.get_mut();
+    for &(head, used) in &state.completed {
+        if let Err(e) = guard.get_queue_mut().add_used(&*mem, head, used) {
+            warn!("queue {queue}: cannot return descriptor {head}: {e}");
+        }
+    }
+    let notify = guard
+        .get_queue_mut()
+        .needs_notification(&*mem)
+        .map_err(io::Error::other)?;
+    drop(guard);
+    if notify {
+        vring.signal_used_queue()?;
+    }
+    Ok(true)
+}
+
+/// Answers one chain; returns the number of bytes written into it.
+fn handle_chain<H: RequestHandler + ?Sized>(
+    queue: u16,
+    mem: &GuestMemoryMmap,
+    buffers: &ChainBuffers,
+    problem: Option<ChainError>,
+    limits: Limits,
+    handler: &H,
+    request: &mut Vec<u8>,
+) -> u32 {
+    let mut reply = buffers.writer(mem);
+    request.clear();
+    let mut reader = buffers.reader(mem);
+    let readable = buffers.readable_len();
+    // Read at most the header when the request is oversized or malformed: the
+    // unique id is all an error reply needs.
+    let gather = if problem.is_some() || readable > limits.max_request_size {
+        readable.min(IN_HEADER_LEN)
+    } else {
+        readable
+    };
+    request.resize(gather, 0);
+    if let Err(e) = io::Read::read_exact(&mut reader, request) {
+        warn!("queue {queue}: cannot read the request from guest memory: {e}");
+        return answer_error(&mut reply, libc::EFAULT, 0);
+    }
+    let header = InHeader::parse(request);
+    let unique = header.map_or(0, |h| h.unique);
+    if let Some(problem) = problem {
+        warn!("queue {queue}: malformed descriptor chain: {problem}");
+        let errno = match problem {
+            ChainError::OutsideGuestMemory { .. } => libc::EFAULT,
+            _ => libc::EINVAL,
+        };
+        return answer_error(&mut reply, errno, unique);
+    }
+    let Some(header) = header else {
+        warn!("queue {queue}: request of {readable} bytes is shorter than a FUSE header");
+        return answer_error(&mut reply, libc::EINVAL, 0);
+    };
+    if readable > limits.max_request_size {
+        warn!(
+            "queue {queue}: request of {readable} bytes exceeds the {} byte limit",
+            limits.max_request_size
+        );
+        return answer_error(&mut reply, libc::E2BIG, unique);
+    }
+    if header.len as usize != readable {
+        warn!(
+            "queue {queue}: request header says {} bytes but the chain holds {readable}",
+            header.len
+        );
+        return answer_error(&mut reply, libc::EINVAL, unique);
+    }
+    if let Err(e) = handler.handle(queue, request, &mut reply) {
+        debug!(
+            "queue {queue}: handler failed on opcode {}: {e}",
+            header.opcode
+        );
+        if reply.bytes_written() == 0 {
+            return answer_error(&mut reply, libc::EIO, unique);
+        }
+    }
+    used_len(&reply)
+}
+
+/// Writes an error reply if there is room for one; returns the used length.
+fn answer_error(reply: &mut Writer<'_>, errno: i32, unique: u64) -> u32 {
+    if reply.available_bytes() < OUT_HEADER_LEN {
+        warn!("no room for an error reply; returning the chain empty");
+        return used_len(reply);
+    }
+    if let Err(e) = reply.write_all(&error_reply(errno, unique)) {
+        warn!("cannot write an error reply: {e}");
+    }
+    used_len(reply)
+}
+
+fn used_len(reply: &Writer<'_>) -> u32 {
+    // Writable room was checked to fit in u32 when the chain was parsed.
+    u32::try_from(reply.bytes_written()).unwrap_or(u32::MAX)
+}
