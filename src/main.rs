@@ -20,6 +20,8 @@ enum Command {
     Format(cmd::format::FormatArgs),
     /// Mount a volume on this host through the kernel's FUSE.
     Mount(cmd::mount::MountArgs),
+    /// Serve a volume to a VM as a virtio-fs device over vhost-user.
+    Serve(cmd::serve::ServeArgs),
     /// Unmount a sluice mount point.
     Umount(cmd::mount::UmountArgs),
     /// Show a volume's settings, or a file's chunks, slices and objects.
@@ -34,6 +36,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Format(args) => cmd::format::run(args),
         Command::Mount(args) => cmd::mount::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Umount(args) => cmd::mount::umount(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Gc(args) => cmd::gc::run(args),

@@ -30,6 +30,8 @@ pub enum BenchCommand {
     Fs(FsBenchArgs),
     /// O_DIRECT random reads: io_uring with fixed buffers vs pread on a thread pool.
     Reactor(ReactorArgs),
+    /// Drive a vhost-user-fs socket as a guest would (sluice serve, virtiofsd).
+    Virtiofs(crate::virtiofs::VirtiofsArgs),
 }
 
 /// `sluice bench reactor`: the numa crate's I/O backends side by side.
@@ -58,6 +60,9 @@ pub enum BenchError {
     /// The file-system benchmark failed.
     #[error(transparent)]
     Fs(#[from] FsBenchError),
+    /// The virtio-fs benchmark failed.
+    #[error("virtio-fs benchmark: {0:#}")]
+    Virtiofs(anyhow::Error),
     /// The reactor benchmark failed.
     #[error("reactor benchmark: {0:#}")]
     Reactor(anyhow::Error),
@@ -68,6 +73,10 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     match args.command {
         Some(BenchCommand::Mlperf(a)) => mlperf_cli::run(a)?,
         Some(BenchCommand::Fs(a)) => run_fs(&a)?,
+        Some(BenchCommand::Virtiofs(a)) => {
+            let report = crate::virtiofs::run(&a).map_err(BenchError::Virtiofs)?;
+            print!("{report}");
+        }
         Some(BenchCommand::Reactor(a)) => {
             let report = crate::reactor::run(&a.dir, a.file_size, a.seconds, a.threads)
                 .map_err(BenchError::Reactor)?;
