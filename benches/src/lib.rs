@@ -1,1 +1,3 @@
 //! sluice benches crate.
+
+pub mod kernels;
