@@ -228,7 +228,60 @@ fn fold256(acc: __m256i, k: __m256i) -> __m256i {
     )
 }
 
-/// Four 256-bit VPCLMULQDQ lanes, 128 bytes per iteration.
+/// Inputs from this size on are folded as [`REGIONS`] independent parts in
+/// one loop: out of cache, several sequential streams keep more memory
+/// requests in flight than one.
+const TWO_STREAM_MIN: usize = 256 << 10;
+
+/// How many independent regions large inputs are split into.
+const REGIONS: usize = 3;
+
+/// The four 32-byte lanes of a 128-byte block.
+#[target_feature(enable = "avx")]
+fn lanes256(b: &[u8; 128]) -> [__m256i; 4] {
+    let (q, _) = b.as_chunks::<32>();
+    [
+        load256(&q[0]),
+        load256(&q[1]),
+        load256(&q[2]),
+        load256(&q[3]),
+    ]
+}
+
+/// Starts four 256-bit lanes on the first block, with the CRC register
+/// folded into its first four bytes.
+#[target_feature(enable = "avx2")]
+fn start256(state: u32, first: &[u8; 128]) -> [__m256i; 4] {
+    let mut acc = lanes256(first);
+    acc[0] = _mm256_xor_si256(
+        acc[0],
+        _mm256_zextsi128_si256(_mm_cvtsi32_si128(state as i32)),
+    );
+    acc
+}
+
+/// Folds four lanes 128 bytes forward onto the next block.
+#[target_feature(enable = "avx2,vpclmulqdq")]
+fn step256(acc: &mut [__m256i; 4], next: &[u8; 128], k128: __m256i) {
+    for (a, d) in acc.iter_mut().zip(lanes256(next)) {
+        *a = _mm256_xor_si256(fold256(*a, k128), d);
+    }
+}
+
+/// The CRC of four lanes at consecutive 32-byte offsets.
+#[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
+fn finish256(acc: [__m256i; 4]) -> u32 {
+    let r = _mm256_xor_si256(
+        _mm256_xor_si256(acc[3], fold256(acc[0], lane256(K96))),
+        _mm256_xor_si256(fold256(acc[1], lane256(K64)), fold256(acc[2], lane256(K32))),
+    );
+    let lo = _mm256_castsi256_si128(r);
+    let hi = _mm256_extracti128_si256::<1>(r);
+    finish128(_mm_xor_si128(hi, fold128(lo, lane(K16))))
+}
+
+/// Four 256-bit VPCLMULQDQ lanes, 128 bytes per iteration; from
+/// [`TWO_STREAM_MIN`] on, one such set per region.
 ///
 /// # Safety
 /// The CPU must support AVX2, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
@@ -237,35 +290,31 @@ pub(crate) fn crc_avx2_vpclmul(state: u32, data: &[u8]) -> u32 {
     if data.len() < 512 {
         return crc_sse42_3way(state, data);
     }
-    let (blocks, tail) = data.as_chunks::<128>();
-    let lanes = |b: &[u8; 128]| -> [__m256i; 4] {
-        let (q, _) = b.as_chunks::<32>();
-        [
-            load256(&q[0]),
-            load256(&q[1]),
-            load256(&q[2]),
-            load256(&q[3]),
-        ]
-    };
-    let mut acc = lanes(&blocks[0]);
-    acc[0] = _mm256_xor_si256(
-        acc[0],
-        _mm256_zextsi128_si256(_mm_cvtsi32_si128(state as i32)),
-    );
     let k128 = lane256(K128);
-    for b in &blocks[1..] {
-        let d = lanes(b);
-        for (a, d) in acc.iter_mut().zip(d) {
-            *a = _mm256_xor_si256(fold256(*a, k128), d);
+    if data.len() < TWO_STREAM_MIN {
+        let (blocks, tail) = data.as_chunks::<128>();
+        let mut acc = start256(state, &blocks[0]);
+        for b in &blocks[1..] {
+            step256(&mut acc, b, k128);
+        }
+        return crc_words(finish256(acc), tail);
+    }
+    let part = data.len() / (REGIONS * 128) * 128;
+    let (body, tail) = data.split_at(REGIONS * part);
+    let (regions, _) = body.as_chunks::<128>();
+    let per = part / 128;
+    let mut acc: [[__m256i; 4]; REGIONS] =
+        core::array::from_fn(|r| start256(if r == 0 { state } else { 0 }, &regions[r * per]));
+    for i in 1..per {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            step256(acc, &regions[r * per + i], k128);
         }
     }
-    let r = _mm256_xor_si256(
-        _mm256_xor_si256(acc[3], fold256(acc[0], lane256(K96))),
-        _mm256_xor_si256(fold256(acc[1], lane256(K64)), fold256(acc[2], lane256(K32))),
-    );
-    let lo = _mm256_castsi256_si128(r);
-    let hi = _mm256_extracti128_si256::<1>(r);
-    let crc = finish128(_mm_xor_si128(hi, fold128(lo, lane(K16))));
+    let k = shift_constant(part);
+    let mut crc = finish256(acc[0]);
+    for a in &acc[1..] {
+        crc = join(crc, finish256(*a), k);
+    }
     crc_words(crc, tail)
 }
 
