@@ -1,7 +1,6 @@
 //! Portable reference kernels: the oracle every SIMD kernel is tested against.
 
-/// The reflected Castagnoli polynomial.
-const POLY: u32 = 0x82F6_3B78;
+use crate::polynomial::{self, POLY};
 
 const fn make_table() -> [u32; 256] {
     let mut table = [0u32; 256];
@@ -25,51 +24,38 @@ const fn make_table() -> [u32; 256] {
 
 static TABLE: [u32; 256] = make_table();
 
-/// Plain byte copy.
+/// Plain copy (`memcpy` from the C library, through `copy_from_slice`).
 pub fn copy(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
+/// Plain copy between raw ranges.
+///
+/// # Safety
+/// As [`crate::copy_raw`]: `src` readable and `dst` writable for `len`
+/// bytes, not overlapping.
+pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller guarantees both ranges are valid and disjoint.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
 /// Table-driven CRC32C.
 pub fn crc32c(seed: u32, data: &[u8]) -> u32 {
-    let mut crc = !seed;
+    !crc32c_raw(!seed, data)
+}
+
+/// The CRC register after feeding `data` into `state`, without the initial
+/// and final inversions: the form the SIMD kernels share.
+pub(crate) fn crc32c_raw(mut state: u32, data: &[u8]) -> u32 {
     for &b in data {
-        crc = TABLE[((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
+        state = TABLE[((state ^ u32::from(b)) & 0xFF) as usize] ^ (state >> 8);
     }
-    !crc
-}
-
-/// Multiplies two polynomials modulo the CRC polynomial (reflected).
-fn gf2_mul(mut a: u32, mut b: u32) -> u32 {
-    let mut p = 0u32;
-    while b != 0 {
-        if b & 0x8000_0000 != 0 {
-            p ^= a;
-        }
-        b <<= 1;
-        a = if a & 1 != 0 { (a >> 1) ^ POLY } else { a >> 1 };
-    }
-    p
-}
-
-/// x^(8·len) mod P in the reflected domain, by square-and-multiply.
-fn x_pow_8n(mut len: u64) -> u32 {
-    // x^8 in reflected form, then repeated squaring.
-    let mut result = 0x8000_0000u32; // x^0
-    let mut base = 0x0080_0000u32; // x^8
-    while len != 0 {
-        if len & 1 != 0 {
-            result = gf2_mul(result, base);
-        }
-        base = gf2_mul(base, base);
-        len >>= 1;
-    }
-    result
+    state
 }
 
 /// CRC32C of the concatenation from the CRCs of the parts.
 pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
-    gf2_mul(crc_a, x_pow_8n(len_b)) ^ crc_b
+    polynomial::mul(crc_a, polynomial::x_pow_8n(len_b)) ^ crc_b
 }
 
 #[cfg(test)]
