@@ -515,7 +515,7 @@ fn deletes(trash_days: &str) {
             "trash without --trash-days: {trashed:?}"
         );
     } else {
-        for i in 0..3 {
+        for (i, want) in files.iter().enumerate().take(3) {
             let suffix = format!("-f{i}");
             let (name, path) = trashed
                 .iter()
@@ -527,7 +527,7 @@ fn deletes(trash_days: &str) {
                 "trash entry name {name:?} is not PARENT-INODE-NAME"
             );
             assert!(
-                std::fs::read(path).expect("read from the trash") == files[i],
+                &std::fs::read(path).expect("read from the trash") == want,
                 "f{i} in the trash"
             );
         }
