@@ -40,7 +40,7 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
             args.storage
         );
     }
-    if !(64 << 10..=16 << 20).contains(&args.block_size) || args.block_size % 1024 != 0 {
+    if !(64 << 10..=16 << 20).contains(&args.block_size) || !args.block_size.is_multiple_of(1024) {
         bail!("--block-size must be a multiple of 1K between 64K and 16M (JuiceFS's range)");
     }
     let compression = match args.compress.as_str() {
@@ -80,7 +80,11 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         args.meta_url,
         format.bucket,
         format.block_size,
-        if format.compression.is_empty() { "none" } else { &format.compression },
+        if format.compression.is_empty() {
+            "none"
+        } else {
+            &format.compression
+        },
         format.trash_days
     );
     Ok(())

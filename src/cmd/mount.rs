@@ -66,9 +66,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
-    if !(args.attr_cache.is_finite() && args.attr_cache >= 0.0)
-        || !(args.entry_cache.is_finite() && args.entry_cache >= 0.0)
-    {
+    let seconds_ok = |s: f64| s.is_finite() && s >= 0.0;
+    if !seconds_ok(args.attr_cache) || !seconds_ok(args.entry_cache) {
         bail!("--attr-cache and --entry-cache take a number of seconds ≥ 0");
     }
     if args.threads == 0 || args.buffer_size == 0 {
@@ -204,8 +203,13 @@ pub fn sluice_mount_of(path: &Path) -> anyhow::Result<Option<(PathBuf, String)>>
             continue;
         }
         let mp = PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(fields[4])));
-        let source = fields.get(dash + 2).map(|s| unescape_mountinfo(s)).unwrap_or_default();
-        let longer = best.as_ref().is_none_or(|(b, _)| mp.as_os_str().len() > b.as_os_str().len());
+        let source = fields
+            .get(dash + 2)
+            .map(|s| unescape_mountinfo(s))
+            .unwrap_or_default();
+        let longer = best
+            .as_ref()
+            .is_none_or(|(b, _)| mp.as_os_str().len() > b.as_os_str().len());
         if path.starts_with(&mp) && longer {
             best = Some((mp, String::from_utf8_lossy(&source).into_owned()));
         }
@@ -301,7 +305,9 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
             Ok(())
         });
     }
-    let mut child = command.spawn().context("cannot start the background mount")?;
+    let mut child = command
+        .spawn()
+        .context("cannot start the background mount")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if mount_type(mountpoint)?.as_deref() == Some(FSTYPE) {
@@ -315,7 +321,11 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
         }
         if let Some(status) = child.try_wait()? {
             let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let last = tail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            let last = tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
             bail!("the background mount exited ({status}): {last}");
         }
         if Instant::now() > deadline {
