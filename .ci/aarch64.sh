@@ -5,6 +5,9 @@
 #   .ci/aarch64.sh test-simd      cross-build sluice-simd's tests, run them under
 #                                 qemu-aarch64 three ways (-cpu max, -cpu cortex-a72,
 #                                 SLUICE_SIMD=scalar), printing the kernels each used
+#   .ci/aarch64.sh test-numa      cross-build sluice-numa's tests and run them under
+#                                 qemu-aarch64 (no io_uring there: the thread-pool
+#                                 fallback is the path under test)
 #   .ci/aarch64.sh build-release  cross-build the `sluice` binary (release profile;
 #                                 SLUICE_AARCH64_PROFILE=dev for a debug build)
 #
@@ -98,6 +101,24 @@ test_simd() {
     return $rc
 }
 
+test_numa() {
+    cross_env
+    local bins
+    bins=$(cargo test -p sluice-numa --target "$TARGET" --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')
+    if [[ -z $bins ]]; then
+        cargo test -p sluice-numa --target "$TARGET" --no-run
+        echo "no test binary was built" >&2
+        return 1
+    fi
+    local bin
+    for bin in $bins; do
+        echo "=== $(basename "$bin") under qemu-aarch64 -cpu max"
+        # Integration tests read their fixtures relative to the crate.
+        (cd numa && "${QEMU[@]}" -cpu max "$bin" -q)
+    done
+}
+
 build_release() {
     cross_env
     local profile=${SLUICE_AARCH64_PROFILE:-release}
@@ -113,9 +134,10 @@ build_release() {
 case "${1:-}" in
     setup) setup ;;
     test-simd) test_simd ;;
+    test-numa) test_numa ;;
     build-release) build_release ;;
     *)
-        echo "usage: $0 setup|test-simd|build-release" >&2
+        echo "usage: $0 setup|test-simd|test-numa|build-release" >&2
         exit 2
         ;;
 esac

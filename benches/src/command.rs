@@ -28,10 +28,23 @@ pub enum BenchCommand {
     Mlperf(MlperfArgs),
     /// The file-system benchmark (same as `sluice bench PATH`).
     Fs(FsBenchArgs),
+    /// Copy and CRC32C kernels vs memcpy, crc-fast and the crc32c crate.
+    Copy(CopyArgs),
     /// O_DIRECT random reads: io_uring with fixed buffers vs pread on a thread pool.
     Reactor(ReactorArgs),
     /// Drive a vhost-user-fs socket as a guest would (sluice serve, virtiofsd).
     Virtiofs(crate::virtiofs::VirtiofsArgs),
+}
+
+/// `sluice bench copy`: the simd crate's kernels next to the references.
+#[derive(Debug, clap::Args)]
+pub struct CopyArgs {
+    /// Buffer sizes to measure (default 4K 64K 1M 4M 64M).
+    #[arg(long, value_delimiter = ',', value_parser = crate::size::parse_size)]
+    pub sizes: Vec<u64>,
+    /// Seconds per (kernel, size) case.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
 }
 
 /// `sluice bench reactor`: the numa crate's I/O backends side by side.
@@ -73,6 +86,14 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     match args.command {
         Some(BenchCommand::Mlperf(a)) => mlperf_cli::run(a)?,
         Some(BenchCommand::Fs(a)) => run_fs(&a)?,
+        Some(BenchCommand::Copy(a)) => {
+            let sizes: Vec<usize> = if a.sizes.is_empty() {
+                crate::kernels::DEFAULT_SIZES.to_vec()
+            } else {
+                a.sizes.iter().map(|&s| s as usize).collect()
+            };
+            print!("{}", crate::kernels::run(&sizes, a.seconds));
+        }
         Some(BenchCommand::Virtiofs(a)) => {
             let report = crate::virtiofs::run(&a).map_err(BenchError::Virtiofs)?;
             print!("{report}");

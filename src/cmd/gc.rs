@@ -31,7 +31,11 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         report.too_recent,
         report.orphans.len(),
         report.orphan_bytes,
-        if args.delete { ", deleted" } else { "; run with --delete to remove them" }
+        if args.delete {
+            ", deleted"
+        } else {
+            "; run with --delete to remove them"
+        }
     );
     for key in &report.orphans {
         println!("  {key}");

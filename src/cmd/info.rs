@@ -66,9 +66,16 @@ fn file_info(meta_url: &str, mountpoint: &Path, path: &Path, ino: u64) -> anyhow
         .with_context(|| format!("cannot open the volume at {meta_url}"))?;
     let attr = volume.meta.getattr(ino)?;
     println!("{}", path.display());
-    println!("  volume: {} (mounted on {})", volume.name(), mountpoint.display());
+    println!(
+        "  volume: {} (mounted on {})",
+        volume.name(),
+        mountpoint.display()
+    );
     println!("  inode: {ino}");
-    println!("  type: {:?}, mode {:o}, nlink {}", attr.typ, attr.mode, attr.nlink);
+    println!(
+        "  type: {:?}, mode {:o}, nlink {}",
+        attr.typ, attr.mode, attr.nlink
+    );
     println!("  length: {}", attr.length);
     if attr.typ != FileType::File {
         return Ok(());

@@ -7,8 +7,8 @@ use anyhow::{Context as _, bail};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::open_volume_url;
 use sluice_fuse::{Config, Dispatcher};
-use sluice_numa::{PlacementOptions, Topology, VmRequest};
 use sluice_numa::memory::PageLocations;
+use sluice_numa::{PlacementOptions, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 
 /// Arguments of `sluice serve`.

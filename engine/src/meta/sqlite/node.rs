@@ -27,7 +27,10 @@ const SELECT_NODE: &str = "SELECT inode, type, flags, mode, uid, gid, atime, mti
 
 /// JuiceFS stores a time as microseconds plus the nanoseconds left over.
 pub(super) fn split_time(t: Timestamp) -> (i64, i64) {
-    let us = t.secs.saturating_mul(1_000_000).saturating_add(i64::from(t.nsecs / 1000));
+    let us = t
+        .secs
+        .saturating_mul(1_000_000)
+        .saturating_add(i64::from(t.nsecs / 1000));
     (us, i64::from(t.nsecs % 1000))
 }
 
