@@ -46,8 +46,11 @@ if [ "${SLUICE_SKIP_ARM64:-0}" != 1 ]; then
 fi
 
 if [ "${SLUICE_SKIP_VM:-0}" != 1 ]; then
-    step "guest VM tooling: kernel + initramfs, boot under QEMU, virtio-fs smoke test"
+    step "guest VM tooling: kernel + initramfs, boot under QEMU, virtio-fs smoke test on virtiofsd"
     bash vm-images/smoke-virtiofsd.sh
+    step "a real Linux guest on sluice serve: two request queues, the same checks"
+    bash vm-images/smoke-virtiofsd.sh --queues 2 \
+        --backend-cmd "$PWD/vm-images/sluice-backend.sh $PWD/target/debug/sluice --queues 2"
 fi
 
 step "all tests passed"
