@@ -22,7 +22,7 @@ pub struct FormatArgs {
     #[arg(long)]
     pub bucket: PathBuf,
     /// Block size (64K .. 16M), as JuiceFS's --block-size.
-    #[arg(long, default_value = "4M", value_parser = super::size::parse_size)]
+    #[arg(long, default_value = "4M", value_parser = sluice_benches::size::parse_size)]
     pub block_size: u64,
     /// Block compression: none, lz4 or zstd.
     #[arg(long, default_value = "none", value_parser = ["none", "lz4", "zstd"])]

@@ -5,4 +5,3 @@ pub mod gc;
 pub mod info;
 pub mod mount;
 pub mod serve;
-pub mod size;
