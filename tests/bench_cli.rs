@@ -239,6 +239,8 @@ fn bad_input_is_one_line_and_exit_code_1() {
         err.starts_with("sluice: cannot open /nonexistent/sluice"),
         "{err}"
     );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite3://{}/empty.db", dir.path().display());
     let out = sluice(&[
         "bench",
         "mlperf",
@@ -246,8 +248,10 @@ fn bad_input_is_one_line_and_exit_code_1() {
         "--workload",
         "unet3d",
         "--engine",
-        "sqlite3:///x.db",
+        &url,
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("run `sluice format` first"), "{err}");
 }
