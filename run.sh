@@ -36,6 +36,7 @@ say "mounting on $mnt"
 "$sluice" mount --background --log "$work/mount.log" "sqlite3://$work/meta.db" "$mnt"
 
 say "generating a ResNet-50-style data set (16 files x 64 samples x 112 KiB) in $work/source"
+mkdir -p "$work/source"
 "$sluice" bench mlperf datagen --workload resnet50 --files 16 --samples-per-file 64 \
     --data-dir "$work/source" --no-progress
 
