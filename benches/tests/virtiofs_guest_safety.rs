@@ -246,8 +246,8 @@ fn chain_longer_than_4_gib_is_rejected() {
 
 #[test]
 fn memory_added_and_removed_while_serving() {
-    use vhost::VhostUserMemoryRegionInfo;
     use vhost::VhostBackend;
+    use vhost::VhostUserMemoryRegionInfo;
     use vhost::vhost_user::VhostUserFrontend;
     use vm_memory::{GuestMemoryRegion, MemoryRegionAddress};
 
