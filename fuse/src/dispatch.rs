@@ -14,7 +14,9 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+use sluice_engine::Result as EngineResult;
 use sluice_engine::meta::{SetAttr, TimeChange, Timestamp};
+use sluice_engine::reader::Fragment;
 
 use crate::abi::{self, fattr, init_flags};
 use crate::filesystem::Filesystem;
@@ -27,7 +29,29 @@ pub trait ReplySink {
     /// Sends one reply: `head` immediately followed by `payload` (often
     /// empty), as one message.
     fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()>;
+
+    /// Answers READ `unique` (of at most `size` bytes) by placing the data
+    /// straight into the reply's own buffers: `fill` walks the data and
+    /// hands each fragment to the callback the sink gives it, and returns
+    /// the bytes walked. Returns `Ok(None)` when this sink does not place
+    /// data itself (the dispatcher then reads into its scratch buffer and
+    /// calls [`ReplySink::send`]), `Ok(Some(Ok(n)))` once the reply is sent,
+    /// and `Ok(Some(Err(e)))` when the read failed: then nothing was sent
+    /// and the dispatcher answers with the error.
+    fn send_read(
+        &mut self,
+        unique: u64,
+        size: usize,
+        fill: &mut ReadFill<'_>,
+    ) -> io::Result<Option<EngineResult<usize>>> {
+        let _ = (unique, size, fill);
+        Ok(None)
+    }
 }
+
+/// The walk over a READ's data that [`ReplySink::send_read`] drives.
+pub type ReadFill<'a> =
+    dyn FnMut(&mut dyn FnMut(Fragment<'_>) -> EngineResult<()>) -> EngineResult<usize> + 'a;
 
 /// What the transport should do after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,6 +487,14 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             Operation::Read { fh, offset, size } => {
                 let size = size as usize;
+                let mut fill = |put: &mut dyn FnMut(Fragment<'_>) -> EngineResult<()>| {
+                    fs.read_fragments(&ctx, ino, fh, offset, size, put)
+                };
+                match sink.send_read(u, size, &mut fill)? {
+                    Some(Ok(_)) => return Ok(Outcome::Continue),
+                    Some(Err(e)) => return Err(e.into()),
+                    None => {}
+                }
                 let buf = scratch.read_buf(size);
                 let n = fs.read(&ctx, ino, fh, offset, buf)?.min(size);
                 sink.send(&ReplyHead::data(u, n), &buf[..n])?;

@@ -5,7 +5,7 @@ use sluice_engine::Result;
 use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
 use sluice_engine::vfs::Vfs;
 
-use crate::filesystem::{Fh, Filesystem, OpenOut};
+use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
 
 impl Filesystem for Vfs {
     fn init(&self) -> Result<()> {
@@ -96,6 +96,18 @@ impl Filesystem for Vfs {
     }
     fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
         Vfs::read(self, ctx, ino, fh, offset, buf)
+    }
+
+    fn read_fragments(
+        &self,
+        _ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        size: usize,
+        put: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<usize> {
+        Vfs::read_fragments(self, ino, fh, offset, size, put)
     }
     fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
         Vfs::write(self, ctx, ino, fh, offset, data)

@@ -7,6 +7,7 @@ use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatF
 
 /// File handles and open results are the engine's own types, so the
 /// engine's `Vfs` implements [`Filesystem`] by plain delegation.
+pub use sluice_engine::reader::Fragment;
 pub use sluice_engine::vfs::{Fh, OpenOut};
 
 /// A file system the FUSE dispatcher serves. Every method may be called from
@@ -86,6 +87,26 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<(Entry, OpenOut)>;
     /// Reads into `buf` from `offset`; returns fewer bytes only at end of file.
     fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize>;
+    /// Walks the bytes a read of `size` bytes at `offset` returns as
+    /// fragments handed to `put` in order, so a transport can place them
+    /// itself (virtio-fs: straight into guest memory). Returns the bytes
+    /// walked (fewer than `size` only at end of file). The default reads
+    /// into a buffer first; file systems that hold the data in memory
+    /// override it to avoid that copy.
+    fn read_fragments(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        size: usize,
+        put: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<usize> {
+        let mut buf = vec![0u8; size];
+        let n = self.read(ctx, ino, fh, offset, &mut buf)?.min(size);
+        put(Fragment::Data(&buf[..n]))?;
+        Ok(n)
+    }
     /// Writes `data` at `offset`; returns the bytes taken.
     fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize>;
     /// `close(2)` of one file descriptor: commit buffered writes.

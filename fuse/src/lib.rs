@@ -39,14 +39,16 @@ pub mod abi;
 pub mod dev;
 pub mod dispatch;
 pub mod engine_fs;
+pub mod export;
 pub mod filesystem;
 pub mod reply;
 pub mod request;
 pub mod session;
 
 pub use dev::{DevError, Mount, MountOptions, unmount};
-pub use dispatch::{Config, Dispatcher, Outcome, ReplySink, Scratch};
-pub use filesystem::{Fh, Filesystem, OpenOut};
+pub use dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch};
+pub use export::Export;
+pub use filesystem::{Fh, Filesystem, Fragment, OpenOut};
 pub use reply::{ReplyHead, Timeouts};
 pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
 pub use session::{BackgroundSession, Session};

@@ -23,7 +23,7 @@ use vmm_sys_util::event::{
 use crate::RequestHandler;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::worker::{GuestMem, Limits, WorkerState, process_queue};
+use crate::worker::{GuestMem, Limits, QueueStats, WorkerState, process_queue};
 
 /// The virtio features the device offers.
 pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
@@ -47,6 +47,8 @@ struct FsBackend<H: ?Sized> {
     event_idx: AtomicBool,
     /// One per worker thread, i.e. one per queue.
     workers: Vec<Mutex<WorkerState>>,
+    /// One per queue.
+    stats: Arc<[QueueStats]>,
     /// Taken once per worker by the daemon when it starts the thread.
     exit_events: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
     handler: Arc<H>,
@@ -142,6 +144,19 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
         let mut state = worker
             .lock()
             .map_err(|_| io::Error::other("worker state poisoned"))?;
+        if !state.pinned {
+            state.pinned = true;
+            if let Some(Some(cpu)) = self.config.worker_cpus.get(thread_id) {
+                match sluice_numa::pinning::pin_current_thread(*cpu) {
+                    Ok(()) => info!("queue {thread_id}: worker pinned to CPU {cpu}"),
+                    Err(e) => warn!("queue {thread_id}: cannot pin the worker to CPU {cpu}: {e}"),
+                }
+            }
+        }
+        let stats = self
+            .stats
+            .get(thread_id)
+            .ok_or_else(|| io::Error::other("no counters for this queue"))?;
         let queue = u16::try_from(thread_id).unwrap_or(u16::MAX);
         process_queue(
             queue,
@@ -151,6 +166,7 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
             self.limits(),
             &*self.handler,
             &mut state,
+            stats,
         )
     }
 }
@@ -196,6 +212,7 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             workers: (0..num_queues).map(|_| Mutex::default()).collect(),
+            stats: (0..num_queues).map(|_| QueueStats::default()).collect(),
             exit_events: Mutex::new(exit_events),
             handler,
             config,
@@ -208,6 +225,12 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
     /// The device's settings.
     pub fn config(&self) -> &DeviceConfig {
         &self.backend.config
+    }
+
+    /// The per-queue counters, indexed by queue (0 = hiprio). They stay
+    /// readable after [`serve`](Self::serve) consumed the device.
+    pub fn stats(&self) -> Arc<[QueueStats]> {
+        self.backend.stats.clone()
     }
 
     /// Accepts one frontend connection on `listener` and serves it until the

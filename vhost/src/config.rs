@@ -27,6 +27,10 @@ pub struct DeviceConfig {
     /// Largest request (header, arguments and WRITE payload) the device
     /// accepts; larger requests are answered with `E2BIG`.
     pub max_request_size: usize,
+    /// The CPU each queue's worker thread pins itself to, by queue index
+    /// (0 = hiprio); `None` or a missing entry leaves that worker unpinned.
+    /// `sluice serve` fills it from the NUMA placement plan.
+    pub worker_cpus: Vec<Option<usize>>,
 }
 
 impl DeviceConfig {
@@ -42,6 +46,7 @@ impl DeviceConfig {
             request_queues,
             queue_size: Self::DEFAULT_QUEUE_SIZE,
             max_request_size: Self::DEFAULT_MAX_REQUEST_SIZE,
+            worker_cpus: Vec::new(),
         }
     }
 

@@ -11,6 +11,7 @@ use std::io;
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
+use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 /// What is wrong with a descriptor chain the guest made available.
@@ -288,6 +289,124 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// A position in a [`Writer`], to come back to (see [`Writer::rewind`] and
+/// [`Writer::write_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    index: usize,
+    offset: usize,
+    bytes_written: usize,
+    available: usize,
+}
+
+impl<'a> Writer<'a> {
+    /// The current position.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            index: self.index,
+            offset: self.offset,
+            bytes_written: self.bytes_written,
+            available: self.available,
+        }
+    }
+
+    /// Goes back to `mark` (taken from this writer, with no [`split_at`]
+    /// since): what was written after it no longer counts as reply.
+    ///
+    /// [`split_at`]: Writer::split_at
+    pub fn rewind(&mut self, mark: Mark) {
+        self.index = mark.index;
+        self.offset = mark.offset;
+        self.bytes_written = mark.bytes_written;
+        self.available = mark.available;
+    }
+
+    /// Overwrites bytes already passed, starting at `mark`, without moving
+    /// the current position: a header written after its payload.
+    pub fn write_at(&self, mark: Mark, bytes: &[u8]) -> io::Result<()> {
+        if mark.bytes_written + bytes.len() > self.bytes_written {
+            return Err(io::Error::other("write_at past the bytes written"));
+        }
+        let mut at = Writer {
+            mem: self.mem,
+            regions: Vec::new(),
+            index: 0,
+            offset: mark.offset,
+            bytes_written: 0,
+            available: bytes.len(),
+        };
+        at.regions.extend_from_slice(&self.regions[mark.index..]);
+        io::Write::write_all(&mut at, bytes)
+    }
+
+    /// Copies `src` into the guest's buffers with the `simd` copy kernel
+    /// (one copy, no bounce buffer): the zero-copy path for READ data.
+    pub fn write_copy(&mut self, src: &[u8]) -> io::Result<()> {
+        self.put(src.len(), |dst, done, n| {
+            // SAFETY: `dst` is valid for `n` bytes of writes (a slice of a
+            // guest region `vm-memory` bounds-checked); `src[done..done+n]`
+            // is host memory, which guest memory never overlaps; no Rust
+            // reference to the guest bytes exists during the copy.
+            unsafe { sluice_simd::copy_raw(dst, src[done..].as_ptr(), n) }
+        })
+    }
+
+    /// Writes `len` zero bytes into the guest's buffers.
+    pub fn write_zeros(&mut self, len: usize) -> io::Result<()> {
+        self.put(len, |dst, _, n| {
+            // SAFETY: as in `write_copy`, `dst` is valid for `n` bytes.
+            unsafe { std::ptr::write_bytes(dst, 0, n) }
+        })
+    }
+
+    /// Walks the next `len` bytes of room region by region, calling
+    /// `fill(pointer, bytes done so far, n)` for each piece.
+    fn put(&mut self, len: usize, mut fill: impl FnMut(*mut u8, usize, usize)) -> io::Result<()> {
+        if len > self.available {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("{len} bytes do not fit the {} left", self.available),
+            ));
+        }
+        let mut done = 0;
+        while done < len {
+            let Some(region) = self.regions.get(self.index) else {
+                return Err(io::ErrorKind::WriteZero.into());
+            };
+            let n = (region.len - self.offset).min(len - done);
+            // `offset < region.len` and the region was checked to be inside
+            // guest memory, so this addition cannot overflow.
+            let addr = GuestAddress(region.addr.0 + self.offset as u64);
+            // A checked descriptor may still straddle two memory regions;
+            // `get_slice` refuses that, and such a piece goes through the
+            // bounds-checked staged path instead.
+            match self.mem.get_slice(addr, n) {
+                Ok(slice) => {
+                    let guard = slice.ptr_guard_mut();
+                    fill(guard.as_ptr(), done, n);
+                    slice.bitmap().mark_dirty(0, n);
+                }
+                Err(_) => {
+                    let mut staged = vec![0u8; n];
+                    fill(staged.as_mut_ptr(), done, n);
+                    self.mem
+                        .write_slice(&staged, addr)
+                        .map_err(io::Error::other)?;
+                }
+            }
+            done += n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        self.bytes_written += len;
+        self.available -= len;
+        Ok(())
+    }
+}
+
 impl io::Write for Writer<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut done = 0;
@@ -383,6 +502,45 @@ mod tests {
             .unwrap();
         assert_eq!(&got, b"defg");
         assert_eq!(writer.bytes_written(), 7);
+    }
+
+    #[test]
+    fn placed_data_header_last_and_rewind() {
+        let mem = memory();
+        // A header slot that straddles two buffers, then data across three.
+        let chain = buffers(
+            &[],
+            &[(BASE + 0x100, 10), (BASE + 0x200, 12), (BASE + 0x300, 64)],
+        );
+        let mut writer = chain.writer(&mem);
+        let start = writer.mark();
+        writer.write_zeros(16).unwrap();
+        writer.write_copy(b"abcdefgh").unwrap();
+        writer.write_zeros(3).unwrap();
+        writer.write_copy(b"XYZ").unwrap();
+        writer.write_at(start, b"HEADER-HEADER-16").unwrap();
+        assert_eq!(writer.bytes_written(), 30);
+        let mut got = vec![0u8; 30];
+        let mut reader = buffers(
+            &[(BASE + 0x100, 10), (BASE + 0x200, 12), (BASE + 0x300, 64)],
+            &[],
+        );
+        reader.readable_len = 30;
+        reader.reader(&mem).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"HEADER-HEADER-16abcdefgh\0\0\0XYZ");
+        // Past the end: refused whole, nothing counted.
+        let room = writer.available_bytes();
+        assert!(writer.write_copy(&vec![1u8; room + 1]).is_err());
+        assert_eq!(writer.bytes_written(), 30);
+        // A header may only overwrite bytes already passed.
+        let here = writer.mark();
+        assert!(writer.write_at(here, b"x").is_err());
+        // Rewinding forgets what came after the mark.
+        writer.rewind(start);
+        assert_eq!(writer.bytes_written(), 0);
+        assert_eq!(writer.available_bytes(), 86);
+        writer.write_all(b"err-header-16byt").unwrap();
+        assert_eq!(writer.bytes_written(), 16);
     }
 
     #[test]

@@ -4,11 +4,13 @@
 use std::io::{self, Write};
 use std::sync::Mutex;
 
-use sluice_fuse::{Dispatcher, Filesystem, Outcome, ReplyHead, ReplySink, Scratch};
+use sluice_fuse::{
+    Dispatcher, Filesystem, Fragment, Outcome, ReadFill, ReplyHead, ReplySink, Scratch,
+};
 
 use crate::RequestHandler;
 use crate::descriptor::Writer;
-use crate::frame::{OUT_HEADER_LEN, error_reply};
+use crate::frame::{OUT_HEADER_LEN, error_reply, out_header};
 
 /// Serves a [`Filesystem`] to the guest: decodes each request with the
 /// `fuse` crate and dispatches it.
@@ -81,5 +83,47 @@ impl ReplySink for Writer<'_> {
         }
         self.write_all(head_bytes)?;
         self.write_all(payload)
+    }
+
+    /// Places READ data straight into the guest's buffers: each cached block
+    /// range is copied once, by the `simd` kernel, from the engine's cache
+    /// into guest memory; holes are zero-filled there. The header, whose
+    /// length depends on how much was read, is written last, into the room
+    /// kept for it. When the room cannot hold a full-size reply the
+    /// dispatcher's buffered path answers instead (it knows the real length).
+    fn send_read(
+        &mut self,
+        unique: u64,
+        size: usize,
+        fill: &mut ReadFill<'_>,
+    ) -> io::Result<Option<sluice_engine::Result<usize>>> {
+        if self.available_bytes() < OUT_HEADER_LEN.saturating_add(size) {
+            return Ok(None);
+        }
+        let start = self.mark();
+        self.write_zeros(OUT_HEADER_LEN)?;
+        let mut placed = |frag: Fragment<'_>| -> sluice_engine::Result<()> {
+            let put = match frag {
+                Fragment::Zeros(n) => self.write_zeros(n),
+                Fragment::Data(d) => self.write_copy(d),
+            };
+            put.map_err(|e| {
+                sluice_engine::Error::Io(io::Error::new(
+                    e.kind(),
+                    format!("writing READ data into guest memory: {e}"),
+                ))
+            })
+        };
+        match fill(&mut placed) {
+            Ok(n) => {
+                let len = u32::try_from(OUT_HEADER_LEN + n).map_err(io::Error::other)?;
+                self.write_at(start, &out_header(len, 0, unique))?;
+                Ok(Some(Ok(n)))
+            }
+            Err(e) => {
+                self.rewind(start);
+                Ok(Some(Err(e)))
+            }
+        }
     }
 }

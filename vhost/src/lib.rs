@@ -34,6 +34,7 @@ const _: fn() = || {
     assert_send_sync::<Error>();
 };
 pub use fuse_handler::FuseHandler;
+pub use worker::QueueStats;
 
 /// Answers FUSE requests taken off a virtqueue.
 ///

@@ -3,6 +3,7 @@
 //! once per batch.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, warn};
 use vhost_user_backend::{VringRwLock, VringT};
@@ -16,9 +17,37 @@ use crate::frame::{IN_HEADER_LEN, InHeader, OUT_HEADER_LEN, error_reply};
 /// The guest memory as the backend shares it with its vrings.
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
 
+/// What one queue has carried since the device started: the daemon's
+/// per-queue counters (read them with [`crate::VirtioFsDevice::stats`]).
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    /// Requests answered (malformed ones included).
+    pub requests: AtomicU64,
+    /// Request bytes read from the guest.
+    pub bytes_in: AtomicU64,
+    /// Reply bytes written into the guest.
+    pub bytes_out: AtomicU64,
+    /// Batches, i.e. guest notifications considered.
+    pub batches: AtomicU64,
+}
+
+impl QueueStats {
+    /// (requests, bytes in, bytes out, batches) at this moment.
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.bytes_in.load(Ordering::Relaxed),
+            self.bytes_out.load(Ordering::Relaxed),
+            self.batches.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// What a worker keeps between batches.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerState {
+    /// Whether this worker thread has applied its CPU pinning.
+    pub pinned: bool,
     /// Reused buffer the request bytes are gathered into.
     request: Vec<u8>,
     /// Reused list of (head index, used length) of the batch being answered.
@@ -38,6 +67,7 @@ pub(crate) struct Limits {
 ///
 /// With EVENT_IDX the worker turns guest notifications off while it drains the
 /// queue and back on when it is empty, re-checking for chains that raced in.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
     queue: u16,
     vring: &VringRwLock<GuestMem>,
@@ -46,12 +76,13 @@ pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
     limits: Limits,
     handler: &H,
     state: &mut WorkerState,
+    stats: &QueueStats,
 ) -> io::Result<()> {
     loop {
         if event_idx {
             vring.disable_notification().map_err(io::Error::other)?;
         }
-        while process_batch(queue, vring, mem, limits, handler, state)? {}
+        while process_batch(queue, vring, mem, limits, handler, state, stats)? {}
         if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
             return Ok(());
         }
@@ -66,6 +97,7 @@ fn process_batch<H: RequestHandler + ?Sized>(
     limits: Limits,
     handler: &H,
     state: &mut WorkerState,
+    stats: &QueueStats,
 ) -> io::Result<bool> {
     // One snapshot of the memory table for the whole batch: a concurrent
     // SET_MEM_TABLE or REM_MEM_REG swaps in a new table but leaves these
@@ -86,9 +118,14 @@ fn process_batch<H: RequestHandler + ?Sized>(
         return Ok(false);
     }
     state.completed.clear();
+    stats.batches.fetch_add(1, Ordering::Relaxed);
     for chain in chains {
         let head = chain.head_index();
         let (buffers, problem) = ChainBuffers::parse(&mem, chain);
+        stats.requests.fetch_add(1, Ordering::Relaxed);
+        stats
+            .bytes_in
+            .fetch_add(buffers.readable_len() as u64, Ordering::Relaxed);
         let used = handle_chain(
             queue,
             &mem,
@@ -98,6 +135,9 @@ fn process_batch<H: RequestHandler + ?Sized>(
             handler,
             &mut state.request,
         );
+        stats
+            .bytes_out
+            .fetch_add(u64::from(used), Ordering::Relaxed);
         state.completed.push((head, used));
     }
     let mut guard = vring.get_mut();
