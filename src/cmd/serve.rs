@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
+use sluice_engine::meta::{Context, FileType, Ino, ROOT_INO};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::open_volume_url;
-use sluice_fuse::{Config, Dispatcher};
+use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
-use sluice_numa::{PlacementOptions, Topology, VmRequest};
+use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 
 /// Arguments of `sluice serve`.
@@ -38,6 +39,18 @@ pub struct ServeArgs {
     /// it disconnects or reboots).
     #[arg(long)]
     pub once: bool,
+    /// Leave the queue workers unpinned (default: each request queue's worker
+    /// is pinned to the core the placement plan gives it).
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Serve only this directory of the volume (a path from the volume's
+    /// root, e.g. `datasets/imagenet`); the guest sees it as its root and
+    /// cannot reach anything above it.
+    #[arg(long, value_name = "SUBDIR")]
+    pub export: Option<String>,
+    /// Refuse every change from the guest (EROFS).
+    #[arg(long)]
+    pub read_only: bool,
 }
 
 /// Runs `sluice serve`.
@@ -45,18 +58,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.queues == 0 || args.cache_size == 0 || args.buffer_size == 0 {
         bail!("--queues, --cache-size and --buffer-size must be at least 1");
     }
-    let device_config = DeviceConfig::new(args.tag.clone(), args.queues);
+    let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config
         .validate()
         .context("invalid device settings")?;
-    print_plan(&args);
+    if let Some(plan) = print_plan(&args)
+        && !args.no_pin
+    {
+        // Queue 0 (hiprio: FORGET, INTERRUPT) floats; request queue q is
+        // served by the plan's worker for the VM's queue q - 1.
+        device_config.worker_cpus = std::iter::once(None)
+            .chain((0..args.queues).map(|q| plan.worker_for(0, q).map(|w| w.cpu)))
+            .collect();
+    }
     let volume = open_volume_url(&args.meta_url)
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let mut listener = sluice_vhost::listen(&args.socket)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
     log::info!(
-        "serving volume {} as virtio-fs tag {:?} with {} request queue(s) on {} (simd {})",
+        "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} (simd {})",
         volume.name(),
+        args.export
+            .as_deref()
+            .map(|e| format!(" (directory /{})", e.trim_start_matches('/')))
+            .unwrap_or_default(),
+        if args.read_only { " read-only" } else { "" },
         args.tag,
         args.queues,
         args.socket.display(),
@@ -75,16 +101,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
         )
         .context("cannot start the file system")?;
+        let root = match &args.export {
+            Some(path) => export_root(&vfs, path)?,
+            None => ROOT_INO,
+        };
         let handler = Arc::new(FuseHandler::new(
-            Dispatcher::new(vfs, Config::default()),
+            Dispatcher::new(Export::new(vfs, root, args.read_only), Config::default()),
             device_config.num_queues(),
         ));
         let device = VirtioFsDevice::new(device_config.clone(), handler)
             .context("cannot create the virtio-fs device")?;
+        let stats = device.stats();
         log::info!("waiting for a VM on {}", args.socket.display());
-        device
-            .serve(&mut listener)
-            .context("the vhost-user connection failed")?;
+        let served = device.serve(&mut listener);
+        for (queue, q) in stats.iter().enumerate() {
+            let (requests, bytes_in, bytes_out, batches) = q.snapshot();
+            log::info!(
+                "queue {queue}: {requests} requests in {batches} batches, \
+                 {bytes_in} bytes in, {bytes_out} bytes out"
+            );
+        }
+        served.context("the vhost-user connection failed")?;
         log::info!("the VM disconnected; its session is flushed and closed");
         if args.once {
             return Ok(());
@@ -92,13 +129,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Prints the host topology and where this VM's queue workers belong.
-fn print_plan(args: &ServeArgs) {
+/// The inode of the directory `path` (relative to the volume's root) names.
+/// Symbolic links are not followed: an export is a real directory.
+fn export_root(vfs: &Vfs, path: &str) -> anyhow::Result<Ino> {
+    let ctx = Context::internal();
+    let mut ino = ROOT_INO;
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if part == ".." {
+            bail!("--export {path:?}: `..` is not allowed; give a path from the volume's root");
+        }
+        let entry = vfs.lookup(&ctx, ino, part.as_bytes()).map_err(|e| {
+            anyhow::anyhow!("--export {path:?}: {part:?} cannot be found in the volume ({e})")
+        })?;
+        if entry.attr.typ != FileType::Directory {
+            bail!("--export {path:?}: {part:?} is not a directory");
+        }
+        ino = entry.inode;
+    }
+    Ok(ino)
+}
+
+/// Prints the host topology and where this VM's queue workers belong;
+/// returns the plan.
+fn print_plan(args: &ServeArgs) -> Option<Plan> {
     let topology = match Topology::host() {
         Ok(t) => t,
         Err(e) => {
             log::warn!("cannot read the NUMA topology ({e}); no placement plan");
-            return;
+            return None;
         }
     };
     let vm = VmRequest {
@@ -106,8 +164,14 @@ fn print_plan(args: &ServeArgs) {
         queues: args.queues,
         memory: PageLocations::from_counts([(args.node, 1)]),
     };
-    match sluice_numa::describe(&topology, &[vm], PlacementOptions::default()) {
-        Ok(plan) => println!("{plan}"),
-        Err(e) => log::warn!("no placement plan: {e}"),
+    match sluice_numa::plan(&topology, &[vm], PlacementOptions::default()) {
+        Ok(plan) => {
+            println!("{topology}{}", plan.describe());
+            Some(plan)
+        }
+        Err(e) => {
+            log::warn!("no placement plan: {e}");
+            None
+        }
     }
 }

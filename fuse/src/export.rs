@@ -1,0 +1,412 @@
+//! [`Export`]: serve one directory of a volume as the whole file system, and
+//! optionally read-only.
+//!
+//! A guest (or a host mount) addresses files by node ids the server handed
+//! out. Inside an export the server must never act on a node the client was
+//! not given: a guest can put any number in a request's `nodeid`, so node
+//! ids are checked against the set this wrapper handed out (with the
+//! kernel's lookup counts, dropped again on FORGET), `..` at the export's
+//! root stays at the root, and the export's root is node 1 to the client.
+//! Without an export directory the whole volume is visible and nothing is
+//! tracked.
+//!
+//! Read-only refuses every change with `EROFS`, opens for writing
+//! included, before the engine sees the request.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sluice_engine::meta::{
+    Attr, Context, Entry, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs, XattrMode,
+};
+use sluice_engine::{Error, Result};
+
+use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+
+/// A [`Filesystem`] that shows `inner` from the directory `root` down.
+#[derive(Debug)]
+pub struct Export<F> {
+    inner: F,
+    root: Ino,
+    read_only: bool,
+    /// Node ids handed out, with their lookup counts; only kept when
+    /// `root` is not the volume's root.
+    handed: Mutex<HashMap<Ino, u64>>,
+}
+
+impl<F: Filesystem> Export<F> {
+    /// Exports the directory `root` of `inner` (use [`ROOT_INO`] for the
+    /// whole volume).
+    pub fn new(inner: F, root: Ino, read_only: bool) -> Export<F> {
+        Export {
+            inner,
+            root,
+            read_only,
+            handed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The wrapped file system.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+
+    /// Whether a subdirectory (not the whole volume) is exported.
+    fn confined(&self) -> bool {
+        self.root != ROOT_INO
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            Err(Error::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The engine inode a client node id names, if the client may use it.
+    fn inode(&self, node: Ino) -> Result<Ino> {
+        if !self.confined() {
+            return Ok(node);
+        }
+        if node == ROOT_INO {
+            return Ok(self.root);
+        }
+        let handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+        if handed.contains_key(&node) {
+            Ok(node)
+        } else {
+            log::warn!("export: refused node id {node}, which was never handed out");
+            Err(Error::BadHandle)
+        }
+    }
+
+    /// The node id the client sees for an engine inode.
+    fn node(&self, ino: Ino) -> Ino {
+        if ino == self.root { ROOT_INO } else { ino }
+    }
+
+    fn fix_attr(&self, mut attr: Attr) -> Attr {
+        attr.parent = self.node(attr.parent);
+        attr
+    }
+
+    /// Turns an entry the engine returned into the one the client sees, and
+    /// counts it as one lookup. The export's root and its parent (`..` at
+    /// the root) both come back as the root.
+    fn hand_out(&self, mut entry: Entry) -> Entry {
+        if self.confined() {
+            if entry.inode == self.root || entry.inode == ROOT_INO {
+                entry.inode = ROOT_INO;
+            } else {
+                let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+                *handed.entry(entry.inode).or_insert(0) += 1;
+            }
+        }
+        entry.attr = self.fix_attr(entry.attr);
+        entry
+    }
+}
+
+impl<F: Filesystem> Filesystem for Export<F> {
+    fn init(&self) -> Result<()> {
+        self.inner.init()?;
+        if self.confined() {
+            // The exported root must still be a directory when the session
+            // starts; a file there would make every request fail oddly.
+            let attr = self.inner.getattr(&Context::internal(), self.root)?;
+            if attr.typ != sluice_engine::meta::FileType::Directory {
+                return Err(Error::NotDir);
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy(&self) {
+        self.handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.inner.destroy()
+    }
+
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
+        let parent = self.inode(parent)?;
+        if self.confined() && parent == self.root && name == b".." {
+            let attr = self.inner.getattr(ctx, self.root)?;
+            return Ok(self.hand_out(Entry {
+                inode: self.root,
+                name: name.to_vec(),
+                attr,
+            }));
+        }
+        Ok(self.hand_out(self.inner.lookup(ctx, parent, name)?))
+    }
+
+    fn forget(&self, node: Ino, nlookup: u64) {
+        if self.confined() && node != ROOT_INO {
+            let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(count) = handed.get_mut(&node) {
+                *count = count.saturating_sub(nlookup);
+                if *count == 0 {
+                    handed.remove(&node);
+                }
+            }
+        }
+        if let Ok(ino) = self.inode(node) {
+            self.inner.forget(ino, nlookup)
+        }
+    }
+
+    fn getattr(&self, ctx: &Context, ino: Ino) -> Result<Attr> {
+        let ino = self.inode(ino)?;
+        Ok(self.fix_attr(self.inner.getattr(ctx, ino)?))
+    }
+
+    fn setattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Option<Fh>,
+        set: &SetAttr,
+        size: Option<u64>,
+    ) -> Result<Attr> {
+        self.writable()?;
+        let ino = self.inode(ino)?;
+        Ok(self.fix_attr(self.inner.setattr(ctx, ino, fh, set, size)?))
+    }
+
+    fn readlink(&self, ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
+        self.inner.readlink(ctx, self.inode(ino)?)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Entry> {
+        self.writable()?;
+        let parent = self.inode(parent)?;
+        Ok(self.hand_out(self.inner.mknod(ctx, parent, name, mode, umask, rdev)?))
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        self.writable()?;
+        let parent = self.inode(parent)?;
+        Ok(self.hand_out(self.inner.mkdir(ctx, parent, name, mode, umask)?))
+    }
+
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        self.writable()?;
+        self.inner.unlink(ctx, self.inode(parent)?, name)
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        self.writable()?;
+        self.inner.rmdir(ctx, self.inode(parent)?, name)
+    }
+
+    fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
+        self.writable()?;
+        let parent = self.inode(parent)?;
+        Ok(self.hand_out(self.inner.symlink(ctx, parent, name, target)?))
+    }
+
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        self.writable()?;
+        let parent = self.inode(parent)?;
+        let new_parent = self.inode(new_parent)?;
+        self.inner
+            .rename(ctx, parent, name, new_parent, new_name, flags)
+    }
+
+    fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
+        self.writable()?;
+        let ino = self.inode(ino)?;
+        let new_parent = self.inode(new_parent)?;
+        Ok(self.hand_out(self.inner.link(ctx, ino, new_parent, new_name)?))
+    }
+
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
+        if opens_for_change(flags) {
+            self.writable()?;
+        }
+        let ino = self.inode(ino)?;
+        let mut out = self.inner.open(ctx, ino, flags)?;
+        out.attr = self.fix_attr(out.attr);
+        Ok(out)
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: u32,
+    ) -> Result<(Entry, OpenOut)> {
+        self.writable()?;
+        let parent = self.inode(parent)?;
+        let (entry, mut out) = self.inner.create(ctx, parent, name, mode, umask, flags)?;
+        out.attr = self.fix_attr(out.attr);
+        Ok((self.hand_out(entry), out))
+    }
+
+    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.read(ctx, self.inode(ino)?, fh, offset, buf)
+    }
+
+    fn read_fragments(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        size: usize,
+        put: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<usize> {
+        self.inner
+            .read_fragments(ctx, self.inode(ino)?, fh, offset, size, put)
+    }
+
+    fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
+        self.writable()?;
+        self.inner.write(ctx, self.inode(ino)?, fh, offset, data)
+    }
+
+    fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        self.inner.flush(ctx, self.inode(ino)?, fh)
+    }
+
+    fn release(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        self.inner.release(ctx, self.inode(ino)?, fh)
+    }
+
+    fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()> {
+        self.inner.fsync(ctx, self.inode(ino)?, fh, datasync)
+    }
+
+    fn opendir(&self, ctx: &Context, ino: Ino) -> Result<Fh> {
+        self.inner.opendir(ctx, self.inode(ino)?)
+    }
+
+    fn readdir(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Vec<Entry>> {
+        let dir = self.inode(ino)?;
+        let entries = self.inner.readdir(ctx, dir, fh, offset, plus)?;
+        if !self.confined() {
+            return Ok(entries);
+        }
+        Ok(entries
+            .into_iter()
+            .map(|mut entry| {
+                if dir == self.root && entry.name == b".." {
+                    entry.inode = self.root;
+                }
+                if plus && entry.name != b"." && entry.name != b".." {
+                    // The kernel counts a READDIRPLUS entry as a lookup.
+                    self.hand_out(entry)
+                } else {
+                    entry.inode = self.node(entry.inode);
+                    entry.attr = self.fix_attr(entry.attr);
+                    entry
+                }
+            })
+            .collect())
+    }
+
+    fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        self.inner.releasedir(ctx, self.inode(ino)?, fh)
+    }
+
+    fn fsyncdir(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()> {
+        self.inner.fsyncdir(ctx, self.inode(ino)?, fh, datasync)
+    }
+
+    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
+        self.inner.statfs(ctx, self.inode(ino)?)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
+        self.writable()?;
+        self.inner
+            .setxattr(ctx, self.inode(ino)?, name, value, mode)
+    }
+
+    fn getxattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        self.inner.getxattr(ctx, self.inode(ino)?, name)
+    }
+
+    fn listxattr(&self, ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.inner.listxattr(ctx, self.inode(ino)?)
+    }
+
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        self.writable()?;
+        self.inner.removexattr(ctx, self.inode(ino)?, name)
+    }
+
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
+        if mask & libc::W_OK as u32 != 0 {
+            self.writable()?;
+        }
+        self.inner.access(ctx, self.inode(ino)?, mask)
+    }
+
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.writable()?;
+        self.inner
+            .fallocate(ctx, self.inode(ino)?, fh, mode, offset, len)
+    }
+
+    fn lseek(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
+        self.inner.lseek(ctx, self.inode(ino)?, fh, offset, whence)
+    }
+}
+
+/// Whether open flags ask to change the file (write access or truncate).
+fn opens_for_change(flags: u32) -> bool {
+    let acc = flags & libc::O_ACCMODE as u32;
+    acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32 || flags & libc::O_TRUNC as u32 != 0
+}

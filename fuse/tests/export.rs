@@ -1,0 +1,251 @@
+//! [`Export`]: a subdirectory served as the whole file system, read-only
+//! or not. The confinement checks call the file system the way a hostile
+//! client would (any node id, `..` at the root); the read-only check goes
+//! through the real kernel mount.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use sluice_engine::Error;
+use sluice_engine::format::Compression;
+use sluice_engine::meta::open_meta;
+use sluice_engine::meta::{Context, Ino, ROOT_INO, RenameFlags};
+use sluice_engine::vfs::{Vfs, VfsConfig};
+use sluice_engine::volume::{format_volume, open_volume};
+use sluice_fuse::{Config, DevError, Export, Filesystem, MountOptions, Session};
+
+fn volume(dir: &Path) -> Vfs {
+    let url = format!("sqlite3://{}/meta.db", dir.display());
+    let meta = open_meta(&url).expect("open meta");
+    format_volume(
+        &*meta,
+        "export",
+        &dir.join("bucket"),
+        1024,
+        Compression::None,
+        0,
+    )
+    .expect("format");
+    let config = VfsConfig {
+        cache_bytes: 16 << 20,
+        cleanup_interval: None,
+        ..VfsConfig::default()
+    };
+    Vfs::new(open_volume(meta).expect("open volume"), config).expect("vfs")
+}
+
+/// `/outside/secret` and `/data/inside/file` on a fresh volume; returns the
+/// vfs, the inode of `/data` and of `/outside/secret`.
+fn populated(dir: &Path) -> (Vfs, Ino, Ino) {
+    let vfs = volume(dir);
+    let ctx = Context::internal();
+    let outside = vfs.mkdir(&ctx, ROOT_INO, b"outside", 0o755, 0).unwrap();
+    let (secret, out) = vfs
+        .create(
+            &ctx,
+            outside.inode,
+            b"secret",
+            0o644,
+            0,
+            libc::O_RDWR as u32,
+        )
+        .unwrap();
+    vfs.write(&ctx, secret.inode, out.fh, 0, b"host only")
+        .unwrap();
+    vfs.release(&ctx, secret.inode, out.fh).unwrap();
+    let data = vfs.mkdir(&ctx, ROOT_INO, b"data", 0o755, 0).unwrap();
+    let inside = vfs.mkdir(&ctx, data.inode, b"inside", 0o755, 0).unwrap();
+    let (file, out) = vfs
+        .create(&ctx, inside.inode, b"file", 0o644, 0, libc::O_RDWR as u32)
+        .unwrap();
+    vfs.write(&ctx, file.inode, out.fh, 0, b"guest data")
+        .unwrap();
+    vfs.release(&ctx, file.inode, out.fh).unwrap();
+    (vfs, data.inode, secret.inode)
+}
+
+#[test]
+fn export_root_is_node_one_and_dotdot_stays_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, _) = populated(dir.path());
+    let fs = Export::new(vfs, data, false);
+    fs.init().unwrap();
+    let ctx = Context::default();
+
+    let inside = fs.lookup(&ctx, ROOT_INO, b"inside").unwrap();
+    assert_eq!(inside.attr.parent, ROOT_INO, "the export root is node 1");
+    let up = fs.lookup(&ctx, inside.inode, b"..").unwrap();
+    assert_eq!(up.inode, ROOT_INO);
+    let up = fs.lookup(&ctx, ROOT_INO, b"..").unwrap();
+    assert_eq!(up.inode, ROOT_INO, "`..` at the export root is the root");
+    assert!(matches!(
+        fs.lookup(&ctx, ROOT_INO, b"outside"),
+        Err(Error::NotFound)
+    ));
+
+    let dh = fs.opendir(&ctx, ROOT_INO).unwrap();
+    let entries = fs.readdir(&ctx, ROOT_INO, dh, 0, true).unwrap();
+    let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
+    assert!(names.contains(&b"inside".as_slice()), "{names:?}");
+    assert!(!names.contains(&b"outside".as_slice()), "{names:?}");
+    for e in &entries {
+        if e.name == b".." || e.name == b"." {
+            assert_eq!(e.inode, ROOT_INO, "{:?}", String::from_utf8_lossy(&e.name));
+        }
+    }
+    fs.releasedir(&ctx, ROOT_INO, dh).unwrap();
+}
+
+#[test]
+fn node_ids_never_handed_out_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, secret) = populated(dir.path());
+    let fs = Export::new(vfs, data, false);
+    fs.init().unwrap();
+    let ctx = Context::default();
+
+    // A client that guesses the inode of a file outside the export.
+    assert!(matches!(fs.getattr(&ctx, secret), Err(Error::BadHandle)));
+    assert!(matches!(fs.open(&ctx, secret, 0), Err(Error::BadHandle)));
+    assert!(matches!(
+        fs.lookup(&ctx, data + 1000, b"x"),
+        Err(Error::BadHandle)
+    ));
+    // The volume's own root is not reachable by its number either: node 1
+    // is the export's root.
+    let attr = fs.getattr(&ctx, ROOT_INO).unwrap();
+    assert_eq!(attr.typ, sluice_engine::meta::FileType::Directory);
+    assert!(matches!(
+        fs.lookup(&ctx, ROOT_INO, b"data"),
+        Err(Error::NotFound)
+    ));
+
+    // A node the client looked up works until it is forgotten.
+    let inside = fs.lookup(&ctx, ROOT_INO, b"inside").unwrap();
+    let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
+    let out = fs.open(&ctx, file.inode, 0).unwrap();
+    let mut buf = [0u8; 64];
+    let n = fs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"guest data");
+    fs.release(&ctx, file.inode, out.fh).unwrap();
+    fs.forget(file.inode, 1);
+    assert!(matches!(
+        fs.getattr(&ctx, file.inode),
+        Err(Error::BadHandle)
+    ));
+
+    // Renaming into a directory outside the export is refused too.
+    let outside_dir = secret - 1;
+    assert!(matches!(
+        fs.rename(
+            &ctx,
+            inside.inode,
+            b"file",
+            outside_dir,
+            b"stolen",
+            RenameFlags::default()
+        ),
+        Err(Error::BadHandle)
+    ));
+}
+
+#[test]
+fn read_only_refuses_every_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, _, _) = populated(dir.path());
+    let fs = Export::new(vfs, ROOT_INO, true);
+    fs.init().unwrap();
+    let ctx = Context::default();
+    let data = fs.lookup(&ctx, ROOT_INO, b"data").unwrap();
+    let inside = fs.lookup(&ctx, data.inode, b"inside").unwrap();
+    let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
+    let ro = |r: Result<(), Error>| assert!(matches!(r, Err(Error::ReadOnly)), "{r:?}");
+    ro(fs.mkdir(&ctx, ROOT_INO, b"new", 0o755, 0).map(drop));
+    ro(fs
+        .create(&ctx, ROOT_INO, b"new", 0o644, 0, libc::O_WRONLY as u32)
+        .map(drop));
+    ro(fs.unlink(&ctx, inside.inode, b"file"));
+    ro(fs.rmdir(&ctx, data.inode, b"inside"));
+    ro(fs.open(&ctx, file.inode, libc::O_RDWR as u32).map(drop));
+    ro(fs.open(&ctx, file.inode, libc::O_TRUNC as u32).map(drop));
+    ro(fs.access(&ctx, file.inode, libc::W_OK as u32));
+    ro(fs.symlink(&ctx, ROOT_INO, b"l", b"t").map(drop));
+    ro(fs.link(&ctx, file.inode, ROOT_INO, b"h").map(drop));
+    ro(fs.rename(
+        &ctx,
+        inside.inode,
+        b"file",
+        ROOT_INO,
+        b"moved",
+        RenameFlags::default(),
+    ));
+    ro(fs.setxattr(
+        &ctx,
+        file.inode,
+        b"user.a",
+        b"1",
+        sluice_engine::meta::XattrMode::Any,
+    ));
+    let out = fs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
+    ro(fs.write(&ctx, file.inode, out.fh, 0, b"x").map(drop));
+    fs.release(&ctx, file.inode, out.fh).unwrap();
+}
+
+#[test]
+fn read_only_export_through_the_kernel() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, _) = populated(dir.path());
+    let mnt: PathBuf = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let m = match sluice_fuse::dev::mount(&mnt, &MountOptions::default()) {
+        Ok(m) => m,
+        Err(DevError::Mount { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+        {
+            eprintln!("skipped: mounting FUSE is not permitted here ({source})");
+            return;
+        }
+        Err(DevError::Open(e)) => {
+            eprintln!("skipped: /dev/fuse cannot be opened ({e})");
+            return;
+        }
+        Err(e) => panic!("mount failed: {e}"),
+    };
+    let session = Session::new(Export::new(vfs, data, true), m, Config::default())
+        .spawn(2)
+        .unwrap();
+    let check = || {
+        assert_eq!(
+            fs::read(mnt.join("inside/file")).unwrap(),
+            b"guest data".to_vec()
+        );
+        let names: Vec<_> = fs::read_dir(&mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("inside")]);
+        let err = fs::write(mnt.join("new"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        let err = fs::OpenOptions::new()
+            .write(true)
+            .open(mnt.join("inside/file"))
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        let err = fs::remove_file(mnt.join("inside/file")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        assert_eq!(
+            fs::metadata(mnt.join("outside")).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+    };
+    let result = std::panic::catch_unwind(check);
+    session.unmount_and_join().unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
