@@ -1,8 +1,14 @@
 //! The read path: (chunk, offset, length) → visible pieces → blocks.
 //!
-//! Blocks are always fetched whole (and decompressed whole: a compressed
+//! Blocks are normally fetched whole (and decompressed whole: a compressed
 //! block cannot be read in part) and go through the block cache, so a
-//! sequential reader of small requests fetches each block once. Reads are
+//! sequential reader of small requests fetches each block once. A random
+//! reader's small read of a block that is not cached, on an uncompressed
+//! volume, fetches only the bytes asked for (a ranged GET, as JuiceFS does):
+//! a random 4 KiB reader must not pay for 4 MiB. Such a range cannot be
+//! checked against the block's CRC32C (it covers the whole object);
+//! sequential reads, readahead and larger reads fetch and check whole
+//! blocks. Reads are
 //! expressed as a walk over fragments (a stretch of zeros, or a range of a
 //! cached block) so a caller can land the bytes wherever it wants — a plain
 //! buffer here, guest memory for virtio-fs later — with one copy.
@@ -48,6 +54,11 @@ struct Flight {
     cv: Condvar,
 }
 
+/// Random reads of at most this many bytes fetch just those bytes of blocks
+/// that are not cached (uncompressed volumes only). The kernel's readahead
+/// asks for more at once, so it never takes this path.
+const RANGED_READ_MAX: u32 = 64 << 10;
+
 /// Threads that fetch blocks ahead of sequential readers.
 const PREFETCH_THREADS: usize = 4;
 
@@ -58,6 +69,10 @@ pub struct Reader {
     cache: Arc<BlockCache>,
     chunks: Mutex<HashMap<(Ino, u32), ChunkEntry>>,
     inflight: Mutex<HashMap<BlockId, Arc<Flight>>>,
+    /// Blocks whose object failed its checksum: ranged reads of them fail
+    /// too, though a range alone cannot be checked (the kernel retries a
+    /// failed readahead page by page).
+    damaged: Mutex<std::collections::HashSet<BlockId>>,
     /// Readahead jobs: (inode, offset, length) to pull into the cache.
     prefetch: Mutex<Option<mpsc::Sender<(Ino, u64, u64)>>>,
 }
@@ -72,6 +87,7 @@ impl Reader {
             cache,
             chunks: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
+            damaged: Mutex::new(Default::default()),
             prefetch: Mutex::new(Some(tx)),
         });
         let rx = Arc::new(Mutex::new(rx));
@@ -87,7 +103,7 @@ impl Reader {
                         let Some(r) = weak.upgrade() else { return };
                         // Only the cache side effect matters; errors show up
                         // again (and are reported) when the data is read.
-                        let _ = r.visit(ino, off, len, &mut |_| Ok(()));
+                        let _ = r.visit_with(ino, off, len, false, &mut |_| Ok(()));
                     }
                 });
             if let Err(e) = spawned {
@@ -188,7 +204,13 @@ impl Reader {
         let bs = self.vol.block_size;
         let raw_len = block_len(size, bs, indx);
         let key = block_key(self.vol.name(), id, indx, raw_len);
-        let stored = self.vol.store.get(&key)?;
+        let stored = match self.vol.store.get(&key) {
+            Err(e @ Error::Corrupt(_)) => {
+                self.damaged.lock().insert((id, indx));
+                return Err(e);
+            }
+            r => r?,
+        };
         let data = Arc::new(decompress(
             self.vol.compression,
             stored,
@@ -199,13 +221,15 @@ impl Reader {
         Ok(data)
     }
 
-    /// Walks the bytes `off..off+len` of a slice piece in order.
+    /// Walks the bytes `off..off+len` of a slice piece in order; `ranged`
+    /// allows small reads of uncached blocks to fetch only what they need.
     fn visit_slice(
         &self,
         id: u64,
         size: u32,
         mut off: u32,
         mut len: u32,
+        ranged: bool,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let bs = self.vol.block_size;
@@ -218,7 +242,31 @@ impl Reader {
             let indx = off / bs;
             let boff = (off % bs) as usize;
             let n = len.min(bs - off % bs);
-            let block = self.block(id, size, indx)?;
+            let cached = self.cache.get((id, indx));
+            let block = match cached {
+                Some(block) => block,
+                None if ranged && self.vol.compression == crate::format::Compression::None => {
+                    let raw_len = block_len(size, bs, indx);
+                    let key = block_key(self.vol.name(), id, indx, raw_len);
+                    if self.damaged.lock().contains(&(id, indx)) {
+                        return Err(Error::Corrupt(format!(
+                            "object {key} does not match its stored CRC32C"
+                        )));
+                    }
+                    let part = self.vol.store.get_range(&key, boff as u64, n as usize)?;
+                    if part.len() != n as usize {
+                        return Err(Error::Corrupt(format!(
+                            "object {key} is shorter than {} bytes",
+                            boff + n as usize
+                        )));
+                    }
+                    f(Fragment::Data(&part))?;
+                    off += n;
+                    len -= n;
+                    continue;
+                }
+                None => self.block(id, size, indx)?,
+            };
             let part = block
                 .get(boff..boff + n as usize)
                 .ok_or_else(|| Error::Corrupt(format!("block {indx} of slice {id} is short")))?;
@@ -236,6 +284,17 @@ impl Reader {
         pieces: &[Piece],
         off: u64,
         len: u64,
+        f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.visit_pieces_with(pieces, off, len, false, f)
+    }
+
+    fn visit_pieces_with(
+        &self,
+        pieces: &[Piece],
+        off: u64,
+        len: u64,
+        ranged: bool,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let end = off + len;
@@ -259,7 +318,7 @@ impl Reader {
                 f(Fragment::Zeros(n as usize))?;
             } else {
                 let soff = p.off + (at - pa) as u32;
-                self.visit_slice(p.id, p.size, soff, n, f)?;
+                self.visit_slice(p.id, p.size, soff, n, ranged, f)?;
             }
             at = stop;
         }
@@ -278,6 +337,22 @@ impl Reader {
         len: u64,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
+        self.visit_with(ino, off, len, false, f)
+    }
+
+    /// [`Reader::visit`]; with `ranged`, small reads of uncached blocks of
+    /// an uncompressed volume fetch only their bytes (for random readers),
+    /// without it every block touched is fetched whole, checked and cached
+    /// (sequential readers, readahead).
+    pub fn visit_with(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: u64,
+        ranged: bool,
+        f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let ranged = ranged && len <= u64::from(RANGED_READ_MAX);
         let end = off + len;
         let mut at = off;
         while at < end {
@@ -285,7 +360,7 @@ impl Reader {
             let coff = at % CHUNK_SIZE;
             let n = (CHUNK_SIZE - coff).min(end - at);
             let pieces = self.pieces(ino, indx)?;
-            self.visit_pieces(&pieces, coff, n, f)?;
+            self.visit_pieces_with(&pieces, coff, n, ranged, f)?;
             at += n;
         }
         Ok(())

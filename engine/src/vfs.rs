@@ -358,7 +358,8 @@ impl Vfs {
         // A sequential reader entering a new block gets the next blocks
         // fetched in the background.
         let bs = u64::from(self.vol.block_size);
-        if next_read.swap(end, Ordering::Relaxed) == offset
+        let sequential = next_read.swap(end, Ordering::Relaxed) == offset;
+        if sequential
             && (offset.is_multiple_of(bs) || offset / bs != (end - 1) / bs)
             && end < length
         {
@@ -377,13 +378,18 @@ impl Vfs {
             done.set(done.get() + len);
             Ok(())
         };
-        match self.reader.visit(ino, offset, n, &mut counted) {
+        // A random reader fetches only the bytes it asks for.
+        let ranged = !sequential;
+        match self.reader.visit_with(ino, offset, n, ranged, &mut counted) {
             Err(e) if crate::object::is_not_found(&e) => {
                 // A compaction may have replaced the slices we resolved and
                 // deleted their objects: resolve again and resume once.
                 self.reader.invalidate_inode(ino);
                 let resume = offset + done.get();
-                match self.reader.visit(ino, resume, n - done.get(), &mut counted) {
+                match self
+                    .reader
+                    .visit_with(ino, resume, n - done.get(), ranged, &mut counted)
+                {
                     Err(e) if crate::object::is_not_found(&e) => {
                         log::error!("inode {ino}: {e}");
                         Err(Error::Corrupt(format!(

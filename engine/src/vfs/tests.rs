@@ -765,3 +765,44 @@ fn total_write_buffer_is_bounded() {
     }
     assert_eq!(t.vfs.buffered.load(Ordering::Acquire), 0);
 }
+
+#[test]
+fn random_small_reads_fetch_ranges_and_sequential_reads_fetch_blocks() {
+    let t = setup();
+    let data = random(6 * MIB as usize, 11);
+    let (ino, fh) = t.create("random");
+    t.write(ino, fh, 0, &data);
+    t.vfs.flush(&ctx(), ino, fh).unwrap();
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    // A fresh session: nothing cached.
+    let vfs = open_vol(t.dir.path(), test_cfg());
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let read = |off: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        let n = vfs.read(&ctx(), ino, fh, off, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    // Random 4 KiB reads (one crossing the block boundary at 4 MiB): the
+    // right bytes, and no whole block pulled into the cache.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    for i in 0..200 {
+        let off = if i == 0 {
+            4 * MIB - 2048
+        } else {
+            rng.random_range(4096..data.len() as u64 - 4096)
+        };
+        let got = read(off, 4096);
+        assert_eq!(got, &data[off as usize..off as usize + 4096], "at {off}");
+    }
+    assert_eq!(vfs.reader.cache().used(), 0, "ranged reads cache nothing");
+    // A sequential reader gets whole, checked blocks through the cache.
+    let mut off = 0;
+    while off < data.len() {
+        let got = read(off as u64, 128 << 10);
+        assert_eq!(got, &data[off..off + got.len()]);
+        off += got.len();
+    }
+    assert!(vfs.reader.cache().used() > 0);
+    vfs.release(&ctx(), ino, fh).unwrap();
+}
