@@ -74,14 +74,36 @@ pub struct Reader {
     /// failed readahead page by page).
     damaged: Mutex<std::collections::HashSet<BlockId>>,
     /// Readahead jobs: (inode, offset, length) to pull into the cache.
-    prefetch: Mutex<Option<mpsc::Sender<(Ino, u64, u64)>>>,
+    prefetch: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Jobs queued and not yet finished.
+    queued: std::sync::atomic::AtomicUsize,
+    /// Blocks a random reader fetched a range of once: a second ranged read
+    /// of one of them fetches the whole block into the cache in the
+    /// background (a block read once is not worth 4 MiB; one read twice
+    /// probably is).
+    ranged_once: Mutex<std::collections::HashSet<BlockId>>,
 }
+
+/// Background work of the readahead threads.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    /// Pull the file bytes (inode, offset, length) into the cache.
+    Range(Ino, u64, u64),
+    /// Pull block `indx` of slice `id` (of `size` bytes) into the cache.
+    Block(u64, u32, u32),
+}
+
+/// Most background jobs queued at once; more are dropped (they are hints).
+const MAX_QUEUED_JOBS: usize = 64;
+
+/// Blocks remembered as read once by a random reader.
+const RANGED_ONCE_MAX: usize = 16_384;
 
 impl Reader {
     /// A reader over `vol` using `cache` for blocks, with background threads
     /// for readahead.
     pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>) -> Arc<Reader> {
-        let (tx, rx) = mpsc::channel::<(Ino, u64, u64)>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let reader = Arc::new(Reader {
             vol,
             cache,
@@ -89,6 +111,8 @@ impl Reader {
             inflight: Mutex::new(HashMap::new()),
             damaged: Mutex::new(Default::default()),
             prefetch: Mutex::new(Some(tx)),
+            queued: Default::default(),
+            ranged_once: Mutex::new(Default::default()),
         });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..PREFETCH_THREADS {
@@ -99,11 +123,17 @@ impl Reader {
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
-                        let Ok((ino, off, len)) = job else { return };
+                        let Ok(job) = job else { return };
                         let Some(r) = weak.upgrade() else { return };
                         // Only the cache side effect matters; errors show up
                         // again (and are reported) when the data is read.
-                        let _ = r.visit_with(ino, off, len, false, &mut |_| Ok(()));
+                        let _ = match job {
+                            Job::Range(ino, off, len) => {
+                                r.visit_with(ino, off, len, false, &mut |_| Ok(()))
+                            }
+                            Job::Block(id, size, indx) => r.block(id, size, indx).map(drop),
+                        };
+                        r.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 });
             if let Err(e) = spawned {
@@ -116,8 +146,22 @@ impl Reader {
     /// Pulls the file bytes `off..off+len` of `ino` into the block cache in
     /// the background.
     pub fn prefetch(&self, ino: Ino, off: u64, len: u64) {
-        if let Some(tx) = self.prefetch.lock().as_ref() {
-            let _ = tx.send((ino, off, len));
+        self.queue(Job::Range(ino, off, len));
+    }
+
+    /// Queues background work unless too much is queued already.
+    fn queue(&self, job: Job) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.queued.fetch_add(1, Relaxed) >= MAX_QUEUED_JOBS {
+            self.queued.fetch_sub(1, Relaxed);
+            return;
+        }
+        let sent = match self.prefetch.lock().as_ref() {
+            Some(tx) => tx.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.queued.fetch_sub(1, Relaxed);
         }
     }
 
@@ -261,6 +305,17 @@ impl Reader {
                         )));
                     }
                     f(Fragment::Data(&part))?;
+                    let again = {
+                        let mut once = self.ranged_once.lock();
+                        if once.len() >= RANGED_ONCE_MAX {
+                            once.clear();
+                        }
+                        !once.insert((id, indx))
+                    };
+                    if again {
+                        self.ranged_once.lock().remove(&(id, indx));
+                        self.queue(Job::Block(id, size, indx));
+                    }
                     off += n;
                     len -= n;
                     continue;

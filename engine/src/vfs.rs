@@ -673,7 +673,10 @@ impl Vfs {
     /// Commits the file's buffered writes (data reaches the object store
     /// before the slice is committed, so this is durable).
     pub fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
-        self.flush(ctx, ino, fh)
+        self.flush(ctx, ino, fh)?;
+        // Block objects are written without fsync (as JuiceFS writes them);
+        // fsync makes them, and everything else on their disk, durable.
+        self.vol.store.sync_all()
     }
 
     /// Opens a directory.

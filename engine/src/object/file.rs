@@ -7,8 +7,10 @@
 //! objects are written with mode 0666 (the mount process runs with umask 0),
 //! through a temporary file `.{name}.tmp{random}` in the same directory that
 //! is renamed over the final name. sluice does the same, sets the modes
-//! explicitly so the result does not depend on its own umask, and fsyncs the
-//! temporary file before the rename so an acknowledged block survives a crash.
+//! explicitly so the result does not depend on its own umask. Like JuiceFS it
+//! does not fsync each object: the write + rename is atomic and survives a
+//! crash of the process; [`ObjectStore::sync_all`] (`syncfs` of the bucket's
+//! file system, called by a file's fsync) makes objects survive a power loss.
 //!
 //! The CRC32C of the stored bytes is kept in the extended attribute
 //! [`CRC_XATTR`] (4 bytes, big-endian). JuiceFS neither writes nor reads it;
@@ -207,9 +209,20 @@ impl ObjectStore for FileStore {
             return Err(obj_err(key, e));
         }
         self.set_crc(&file, key, crc);
-        if let Err(e) = file.sync_data().and_then(|_| fs::rename(&tmp, &path)) {
+        // No fsync here (JuiceFS's file store has none either): a put is
+        // atomic, and `sync_all` — called by fsync — makes it durable.
+        if let Err(e) = fs::rename(&tmp, &path) {
             let _ = fs::remove_file(&tmp);
             return Err(obj_err(key, e));
+        }
+        Ok(())
+    }
+
+    fn sync_all(&self) -> Result<()> {
+        let dir = File::open(&self.root).map_err(|e| obj_err("", e))?;
+        // SAFETY: syncfs(2) on a descriptor we own; no memory is passed.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(obj_err("", io::Error::last_os_error()));
         }
         Ok(())
     }

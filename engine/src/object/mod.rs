@@ -44,6 +44,12 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn delete(&self, key: &str) -> Result<()>;
     /// Every object whose key starts with `prefix`, in key order.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
+    /// Makes every object stored so far durable (survive a power loss).
+    /// `put` only promises atomicity, as JuiceFS's stores do; `fsync` on a
+    /// file calls this. Remote stores are durable once `put` returns.
+    fn sync_all(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Whether an error from a store means "no such object".
