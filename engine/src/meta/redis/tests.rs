@@ -1,0 +1,331 @@
+//! The conformance suite on a real `redis-server`, plus checks of the keys
+//! themselves against JuiceFS's schema and of reconnection after a restart.
+//!
+//! Each test starts its own `redis-server` on a free loopback port in a
+//! temporary directory (nothing saved unless asked) and kills it on drop.
+//! Without `redis-server` on the PATH, or with `SLUICE_SKIP_REDIS=1`, the
+//! tests say why and pass.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::RedisMeta;
+use crate::meta::conformance::{self, test_format};
+use crate::meta::{Context, FileType, Meta, ROOT_INO, Slice, Timestamp};
+
+/// A `redis-server` of one test.
+pub(crate) struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    persistent: bool,
+}
+
+fn redis_server_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+impl RedisServer {
+    /// Starts a server, or says why not (and the test then passes vacuously).
+    pub(crate) fn start(persistent: bool) -> Option<RedisServer> {
+        if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
+            eprintln!("skipping: SLUICE_SKIP_REDIS=1");
+            return None;
+        }
+        if redis_server_binary().is_none() {
+            eprintln!("skipping: redis-server is not installed (apt-get install redis-server)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            persistent,
+        };
+        s.spawn();
+        Some(s)
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--daemonize", "no", "--protected-mode", "yes"]);
+        if self.persistent {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("start redis-server"));
+        wait_ready(self.port);
+    }
+
+    /// The metadata URL of database `db`.
+    pub(crate) fn url(&self, db: u32) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The server's directory.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server at once (SIGKILL).
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory.
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("redis://127.0.0.1:{port}/");
+    loop {
+        let ok = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if ok.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fresh() -> Option<(RedisServer, RedisMeta)> {
+    let s = RedisServer::start(false)?;
+    let m = RedisMeta::open(&s.url(1)).expect("open");
+    Some((s, m))
+}
+
+fn raw(s: &RedisServer, db: u32) -> redis::Connection {
+    redis::Client::open(s.url(db).as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect")
+}
+
+macro_rules! conformance_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let Some((_server, m)) = fresh() else { return };
+                conformance::$name(&m);
+            }
+        )*
+        #[test]
+        fn every_conformance_check_runs_here() {
+            let here = [$(stringify!($name)),*];
+            for (name, _) in conformance::ALL {
+                assert!(here.contains(name), "conformance check {name} is not run on Redis");
+            }
+        }
+    };
+}
+
+conformance_tests!(
+    format_and_load,
+    refuse_different_volume,
+    refuse_encrypted,
+    create_lookup_getattr,
+    names_are_checked,
+    mkdir_rmdir_nlink,
+    readdir_lists_entries,
+    rename_moves_and_replaces,
+    rename_flags,
+    rename_directories,
+    hard_links,
+    symlinks,
+    mknod_special_files,
+    xattrs,
+    setattr_rules,
+    permissions,
+    write_read_and_refs,
+    truncate_and_fallocate,
+    compact_chunk,
+    open_unlink_close,
+    trash_keeps_removed_files,
+    no_trash_releases_at_once,
+    statfs_counts_usage,
+    concurrent_creates,
+    sessions,
+);
+
+#[test]
+fn keys_follow_the_juicefs_schema() {
+    let Some((s, m)) = fresh() else { return };
+    m.init(&test_format(0)).expect("format");
+    m.load().expect("load");
+    let c = Context::default();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    let (f, _) = m.create(&c, d, b"f", 0o644, 0).expect("create");
+    let id = m.new_slice_id().expect("slice id");
+    let slice = Slice {
+        pos: 0,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    m.write_chunk(f, 0, slice, Timestamp::now()).expect("write");
+    m.link(&c, f, ROOT_INO, b"h").expect("link");
+    m.symlink(&c, ROOT_INO, b"s", b"d/f").expect("symlink");
+    let mut r = raw(&s, 1);
+    // The settings JSON.
+    let setting: String = redis::cmd("GET").arg("setting").query(&mut r).expect("get");
+    assert!(
+        setting.starts_with("{\n\"Name\": \"conformance\",\n"),
+        "{setting}"
+    );
+    // Entries: type byte + inode big-endian.
+    let e: Vec<u8> = redis::cmd("HGET")
+        .arg(format!("d{d}"))
+        .arg("f")
+        .query(&mut r)
+        .expect("hget");
+    let mut want = vec![FileType::File as u8];
+    want.extend_from_slice(&f.to_be_bytes());
+    assert_eq!(e, want);
+    // Attributes: 72 bytes, type in the top bits of the mode.
+    let a: Vec<u8> = redis::cmd("GET")
+        .arg(format!("i{f}"))
+        .query(&mut r)
+        .expect("attr");
+    assert_eq!(a.len(), 72);
+    assert_eq!(u16::from_be_bytes([a[1], a[2]]), 0x1000 | 0o644);
+    // Chunks: 24-byte records.
+    let recs: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(format!("c{f}_0"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut r)
+        .expect("lrange");
+    assert_eq!(recs, vec![slice.encode().to_vec()]);
+    // Hard links: nlink 2, parent 0, p{ino} counts both directories.
+    let parents: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(format!("p{f}"))
+        .query(&mut r)
+        .expect("parents");
+    assert_eq!(parents.get(&d.to_string()), Some(&1));
+    assert_eq!(parents.get("1"), Some(&1));
+    // Symlink target; counters; a written-once slice has no sliceRef field.
+    let (sl, _) = m.lookup(&c, ROOT_INO, b"s").expect("lookup");
+    let t: Vec<u8> = redis::cmd("GET")
+        .arg(format!("s{sl}"))
+        .query(&mut r)
+        .expect("target");
+    assert_eq!(t, b"d/f");
+    let next: i64 = redis::cmd("GET")
+        .arg("nextinode")
+        .query(&mut r)
+        .expect("nextinode");
+    assert!(
+        next >= sl as i64,
+        "nextinode {next} holds the last inode handed out"
+    );
+    let inodes: i64 = redis::cmd("GET")
+        .arg("totalInodes")
+        .query(&mut r)
+        .expect("totalInodes");
+    assert_eq!(inodes, 3);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(format!("k{id}_10"))
+        .query(&mut r)
+        .expect("sliceRef");
+    assert_eq!(refs, None);
+    let used: i64 = redis::cmd("HGET")
+        .arg("dirUsedInodes")
+        .arg(d.to_string())
+        .query(&mut r)
+        .expect("dir stats");
+    assert_eq!(used, 1);
+    m.close(f).expect("close");
+}
+
+#[test]
+fn a_restarted_server_is_reconnected() {
+    let Some(mut s) = RedisServer::start(true) else {
+        return;
+    };
+    let m = RedisMeta::open(&s.url(2)).expect("open");
+    m.init(&test_format(0)).expect("format");
+    m.load().expect("load");
+    let c = Context::default();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"before", 0o755, 0).expect("mkdir");
+    s.kill();
+    // While the server is down an operation waits for it, then goes on.
+    let restarter = std::thread::scope(|scope| {
+        let h = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            s.restart();
+        });
+        let r = m.mkdir(&c, ROOT_INO, b"after", 0o755, 0);
+        h.join().expect("restart");
+        r
+    });
+    let (after, _) = restarter.expect("mkdir once the server is back");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"before").expect("kept").0, d);
+    assert_eq!(m.lookup(&c, ROOT_INO, b"after").expect("made").0, after);
+    // A restart between two operations is invisible.
+    s.restart();
+    let names: Vec<Vec<u8>> = m
+        .readdir(&c, ROOT_INO, false)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"before".to_vec()) && names.contains(&b"after".to_vec()));
+    assert!(s.dir().join("appendonlydir").exists() || s.dir().join("appendonly.aof").exists());
+}
+
+#[test]
+fn urls_with_juicefs_options_open() {
+    let Some(s) = RedisServer::start(false) else {
+        return;
+    };
+    let url = format!("{}?read-timeout=5s&max-retry-backoff=1s", s.url(3));
+    let m = crate::meta::open_meta(&url).expect("open");
+    assert_eq!(m.name(), "redis");
+    assert!(matches!(m.load(), Err(crate::Error::NotFound)));
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let err = RedisMeta::open(&format!("redis://u:secret@127.0.0.1:{dead}/1"))
+        .expect_err("nothing listens there")
+        .to_string();
+    assert!(err.contains("cannot reach Redis"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+}
