@@ -413,7 +413,8 @@ pub(super) fn list_chunks(inner: &Inner) -> Result<Vec<(Ino, u32, Vec<Slice>)>> 
 }
 
 /// Whether a slice is still referenced: by its `sliceRef` field when it has
-/// one (≥ 0), otherwise by any chunk holding it.
+/// one (≥ 0), otherwise by the trash's delayed slices or any chunk holding
+/// it (a slice written once has no field). Slow without a field: it scans.
 pub(super) fn slice_referenced(inner: &Inner, id: u64, size: u32) -> Result<bool> {
     let key = inner.keys.slice_refs();
     let field = slice_field(id, size);
@@ -422,6 +423,16 @@ pub(super) fn slice_referenced(inner: &Inner, id: u64, size: u32) -> Result<bool
         .with_conn(|c| redis::cmd("HGET").arg(&key).arg(&field).query(c))?;
     if let Some(r) = refs {
         return Ok(r >= 0);
+    }
+    let dkey = inner.keys.delayed_slices();
+    let delayed: Vec<Vec<u8>> = inner
+        .pool
+        .with_conn(|c| redis::cmd("HVALS").arg(&dkey).query(c))?;
+    if delayed
+        .iter()
+        .any(|v| super::codec::decode_delayed(v).contains(&(id, size)))
+    {
+        return Ok(true);
     }
     Ok(list_chunks(inner)?
         .iter()

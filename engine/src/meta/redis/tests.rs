@@ -329,3 +329,267 @@ fn urls_with_juicefs_options_open() {
     assert!(err.contains("cannot reach Redis"), "{err}");
     assert!(!err.contains("secret"), "{err}");
 }
+
+fn formatted(trash_days: u32) -> Option<(RedisServer, RedisMeta, redis::Connection)> {
+    let (s, m) = fresh()?;
+    m.init(&test_format(trash_days)).expect("format");
+    m.load().expect("load");
+    let r = raw(&s, 1);
+    Some((s, m, r))
+}
+
+fn write10(m: &RedisMeta, f: u64, pos: u32) -> Slice {
+    let id = m.new_slice_id().expect("id");
+    let s = Slice {
+        pos,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    m.write_chunk(f, 0, s, Timestamp::now()).expect("write");
+    s
+}
+
+fn keys(r: &mut redis::Connection) -> Vec<String> {
+    let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(r).expect("keys");
+    k.sort();
+    k
+}
+
+#[test]
+fn unlink_without_trash_leaves_no_keys() {
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    m.set_slice_releaser(std::sync::Arc::new(|_| true));
+    let c = Context::default();
+    let before = keys(&mut r);
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&m, f, 0);
+    m.setxattr(&c, f, b"user.x", b"y", crate::meta::XattrMode::Any)
+        .expect("xattr");
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    let after: Vec<String> = keys(&mut r)
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
+    // Only the counters touched on the way remain.
+    assert_eq!(
+        after,
+        vec!["nextchunk", "nextinode", "totalInodes", "usedSpace"]
+    );
+    let refs: usize = redis::cmd("HLEN")
+        .arg("sliceRef")
+        .query(&mut r)
+        .expect("hlen");
+    assert_eq!(refs, 0);
+}
+
+#[test]
+fn failed_object_deletion_is_retried_by_cleanup() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let fail = std::sync::Arc::new(AtomicBool::new(true));
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let (f2, c2) = (fail.clone(), calls.clone());
+    m.set_slice_releaser(std::sync::Arc::new(move |_| {
+        c2.fetch_add(1, Ordering::SeqCst);
+        !f2.load(Ordering::SeqCst)
+    }));
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s = write10(&m, f, 0);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    let field = format!("k{}_10", s.id);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(&field)
+        .query(&mut r)
+        .expect("hget");
+    assert_eq!(refs, Some(-1), "kept for a retry, as JuiceFS keeps it");
+    fail.store(false, Ordering::SeqCst);
+    m.cleanup().expect("cleanup");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(&field)
+        .query(&mut r)
+        .expect("hget");
+    assert_eq!(refs, None);
+}
+
+#[test]
+fn stale_sessions_release_their_sustained_files() {
+    let Some((s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let sid = m.new_session("{}").expect("session");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink while open");
+    let held: Vec<u64> = redis::cmd("SMEMBERS")
+        .arg(format!("session{sid}"))
+        .query(&mut r)
+        .expect("smembers");
+    assert_eq!(held, vec![f]);
+    let info: Option<String> = redis::cmd("HGET")
+        .arg("sessionInfos")
+        .arg(sid)
+        .query(&mut r)
+        .expect("info");
+    assert!(info.is_some_and(|i| i.starts_with('{')));
+    // The client dies: its session expires; another client cleans up.
+    redis::cmd("ZADD")
+        .arg("allSessions")
+        .arg(1)
+        .arg(sid)
+        .query::<()>(&mut r)
+        .expect("expire");
+    std::mem::forget(m);
+    let other = RedisMeta::open(&s.url(1)).expect("reopen");
+    other.load().expect("load");
+    other.cleanup().expect("cleanup");
+    let sessions: usize = redis::cmd("ZCARD")
+        .arg("allSessions")
+        .query(&mut r)
+        .expect("zcard");
+    assert_eq!(sessions, 0);
+    let held: usize = redis::cmd("SCARD")
+        .arg(format!("session{sid}"))
+        .query(&mut r)
+        .expect("scard");
+    assert_eq!(held, 0);
+    assert!(matches!(other.getattr(f), Err(crate::Error::NotFound)));
+}
+
+#[test]
+fn expired_trash_is_emptied() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let released = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let r2 = released.clone();
+    m.set_slice_releaser(std::sync::Arc::new(move |s| {
+        r2.lock().push(s);
+        true
+    }));
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&m, f, 0);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("to trash");
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    m.rmdir(&c, ROOT_INO, b"d").expect("dir to trash");
+    // Make the hour old: rename its trash directory to 2001.
+    let trash = format!("d{}", crate::meta::TRASH_INO);
+    let hours: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(&trash)
+        .query(&mut r)
+        .expect("hours");
+    assert_eq!(hours.len(), 1);
+    redis::pipe()
+        .cmd("HDEL")
+        .arg(&trash)
+        .arg(&hours[0].0)
+        .cmd("HSET")
+        .arg(&trash)
+        .arg("2001-01-01-00")
+        .arg(&hours[0].1)
+        .query::<()>(&mut r)
+        .expect("age");
+    m.cleanup().expect("cleanup");
+    assert!(matches!(m.getattr(f), Err(crate::Error::NotFound)));
+    assert!(matches!(m.getattr(d), Err(crate::Error::NotFound)));
+    let trash_ino = crate::meta::TRASH_INO;
+    assert_eq!(m.readdir(&c, trash_ino, false).expect("trash").len(), 2);
+    assert_eq!(released.lock().len(), 1);
+    for counter in ["usedSpace", "totalInodes"] {
+        let v: i64 = redis::cmd("GET")
+            .arg(counter)
+            .query(&mut r)
+            .expect("counter");
+        assert_eq!(v, 0, "{counter}");
+    }
+}
+
+#[test]
+fn compaction_with_trash_delays_the_old_slices() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let old = vec![write10(&m, f, 0), write10(&m, f, 10)];
+    let id = m.new_slice_id().expect("id");
+    let merged = Slice {
+        pos: 0,
+        id,
+        size: 20,
+        off: 0,
+        len: 20,
+    };
+    assert!(m.compact_chunk(f, 0, &old, &[merged]).expect("compact"));
+    let delayed: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg("delSlices")
+        .query(&mut r)
+        .expect("delSlices");
+    assert_eq!(delayed.len(), 1);
+    assert!(delayed[0].0.starts_with(&format!("{id}_")));
+    assert_eq!(delayed[0].1.len(), 24);
+    assert!(
+        m.slice_referenced(old[0].id, 10)
+            .expect("kept for the trash")
+    );
+    redis::pipe()
+        .cmd("HDEL")
+        .arg("delSlices")
+        .arg(&delayed[0].0)
+        .cmd("HSET")
+        .arg("delSlices")
+        .arg(format!("{id}_1"))
+        .arg(&delayed[0].1)
+        .query::<()>(&mut r)
+        .expect("age");
+    m.cleanup().expect("cleanup");
+    assert!(!m.slice_referenced(old[0].id, 10).expect("released"));
+    assert!(m.slice_referenced(id, 20).expect("merged"));
+    m.close(f).expect("close");
+}
+
+#[test]
+fn rename_over_a_file_into_trash() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let c = Context::default();
+    let (a, _) = m.create(&c, ROOT_INO, b"a", 0o644, 0).expect("a");
+    let (b, _) = m.create(&c, ROOT_INO, b"b", 0o644, 0).expect("b");
+    m.close(a).and_then(|_| m.close(b)).expect("close");
+    m.link(&c, b, ROOT_INO, b"b2").expect("link");
+    m.rename(
+        &c,
+        ROOT_INO,
+        b"a",
+        ROOT_INO,
+        b"b",
+        crate::meta::RenameFlags::default(),
+    )
+    .expect("rename");
+    let hour = crate::meta::TRASH_INO + 1;
+    let name = format!("1-{b}-b").into_bytes();
+    assert_eq!(m.lookup(&c, hour, &name).expect("in trash").0, b);
+    // A hard-linked node keeps its parents in p{ino}: one in the trash now.
+    let ba = m.getattr(b).expect("kept");
+    assert_eq!((ba.parent, ba.nlink), (0, 2));
+    let parents: std::collections::HashMap<u64, i64> = redis::cmd("HGETALL")
+        .arg(format!("p{b}"))
+        .query(&mut r)
+        .expect("parents");
+    assert_eq!(parents.get(&ROOT_INO), Some(&1));
+    assert_eq!(parents.get(&hour), Some(&1));
+}
