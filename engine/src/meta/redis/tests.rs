@@ -593,3 +593,49 @@ fn rename_over_a_file_into_trash() {
     assert_eq!(parents.get(&ROOT_INO), Some(&1));
     assert_eq!(parents.get(&hour), Some(&1));
 }
+
+#[test]
+fn two_clients_on_one_volume_stay_consistent() {
+    let Some((s, a)) = fresh() else { return };
+    a.init(&test_format(0)).expect("format");
+    a.load().expect("load");
+    let b = RedisMeta::open(&s.url(1)).expect("second client");
+    b.load().expect("load");
+    let c = Context::default();
+    let (d, _) = a.mkdir(&c, ROOT_INO, b"shared", 0o755, 0).expect("mkdir");
+    let (f, _) = a.create(&c, ROOT_INO, b"f", 0o644, 0).expect("create");
+    // Each client serialises its own writers; between clients only WATCH
+    // keeps the directory and the file consistent.
+    std::thread::scope(|scope| {
+        for (t, m) in [(0, &a), (1, &b)] {
+            scope.spawn(move || {
+                let c = Context::default();
+                for i in 0..40 {
+                    let name = format!("c{t}-{i}");
+                    m.mkdir(&c, d, name.as_bytes(), 0o755, 0).expect("mkdir");
+                    let id = m.new_slice_id().expect("id");
+                    let s = Slice {
+                        pos: (t * 40 + i) * 100,
+                        id,
+                        size: 100,
+                        off: 0,
+                        len: 100,
+                    };
+                    m.write_chunk(f, 0, s, Timestamp::now()).expect("write");
+                }
+            });
+        }
+    });
+    assert_eq!(a.getattr(d).expect("d").nlink, 2 + 80);
+    assert_eq!(b.readdir(&c, d, false).expect("readdir").len(), 2 + 80);
+    assert_eq!(a.read_chunk(f, 0).expect("chunk").len(), 80);
+    assert_eq!(b.getattr(f).expect("f").length, 80 * 100);
+    let ids: std::collections::HashSet<u64> = a
+        .read_chunk(f, 0)
+        .expect("chunk")
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids.len(), 80, "the clients' slice ids never collide");
+    a.close(f).expect("close");
+}
