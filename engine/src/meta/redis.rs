@@ -15,11 +15,13 @@
 //! transaction (`tx.rs`). Work that must follow a commit — deleting the
 //! objects of released slices, the chunks of removed files — runs after it.
 //!
-//! Not served: Redis Cluster (JuiceFS's `{DB}` key prefix is implemented in
-//! [`keys::Keys`] but cluster routing is not), Sentinel, and `rediss://`
-//! (the `redis` crate is built without TLS).
+//! On a Redis Cluster every key carries JuiceFS's hash tag `{DB}`, so the
+//! whole volume lives in one slot and the engine talks to that slot's master
+//! (a slot that moves later needs a reopen). Not served: Sentinel, and
+//! `rediss://` (the `redis` crate is built without TLS).
 
 mod chunk;
+mod cluster;
 mod codec;
 mod keys;
 mod namespace;
@@ -123,6 +125,12 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The same connection settings with another database number.
+fn with_db(info: redis::ConnectionInfo, db: i64) -> redis::ConnectionInfo {
+    let settings = info.redis_settings().clone().set_db(db);
+    info.set_redis_settings(settings)
+}
+
 impl RedisMeta {
     /// Connects to the Redis server a JuiceFS metadata URL names:
     /// `redis://[[user]:pass@]host[:port][/db]` or `unix://[/path]?db=N`.
@@ -168,11 +176,15 @@ impl RedisMeta {
             let settings = info.redis_settings().clone().set_password(pw);
             info = info.set_redis_settings(settings);
         }
-        let client = redis::Client::open(info)
-            .map_err(|e| Error::Invalid(format!("{shown} is not a usable Redis URL: {e}")))?;
-        let pool = Pool::new(client);
-        // One round trip now turns a wrong address into one clear line.
-        let cluster = pool
+        let unusable = |e: redis::RedisError| {
+            Error::Invalid(format!("{shown} is not a usable Redis URL: {e}"))
+        };
+        let unreachable =
+            |e: redis::RedisError| Error::Meta(format!("cannot reach Redis at {shown}: {e}"));
+        // A cluster node refuses SELECT, so the first contact uses db 0.
+        let db = info.redis_settings().db();
+        let first = Pool::new(redis::Client::open(with_db(info.clone(), 0)).map_err(unusable)?);
+        let cluster = first
             .probe(
                 |c| match redis::cmd("CLUSTER").arg("INFO").query::<String>(c) {
                     Ok(s) => Ok(s.contains("cluster_state:")),
@@ -181,17 +193,42 @@ impl RedisMeta {
                     Err(e) => Err(e),
                 },
             )
-            .map_err(|e| Error::Meta(format!("cannot reach Redis at {shown}: {e}")))?;
-        if cluster {
-            return Err(Error::NotSupported(format!(
-                "{shown} is a Redis Cluster; only a single Redis server is supported yet"
-            )));
-        }
+            .map_err(unreachable)?;
+        let (pool, keys) = if cluster {
+            // JuiceFS keeps a volume in one slot, behind the hash tag `{DB}`:
+            // talk to the master of that slot.
+            let prefix = format!("{{{db}}}");
+            let addr = first
+                .probe(|c| cluster::slot_master(c, &prefix))
+                .map_err(unreachable)?;
+            let addr = match addr {
+                Some(a) => a,
+                None => {
+                    return Err(Error::Meta(format!(
+                        "no node of the Redis Cluster at {shown} serves the slot of {prefix}"
+                    )));
+                }
+            };
+            let node = match (info.addr().clone(), addr) {
+                (redis::ConnectionAddr::Tcp(host, _), (h, port)) if h.is_empty() => {
+                    redis::ConnectionAddr::Tcp(host, port)
+                }
+                (_, (h, port)) => redis::ConnectionAddr::Tcp(h, port),
+            };
+            log::info!("{shown} is a Redis Cluster; volume keys are prefixed {prefix}");
+            let client = redis::Client::open(with_db(info, 0).set_addr(node)).map_err(unusable)?;
+            (Pool::new(client), Keys::with_prefix(prefix))
+        } else {
+            (
+                Pool::new(redis::Client::open(info).map_err(unusable)?),
+                Keys::default(),
+            )
+        };
         Ok(RedisMeta {
             inner: Arc::new(Inner {
                 addr: shown,
                 pool,
-                keys: Keys::default(),
+                keys,
                 stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 format: RwLock::new(None),
                 inodes: Mutex::new(IdRange::default()),

@@ -26,9 +26,7 @@ pub(super) mod counter {
 }
 
 impl Keys {
-    /// Keys with a prefix (`{N}` in cluster mode, empty otherwise). Only
-    /// the tests use it until Redis Cluster is served.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Keys with a prefix (`{N}` in cluster mode, empty otherwise).
     pub(super) fn with_prefix(prefix: impl Into<String>) -> Keys {
         Keys {
             prefix: prefix.into(),

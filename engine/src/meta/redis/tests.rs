@@ -21,6 +21,7 @@ pub(crate) struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     persistent: bool,
+    cluster: bool,
 }
 
 fn redis_server_binary() -> Option<PathBuf> {
@@ -33,6 +34,15 @@ fn redis_server_binary() -> Option<PathBuf> {
 impl RedisServer {
     /// Starts a server, or says why not (and the test then passes vacuously).
     pub(crate) fn start(persistent: bool) -> Option<RedisServer> {
+        RedisServer::start_with(persistent, false)
+    }
+
+    /// Starts a one-node Redis Cluster that serves every slot.
+    pub(crate) fn start_cluster() -> Option<RedisServer> {
+        RedisServer::start_with(false, true)
+    }
+
+    fn start_with(persistent: bool, cluster: bool) -> Option<RedisServer> {
         if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
             eprintln!("skipping: SLUICE_SKIP_REDIS=1");
             return None;
@@ -50,6 +60,7 @@ impl RedisServer {
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             persistent,
+            cluster,
         };
         s.spawn();
         Some(s)
@@ -69,9 +80,39 @@ impl RedisServer {
         } else {
             cmd.args(["--appendonly", "no"]);
         }
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(self.dir.path().join("nodes.conf"));
+        }
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         self.child = Some(cmd.spawn().expect("start redis-server"));
         wait_ready(self.port);
+        if self.cluster {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port).as_str())
+                .and_then(|c| c.get_connection())
+                .expect("connect");
+            redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(0)
+                .arg(16383)
+                .query::<()>(&mut c)
+                .expect("take every slot");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut c)
+                    .expect("info");
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not come up: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 
     /// The metadata URL of database `db`.
@@ -638,4 +679,29 @@ fn two_clients_on_one_volume_stay_consistent() {
         .collect();
     assert_eq!(ids.len(), 80, "the clients' slice ids never collide");
     a.close(f).expect("close");
+}
+
+#[test]
+fn a_cluster_volume_lives_behind_its_hash_tag() {
+    let Some(s) = RedisServer::start_cluster() else {
+        return;
+    };
+    let checks: [conformance::Check; 5] = [
+        conformance::format_and_load,
+        conformance::rename_moves_and_replaces,
+        conformance::write_read_and_refs,
+        conformance::trash_keeps_removed_files,
+        conformance::open_unlink_close,
+    ];
+    for (db, check) in checks.iter().enumerate() {
+        // Database numbers only name the hash tag in a cluster.
+        let m = RedisMeta::open(&s.url(db as u32 + 1)).expect("open the cluster");
+        check(&m);
+    }
+    let mut r = raw(&s, 0);
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut r).expect("keys");
+    assert!(keys.iter().any(|k| k == "{1}setting"), "{keys:?}");
+    assert!(keys.iter().any(|k| k == "{3}nextchunk"), "{keys:?}");
+    let stray: Vec<&String> = keys.iter().filter(|k| !k.starts_with('{')).collect();
+    assert!(stray.is_empty(), "keys without the hash tag: {stray:?}");
 }
