@@ -448,13 +448,38 @@ fn sluice_written_volume_reads_back_in_juicefs_and_passes_fsck() {
     );
 }
 
-/// Writes files through sluice, deletes some, and checks JuiceFS's view.
-fn deletes(trash_days: &str) {
+/// Writes files through sluice, deletes some, and checks JuiceFS's view;
+/// the metadata lives in SQLite, or in Redis with `on_redis`.
+fn deletes(trash_days: &str, on_redis: bool) {
     let test = "sluice_deletes_as_juicefs_expects";
     let Some(bin) = juicefs_bin(test) else { return };
+    let redis = if on_redis {
+        let Some(r) = common::RedisServer::start(test) else {
+            return;
+        };
+        Some(r)
+    } else {
+        None
+    };
     let _dog = Watchdog::new("sluice_deletes", Duration::from_secs(600));
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let meta = sluice_format(dir.path(), "delvol", &["--trash-days", trash_days]);
+    let meta = match &redis {
+        Some(r) => {
+            let meta = r.url(1);
+            let bucket = dir.path().join("bucket");
+            common::sluice_ok(&[
+                "format",
+                &meta,
+                "delvol",
+                "--bucket",
+                bucket.to_str().expect("UTF-8"),
+                "--trash-days",
+                trash_days,
+            ]);
+            meta
+        }
+        None => sluice_format(dir.path(), "delvol", &["--trash-days", trash_days]),
+    };
     let mut rng = StdRng::seed_from_u64(seed(test));
     let sm = sluice_mount(dir.path(), &meta);
     let mut files = Vec::new();
@@ -548,12 +573,22 @@ fn deletes(trash_days: &str) {
 
 #[test]
 fn sluice_deletes_into_the_trash_as_juicefs_expects() {
-    deletes("1");
+    deletes("1", false);
 }
 
 #[test]
 fn sluice_deletes_without_trash_leak_no_objects() {
-    deletes("0");
+    deletes("0", false);
+}
+
+#[test]
+fn sluice_deletes_on_redis_into_the_trash_as_juicefs_expects() {
+    deletes("1", true);
+}
+
+#[test]
+fn sluice_deletes_on_redis_without_trash_leak_no_objects() {
+    deletes("0", true);
 }
 
 /// A volume JuiceFS formatted and filled on Redis reads back in sluice.
