@@ -145,6 +145,15 @@ impl RedisMeta {
             )));
         }
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let hosts = base
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.rsplit('@').next().unwrap_or(rest));
+        if hosts.split('/').next().is_some_and(|h| h.contains(',')) {
+            return Err(Error::NotSupported(format!(
+                "Redis Sentinel and multi-host URLs ({shown}) are not supported yet; \
+                 name one Redis server (or one node of a cluster)"
+            )));
+        }
         let is_unix = base.to_ascii_lowercase().starts_with("unix://");
         // JuiceFS options (timeouts, retries, TLS files) the driver doesn't know.
         let kept: Vec<&str> = query

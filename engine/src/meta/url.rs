@@ -108,6 +108,7 @@ mod tests {
     fn other_urls_get_one_clear_line() {
         assert!(err("rediss://localhost:6379/1").contains("not supported yet"));
         assert!(err("redis://127.0.0.1:1/1").contains("cannot reach Redis"));
+        assert!(err("redis://:pw@mymaster,h1,h2:26379/2").contains("Sentinel"));
         assert!(err("mysql://u:p@(h:3306)/db").contains("not supported"));
         assert!(err("/tmp/x.db").contains("no scheme"));
         assert!(err("ftp://x").contains("unknown metadata engine"));
