@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every sluice test on a Debian machine as root, installing what the
 # tests need first: system packages, JuiceFS 1.4 (for the interoperability
-# tests), the arm64 cross toolchain and qemu-user (for the arm64 tests).
+# tests), redis-server (for the Redis engine tests), the arm64 cross
+# toolchain and qemu-user (for the arm64 tests).
 #
 # Environment: SLUICE_SKIP_ARM64=1 skips the arm64 cross-build and tests;
 # SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs and the virtiofsd smoke test).
@@ -18,6 +19,8 @@ step "system packages"
 apt_update_once
 need_command python3 python3
 need_command qemu-system-x86_64 qemu-system-x86
+# The Redis metadata engine tests start their own servers (never the service).
+need_command redis-server redis-server
 
 step "JuiceFS 1.4 for the interoperability tests"
 if [ ! -x .venv/bin/juicefs ]; then

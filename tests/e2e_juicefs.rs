@@ -448,13 +448,38 @@ fn sluice_written_volume_reads_back_in_juicefs_and_passes_fsck() {
     );
 }
 
-/// Writes files through sluice, deletes some, and checks JuiceFS's view.
-fn deletes(trash_days: &str) {
+/// Writes files through sluice, deletes some, and checks JuiceFS's view;
+/// the metadata lives in SQLite, or in Redis with `on_redis`.
+fn deletes(trash_days: &str, on_redis: bool) {
     let test = "sluice_deletes_as_juicefs_expects";
     let Some(bin) = juicefs_bin(test) else { return };
+    let redis = if on_redis {
+        let Some(r) = common::RedisServer::start(test) else {
+            return;
+        };
+        Some(r)
+    } else {
+        None
+    };
     let _dog = Watchdog::new("sluice_deletes", Duration::from_secs(600));
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let meta = sluice_format(dir.path(), "delvol", &["--trash-days", trash_days]);
+    let meta = match &redis {
+        Some(r) => {
+            let meta = r.url(1);
+            let bucket = dir.path().join("bucket");
+            common::sluice_ok(&[
+                "format",
+                &meta,
+                "delvol",
+                "--bucket",
+                bucket.to_str().expect("UTF-8"),
+                "--trash-days",
+                trash_days,
+            ]);
+            meta
+        }
+        None => sluice_format(dir.path(), "delvol", &["--trash-days", trash_days]),
+    };
     let mut rng = StdRng::seed_from_u64(seed(test));
     let sm = sluice_mount(dir.path(), &meta);
     let mut files = Vec::new();
@@ -548,10 +573,126 @@ fn deletes(trash_days: &str) {
 
 #[test]
 fn sluice_deletes_into_the_trash_as_juicefs_expects() {
-    deletes("1");
+    deletes("1", false);
 }
 
 #[test]
 fn sluice_deletes_without_trash_leak_no_objects() {
-    deletes("0");
+    deletes("0", false);
+}
+
+#[test]
+fn sluice_deletes_on_redis_into_the_trash_as_juicefs_expects() {
+    deletes("1", true);
+}
+
+#[test]
+fn sluice_deletes_on_redis_without_trash_leak_no_objects() {
+    deletes("0", true);
+}
+
+/// A volume JuiceFS formatted and filled on Redis reads back in sluice.
+#[test]
+fn juicefs_written_redis_volume_reads_back_in_sluice() {
+    let test = "juicefs_written_redis_volume_reads_back_in_sluice";
+    let Some(bin) = juicefs_bin(test) else { return };
+    let Some(redis) = common::RedisServer::start(test) else {
+        return;
+    };
+    let _dog = Watchdog::new("juicefs_written_redis_volume", Duration::from_secs(900));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let meta = redis.url(1);
+    let bucket = format!("{}/", dir.path().join("bucket").display());
+    juicefs_ok(
+        &bin,
+        &[
+            "format",
+            &meta,
+            "jfsredis",
+            "--storage",
+            "file",
+            "--bucket",
+            &bucket,
+            "--trash-days",
+            "1",
+        ],
+    );
+    let jm = JfsMount::start(
+        &bin,
+        &meta,
+        &dir.path().join("jmnt"),
+        &dir.path().join("cache"),
+    );
+    fill(&jm.path, 70 << 20, seed(test));
+    // Something in JuiceFS's trash too.
+    std::fs::write(jm.path.join("gone"), b"to the trash").expect("write");
+    std::fs::remove_file(jm.path.join("gone")).expect("unlink");
+    let want = manifest(&jm.path.join("data"));
+    jm.unmount();
+    let sm = sluice_mount(dir.path(), &meta);
+    let got = manifest(&sm.path.join("data"));
+    assert_same(
+        &want,
+        &got,
+        "Redis volume written by juicefs, read by sluice",
+    );
+    sm.unmount();
+}
+
+/// A volume sluice formatted and filled on Redis reads back in JuiceFS and
+/// passes its fsck and gc.
+#[test]
+fn sluice_written_redis_volume_reads_back_in_juicefs_and_passes_fsck() {
+    let test = "sluice_written_redis_volume_reads_back_in_juicefs";
+    let Some(bin) = juicefs_bin(test) else { return };
+    let Some(redis) = common::RedisServer::start(test) else {
+        return;
+    };
+    let _dog = Watchdog::new("sluice_written_redis_volume", Duration::from_secs(900));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let meta = redis.url(1);
+    let bucket = dir.path().join("bucket");
+    common::sluice_ok(&[
+        "format",
+        &meta,
+        "sluiceredis",
+        "--bucket",
+        bucket.to_str().expect("UTF-8"),
+        "--compress",
+        "lz4",
+    ]);
+    let sm = sluice_mount(dir.path(), &meta);
+    fill(&sm.path, 70 << 20, seed(test));
+    let want = manifest(&sm.path.join("data"));
+    sm.unmount();
+    let jm = JfsMount::start(
+        &bin,
+        &meta,
+        &dir.path().join("jmnt"),
+        &dir.path().join("cache"),
+    );
+    let got = manifest(&jm.path.join("data"));
+    jm.unmount();
+    assert_same(
+        &want,
+        &got,
+        "Redis volume written by sluice, read by juicefs",
+    );
+    let out = Command::new(&bin)
+        .args(["fsck", &meta])
+        .output()
+        .expect("juicefs fsck runs");
+    let report = text(&out);
+    assert!(out.status.success(), "juicefs fsck failed:\n{report}");
+    for bad in ["lost", "broken", "ERROR", "FATAL"] {
+        assert!(
+            !report.contains(bad),
+            "juicefs fsck reports {bad}:\n{report}"
+        );
+    }
+    let (scanned, leaked, skipped) = juicefs_gc(&bin, &meta, &bucket);
+    assert!(
+        scanned > 0 && leaked == 0 && skipped == 0,
+        "juicefs gc: {scanned} scanned, {leaked} leaked, {skipped} skipped"
+    );
 }

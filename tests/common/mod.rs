@@ -369,3 +369,65 @@ pub fn sha256_file(path: &Path) -> [u8; 32] {
     }
     h.finalize().into()
 }
+
+/// A `redis-server` of one test on a free loopback port, in a temporary
+/// directory, saving nothing; killed on drop. `None` (with the reason
+/// printed) without `redis-server` on the PATH or with SLUICE_SKIP_REDIS=1.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start(test: &str) -> Option<RedisServer> {
+        if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
+            eprintln!("{test}: skipped: SLUICE_SKIP_REDIS=1");
+            return None;
+        }
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("redis-server").is_file()));
+        if !found {
+            eprintln!(
+                "{test}: skipped: redis-server is not installed (apt-get install redis-server)"
+            );
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(RedisServer {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// The metadata URL of database `db`.
+    pub fn url(&self, db: u32) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

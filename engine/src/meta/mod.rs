@@ -1,5 +1,5 @@
 //! Metadata: the types every metadata engine shares and the [`Meta`] trait
-//! that the SQLite engine (and later Redis) implements on JuiceFS 1.x's schema.
+//! that the SQLite and Redis engines implement on JuiceFS 1.x's schema.
 //!
 //! The trait speaks in inodes, names, attributes and slices — never in SQL or
 //! Redis keys — so the data path and the FUSE layer work with any engine.
@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod redis;
 pub mod sqlite;
 pub mod url;
 
+pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::open_meta;
 

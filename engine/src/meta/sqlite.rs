@@ -15,13 +15,13 @@
 //! change that rolled back.
 
 mod chunk;
-mod namespace;
-mod node;
+pub(crate) mod namespace;
+pub(crate) mod node;
 mod schema;
-mod session;
+pub(crate) mod session;
 #[cfg(test)]
 mod tests;
-mod volume;
+pub(crate) mod volume;
 mod xattr;
 
 use std::collections::HashMap;
@@ -517,12 +517,12 @@ pub(crate) fn align4k(length: u64) -> i64 {
 }
 
 /// Whether an inode is the trash directory or one of its hourly children.
-fn is_trash(ino: Ino) -> bool {
+pub(crate) fn is_trash(ino: Ino) -> bool {
     ino >= crate::meta::TRASH_INO
 }
 
 /// The name `.trash` has in the root directory.
-const TRASH_NAME: &[u8] = b".trash";
+pub(crate) const TRASH_NAME: &[u8] = b".trash";
 
 impl Meta for SqliteMeta {
     fn name(&self) -> &'static str {
@@ -800,7 +800,7 @@ impl Meta for SqliteMeta {
 /// JuiceFS's statfs for the whole volume: the capacity quota (or 1 PiB,
 /// doubled while usage passes 80 %), and the inode quota (or 10 Mi, doubled
 /// the same way).
-fn statfs_from(fmt: &Format, used: i64, inodes: i64) -> StatFs {
+pub(crate) fn statfs_from(fmt: &Format, used: i64, inodes: i64) -> StatFs {
     let used = used.max(0) as u64;
     let total = if fmt.capacity > 0 {
         fmt.capacity.max(used)

@@ -5,10 +5,13 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
+use crate::meta::redis::RedisMeta;
 use crate::meta::sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 
-/// Opens the metadata engine a URL names. Only `sqlite3://PATH` is served
-/// today (`sqlite3:///abs/path.db` or `sqlite3://relative.db`). Of JuiceFS's
+/// Opens the metadata engine a URL names: `sqlite3://PATH`
+/// (`sqlite3:///abs/path.db` or `sqlite3://relative.db`), or a Redis server:
+/// `redis://[[user]:pass@]host[:port][/db]`, `unix:///socket?db=N` (see
+/// [`RedisMeta::open`]; `rediss://` is refused until TLS is built in). Of JuiceFS's
 /// driver options after `?`, `_sync`/`_synchronous` (`normal` or `full`) and
 /// `_timeout`/`_busy_timeout` (milliseconds) are honoured, others ignored.
 pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
@@ -30,9 +33,7 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
                 sqlite_options(query)?,
             )?))
         }
-        "redis" | "rediss" | "unix" => Err(Error::NotSupported(format!(
-            "the Redis metadata engine ({scheme}://) is not supported yet; use sqlite3://PATH"
-        ))),
+        "redis" | "rediss" | "unix" => Ok(Arc::new(RedisMeta::open(url)?)),
         "mysql" | "postgres" | "tikv" | "etcd" | "badger" | "fdb" | "memkv" => {
             Err(Error::NotSupported(format!(
                 "the {scheme} metadata engine is not supported; use sqlite3://PATH"
@@ -105,13 +106,15 @@ mod tests {
 
     #[test]
     fn other_urls_get_one_clear_line() {
-        assert!(err("redis://localhost:6379/1").contains("not supported yet"));
+        assert!(err("rediss://localhost:6379/1").contains("not supported yet"));
+        assert!(err("redis://127.0.0.1:1/1").contains("cannot reach Redis"));
+        assert!(err("redis://:pw@mymaster,h1,h2:26379/2").contains("Sentinel"));
         assert!(err("mysql://u:p@(h:3306)/db").contains("not supported"));
         assert!(err("/tmp/x.db").contains("no scheme"));
         assert!(err("ftp://x").contains("unknown metadata engine"));
         assert!(err("sqlite3://").contains("names no database"));
         assert!(err("sqlite3:///nonexistent-dir-xyz/a.db").contains("does not exist"));
-        for url in ["redis://h", "/tmp/x.db", "ftp://x"] {
+        for url in ["redis://127.0.0.1:1/1", "/tmp/x.db", "ftp://x"] {
             assert!(!err(url).contains('\n'));
         }
     }

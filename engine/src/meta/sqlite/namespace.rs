@@ -62,7 +62,7 @@ fn has_children(c: &Connection, dir: Ino) -> TxResult<bool> {
 }
 
 /// Rejects names no entry may have.
-pub(super) fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(Error::Invalid("a name must not be empty".into()));
     }
@@ -77,13 +77,13 @@ pub(super) fn check_name(name: &[u8]) -> Result<()> {
 
 /// What an entry contributes to its directory's statistics:
 /// (data length, space, inodes).
-fn entry_stat(a: &Attr) -> (i64, i64, i64) {
+pub(crate) fn entry_stat(a: &Attr) -> (i64, i64, i64) {
     let len = if a.typ == FileType::File { a.length } else { 0 };
     (len as i64, align4k(len), 1)
 }
 
 /// The name a removed entry gets in the trash (JuiceFS `trashEntry`).
-fn trash_entry_name(parent: Ino, inode: Ino, name: &[u8]) -> Vec<u8> {
+pub(crate) fn trash_entry_name(parent: Ino, inode: Ino, name: &[u8]) -> Vec<u8> {
     let mut s = format!("{parent}-{inode}-").into_bytes();
     s.extend_from_slice(name);
     s.truncate(MAX_NAME_LEN);
@@ -137,7 +137,7 @@ pub(super) fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
 }
 
 /// The attributes of the trash directory or one of its hourly children.
-pub(super) fn new_trash_attr(parent: Ino) -> Attr {
+pub(crate) fn new_trash_attr(parent: Ino) -> Attr {
     let now = Timestamp::now();
     Attr {
         flags: 0,
@@ -166,7 +166,7 @@ fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
 
 /// The UTC hour `secs` falls in, as JuiceFS names hourly trash directories
 /// ("2006-01-02-15").
-pub(super) fn hour_name(secs: i64) -> String {
+pub(crate) fn hour_name(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
     let hour = secs.rem_euclid(86_400) / 3600;
     let (y, m, d) = civil_from_days(days);
@@ -174,7 +174,7 @@ pub(super) fn hour_name(secs: i64) -> String {
 }
 
 /// The start of the hour an hourly trash directory is named after.
-pub(super) fn parse_hour_name(name: &[u8]) -> Option<i64> {
+pub(crate) fn parse_hour_name(name: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(name).ok()?;
     let parts: Vec<&str> = s.split('-').collect();
     if parts.len() != 4 || parts[0].len() != 4 || parts[1..].iter().any(|p| p.len() != 2) {
@@ -191,7 +191,7 @@ pub(super) fn parse_hour_name(name: &[u8]) -> Option<i64> {
 }
 
 // Gregorian calendar conversions (Howard Hinnant's algorithms).
-pub(super) fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -805,7 +805,7 @@ pub(super) fn link(
 }
 
 /// An attribute record that carries only a type (readdir without `plus`).
-fn type_only(typ: FileType) -> Attr {
+pub(crate) fn type_only(typ: FileType) -> Attr {
     Attr {
         flags: 0,
         typ,

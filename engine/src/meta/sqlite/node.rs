@@ -8,15 +8,15 @@ use crate::error::{Error, Result};
 use crate::meta::{Attr, Context, FileType, Ino, SetAttr, TimeChange, Timestamp};
 
 /// Read permission bit of a mode triplet.
-pub(super) const MASK_R: u8 = 4;
+pub(crate) const MASK_R: u8 = 4;
 /// Write permission bit of a mode triplet.
-pub(super) const MASK_W: u8 = 2;
+pub(crate) const MASK_W: u8 = 2;
 /// Execute/search permission bit of a mode triplet.
-pub(super) const MASK_X: u8 = 1;
+pub(crate) const MASK_X: u8 = 1;
 /// JuiceFS `FlagImmutable`.
-pub(super) const FLAG_IMMUTABLE: u8 = 1;
+pub(crate) const FLAG_IMMUTABLE: u8 = 1;
 /// JuiceFS `FlagAppend`.
-pub(super) const FLAG_APPEND: u8 = 2;
+pub(crate) const FLAG_APPEND: u8 = 2;
 
 /// The columns [`from_row`] reads, in order.
 pub(super) const COLUMNS: &str = "inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
@@ -159,7 +159,7 @@ pub(super) fn delete(c: &Connection, ino: Ino) -> TxResult<()> {
     Ok(())
 }
 
-fn in_group(ctx: &Context, gid: u32) -> bool {
+pub(crate) fn in_group(ctx: &Context, gid: u32) -> bool {
     ctx.gid == gid || ctx.gids.contains(&gid)
 }
 
@@ -179,12 +179,12 @@ fn access_mode(ctx: &Context, a: &Attr) -> u8 {
 }
 
 /// Whether `ctx` skips permission checks (root or engine-internal work).
-pub(super) fn is_root(ctx: &Context) -> bool {
+pub(crate) fn is_root(ctx: &Context) -> bool {
     ctx.privileged || ctx.uid == 0
 }
 
 /// Fails with `Access` unless `ctx` has every bit of `mask` on the node.
-pub(super) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
+pub(crate) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
     if is_root(ctx) || access_mode(ctx, a) & mask == mask {
         Ok(())
     } else {
@@ -194,7 +194,7 @@ pub(super) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
 
 /// The sticky-directory rule: in a sticky directory only the owner of the
 /// entry, the owner of the directory or root may remove or rename it.
-pub(super) fn check_sticky(ctx: &Context, dir: &Attr, entry: &Attr) -> Result<()> {
+pub(crate) fn check_sticky(ctx: &Context, dir: &Attr, entry: &Attr) -> Result<()> {
     if !is_root(ctx) && dir.mode & 0o1000 != 0 && ctx.uid != dir.uid && ctx.uid != entry.uid {
         return Err(Error::Access);
     }
@@ -319,81 +319,92 @@ fn resolve_time(t: TimeChange, now: Timestamp) -> Timestamp {
 pub(super) fn setattr(inner: &Inner, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
     inner.write(|tx| {
         let cur = must_get(tx, ino)?;
-        if cur.parent > crate::meta::TRASH_INO {
-            return Err(Error::Perm.into());
-        }
-        let root = is_root(ctx);
-        let owner = root || ctx.uid == cur.uid;
-        let now = Timestamp::now();
-        let mut a = cur.clone();
-        let mut changed = false;
-        if let Some(uid) = set.uid
-            && uid != cur.uid
-        {
-            if !root {
-                return Err(Error::Perm.into());
+        match apply_setattr(ctx, &cur, set)? {
+            Some(a) => {
+                update(tx, ino, &a)?;
+                Ok(a)
             }
-            a.uid = uid;
-            changed = true;
+            None => Ok(cur),
         }
-        if let Some(gid) = set.gid
-            && gid != cur.gid
-        {
-            if !root && (ctx.uid != cur.uid || !in_group(ctx, gid)) {
-                return Err(Error::Perm.into());
-            }
-            a.gid = gid;
-            changed = true;
-        }
-        if (set.uid.is_some() || set.gid.is_some()) && a.typ != FileType::Directory {
-            // Linux (ext4) semantics: chown clears setuid, and setgid too unless
-            // root changes a file that is not group-executable.
-            if !root || a.mode & 0o010 != 0 {
-                a.mode &= 0o1777;
-            } else {
-                a.mode &= 0o3777;
-            }
-            changed |= a.mode != cur.mode;
-        }
-        if let Some(mode) = set.mode {
-            let mut mode = mode & 0o7777;
-            if !owner {
-                return Err(Error::Perm.into());
-            }
-            if !root && mode & 0o2000 != 0 && !in_group(ctx, a.gid) {
-                mode &= 0o5777;
-            }
-            a.mode = mode;
-            changed = true;
-        }
-        for (want, slot, cur_t) in [
-            (set.atime, &mut a.atime, cur.atime),
-            (set.mtime, &mut a.mtime, cur.mtime),
-        ] {
-            let Some(t) = want else { continue };
-            match t {
-                TimeChange::Now => {
-                    if !owner && check_access(ctx, &cur, MASK_W).is_err() {
-                        return Err(Error::Access.into());
-                    }
-                }
-                TimeChange::At(ts) => {
-                    if ts == cur_t {
-                        continue;
-                    }
-                    if !owner {
-                        return Err(Error::Perm.into());
-                    }
-                }
-            }
-            *slot = resolve_time(t, now);
-            changed = true;
-        }
-        if !changed {
-            return Ok(cur);
-        }
-        a.ctime = now;
-        update(tx, ino, &a)?;
-        Ok(a)
     })
+}
+
+/// The attributes `set` makes of `cur` for `ctx` (engine-independent), or
+/// `None` when nothing changes.
+pub(crate) fn apply_setattr(ctx: &Context, cur: &Attr, set: &SetAttr) -> Result<Option<Attr>> {
+    if cur.parent > crate::meta::TRASH_INO {
+        return Err(Error::Perm);
+    }
+    let root = is_root(ctx);
+    let owner = root || ctx.uid == cur.uid;
+    let now = Timestamp::now();
+    let mut a = cur.clone();
+    let mut changed = false;
+    if let Some(uid) = set.uid
+        && uid != cur.uid
+    {
+        if !root {
+            return Err(Error::Perm);
+        }
+        a.uid = uid;
+        changed = true;
+    }
+    if let Some(gid) = set.gid
+        && gid != cur.gid
+    {
+        if !root && (ctx.uid != cur.uid || !in_group(ctx, gid)) {
+            return Err(Error::Perm);
+        }
+        a.gid = gid;
+        changed = true;
+    }
+    if (set.uid.is_some() || set.gid.is_some()) && a.typ != FileType::Directory {
+        // Linux (ext4) semantics: chown clears setuid, and setgid too unless
+        // root changes a file that is not group-executable.
+        if !root || a.mode & 0o010 != 0 {
+            a.mode &= 0o1777;
+        } else {
+            a.mode &= 0o3777;
+        }
+        changed |= a.mode != cur.mode;
+    }
+    if let Some(mode) = set.mode {
+        let mut mode = mode & 0o7777;
+        if !owner {
+            return Err(Error::Perm);
+        }
+        if !root && mode & 0o2000 != 0 && !in_group(ctx, a.gid) {
+            mode &= 0o5777;
+        }
+        a.mode = mode;
+        changed = true;
+    }
+    for (want, slot, cur_t) in [
+        (set.atime, &mut a.atime, cur.atime),
+        (set.mtime, &mut a.mtime, cur.mtime),
+    ] {
+        let Some(t) = want else { continue };
+        match t {
+            TimeChange::Now => {
+                if !owner && check_access(ctx, cur, MASK_W).is_err() {
+                    return Err(Error::Access);
+                }
+            }
+            TimeChange::At(ts) => {
+                if ts == cur_t {
+                    continue;
+                }
+                if !owner {
+                    return Err(Error::Perm);
+                }
+            }
+        }
+        *slot = resolve_time(t, now);
+        changed = true;
+    }
+    if !changed {
+        return Ok(None);
+    }
+    a.ctime = now;
+    Ok(Some(a))
 }

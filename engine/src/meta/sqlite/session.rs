@@ -29,7 +29,7 @@ fn expire_at() -> i64 {
 
 /// The session info JuiceFS clients write: JSON with version, host, mount
 /// point and process. `info` is used as is when it is a JSON object already.
-fn session_info(info: &str) -> String {
+pub(crate) fn session_info(info: &str) -> String {
     if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(info).is_ok() {
         return info.to_string();
     }

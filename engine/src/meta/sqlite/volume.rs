@@ -12,7 +12,7 @@ use crate::format::Format;
 use crate::meta::{ROOT_INO, TRASH_INO};
 
 /// The settings as JuiceFS stores them: JSON, one field per line, no indent.
-fn settings_json(f: &Format) -> Result<String> {
+pub(crate) fn settings_json(f: &Format) -> Result<String> {
     let mut out = Vec::new();
     let mut ser = serde_json::Serializer::with_formatter(
         &mut out,
@@ -25,7 +25,7 @@ fn settings_json(f: &Format) -> Result<String> {
 
 /// Merges new settings into an existing volume's, refusing a different volume
 /// or a change JuiceFS would refuse too.
-fn merge(old: &Format, new: &Format) -> Result<Format> {
+pub(crate) fn merge(old: &Format, new: &Format) -> Result<Format> {
     if old.name != new.name || (!new.uuid.is_empty() && old.uuid != new.uuid) {
         return Err(Error::Exists);
     }

@@ -1,0 +1,730 @@
+//! The shared metadata engine: Redis on JuiceFS 1.x's Redis key schema, so
+//! volumes JuiceFS formatted on Redis are served as they are and JuiceFS's
+//! tools keep working on what sluice writes.
+//!
+//! Keys (see `keys.rs`): `setting` (the settings JSON); counters `nextinode`,
+//! `nextchunk`, `nextsession` (the last id handed out), `usedSpace`,
+//! `totalInodes`, `nextTrash`; `i{ino}` attributes (`codec.rs`); `d{ino}`
+//! entries; `p{ino}` parents of hard-linked nodes; `c{ino}_{indx}` slice
+//! lists; `sliceRef` (`k{id}_{size}` → references − 1: a slice written once
+//! has no field); `s{ino}` symlink targets; `x{ino}` extended attributes;
+//! `delfiles`, `delSlices`; `allSessions`, `sessionInfos`, `session{sid}`;
+//! `dirDataLength`/`dirUsedSpace`/`dirUsedInodes`.
+//!
+//! Every [`Meta`] method that changes something is one optimistic
+//! transaction (`tx.rs`). Work that must follow a commit — deleting the
+//! objects of released slices, the chunks of removed files — runs after it.
+//!
+//! On a Redis Cluster every key carries JuiceFS's hash tag `{DB}`, so the
+//! whole volume lives in one slot and the engine talks to that slot's master
+//! (a slot that moves later needs a reopen). Not served: Sentinel, and
+//! `rediss://` (the `redis` crate is built without TLS).
+
+mod chunk;
+mod cluster;
+mod codec;
+mod keys;
+mod namespace;
+mod node;
+mod session;
+#[cfg(test)]
+pub(crate) mod tests;
+mod tx;
+mod xattr;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::meta::sqlite::volume::{merge, settings_json};
+use crate::meta::sqlite::{node as rules, statfs_from};
+use crate::meta::{
+    Attr, Context, Entry, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr,
+    Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, XattrMode,
+};
+
+use keys::{Keys, counter, slice_field};
+use tx::{Pool, PostCommit, Tx, TxError, TxResult};
+
+/// How many inode numbers one counter increment reserves (JuiceFS `inodeBatch`).
+const INODE_BATCH: u64 = 1024;
+/// How many slice ids one counter increment reserves (JuiceFS `sliceIdBatch`).
+const SLICE_BATCH: u64 = 4096;
+/// Write transactions of this process are serialised per stripe (picked by
+/// the main inode), as JuiceFS's `txLock`, so local writers don't keep
+/// aborting each other; other processes are handled by WATCH.
+const STRIPES: usize = 64;
+
+/// A range of ids reserved from a counter, handed out one at a time.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdRange {
+    next: u64,
+    end: u64,
+}
+
+/// How this client holds an inode open.
+#[derive(Debug, Default, Clone, Copy)]
+struct OpenFile {
+    count: u32,
+    /// Unlinked while open: kept in `session{sid}` until the last close.
+    removed: bool,
+}
+
+/// The background heartbeat of a session.
+#[derive(Debug)]
+struct Heartbeat {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// The Redis metadata engine. Cheap to share: all state is behind an `Arc`.
+pub struct RedisMeta {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The URL without its password, for messages.
+    addr: String,
+    pool: Pool,
+    keys: Keys,
+    stripes: Vec<Mutex<()>>,
+    format: RwLock<Option<Format>>,
+    inodes: Mutex<IdRange>,
+    slices: Mutex<IdRange>,
+    sid: AtomicU64,
+    open_files: Mutex<HashMap<Ino, OpenFile>>,
+    releaser: RwLock<Option<SliceReleaser>>,
+    heartbeat: Mutex<Option<Heartbeat>>,
+    trash_dir: Mutex<Option<(String, Ino)>>,
+}
+
+impl std::fmt::Debug for RedisMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisMeta")
+            .field("addr", &self.inner.addr)
+            .field("sid", &self.inner.sid.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A URL with its password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The same connection settings with another database number.
+fn with_db(info: redis::ConnectionInfo, db: i64) -> redis::ConnectionInfo {
+    let settings = info.redis_settings().clone().set_db(db);
+    info.set_redis_settings(settings)
+}
+
+impl RedisMeta {
+    /// Connects to the Redis server a JuiceFS metadata URL names:
+    /// `redis://[[user]:pass@]host[:port][/db]` or `unix://[/path]?db=N`.
+    /// Without a password in the URL, `REDIS_PASSWORD` or `META_PASSWORD`
+    /// from the environment is used, as JuiceFS does.
+    pub fn open(url: &str) -> Result<RedisMeta> {
+        use redis::IntoConnectionInfo;
+        let shown = redact(url);
+        if url.to_ascii_lowercase().starts_with("rediss://") {
+            return Err(Error::NotSupported(format!(
+                "TLS to Redis ({shown}) is not supported yet; use redis:// or unix://"
+            )));
+        }
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let hosts = base
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.rsplit('@').next().unwrap_or(rest));
+        if hosts.split('/').next().is_some_and(|h| h.contains(',')) {
+            return Err(Error::NotSupported(format!(
+                "Redis Sentinel and multi-host URLs ({shown}) are not supported yet; \
+                 name one Redis server (or one node of a cluster)"
+            )));
+        }
+        let is_unix = base.to_ascii_lowercase().starts_with("unix://");
+        // JuiceFS options (timeouts, retries, TLS files) the driver doesn't know.
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .filter(|p| {
+                let key = p.split_once('=').map_or(*p, |(k, _)| k);
+                let known = is_unix && matches!(key, "db" | "user" | "pass");
+                if !known {
+                    log::debug!("ignoring Redis URL option {key}");
+                }
+                known
+            })
+            .collect();
+        let clean = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        let mut info = clean
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| Error::Invalid(format!("{shown} is not a usable Redis URL: {e}")))?;
+        if info.redis_settings().password().is_none()
+            && let Some(pw) = ["REDIS_PASSWORD", "META_PASSWORD"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()))
+        {
+            let settings = info.redis_settings().clone().set_password(pw);
+            info = info.set_redis_settings(settings);
+        }
+        let unusable = |e: redis::RedisError| {
+            Error::Invalid(format!("{shown} is not a usable Redis URL: {e}"))
+        };
+        let unreachable =
+            |e: redis::RedisError| Error::Meta(format!("cannot reach Redis at {shown}: {e}"));
+        // A cluster node refuses SELECT, so the first contact uses db 0.
+        let db = info.redis_settings().db();
+        let first = Pool::new(redis::Client::open(with_db(info.clone(), 0)).map_err(unusable)?);
+        let cluster = first
+            .probe(
+                |c| match redis::cmd("CLUSTER").arg("INFO").query::<String>(c) {
+                    Ok(s) => Ok(s.contains("cluster_state:")),
+                    // "ERR This instance has cluster support disabled"
+                    Err(e) if e.code().is_some() => Ok(false),
+                    Err(e) => Err(e),
+                },
+            )
+            .map_err(unreachable)?;
+        let (pool, keys) = if cluster {
+            // JuiceFS keeps a volume in one slot, behind the hash tag `{DB}`:
+            // talk to the master of that slot.
+            let prefix = format!("{{{db}}}");
+            let addr = first
+                .probe(|c| cluster::slot_master(c, &prefix))
+                .map_err(unreachable)?;
+            let addr = match addr {
+                Some(a) => a,
+                None => {
+                    return Err(Error::Meta(format!(
+                        "no node of the Redis Cluster at {shown} serves the slot of {prefix}"
+                    )));
+                }
+            };
+            let node = match (info.addr().clone(), addr) {
+                (redis::ConnectionAddr::Tcp(host, _), (h, port)) if h.is_empty() => {
+                    redis::ConnectionAddr::Tcp(host, port)
+                }
+                (_, (h, port)) => redis::ConnectionAddr::Tcp(h, port),
+            };
+            log::info!("{shown} is a Redis Cluster; volume keys are prefixed {prefix}");
+            let client = redis::Client::open(with_db(info, 0).set_addr(node)).map_err(unusable)?;
+            (Pool::new(client), Keys::with_prefix(prefix))
+        } else {
+            (
+                Pool::new(redis::Client::open(info).map_err(unusable)?),
+                Keys::default(),
+            )
+        };
+        Ok(RedisMeta {
+            inner: Arc::new(Inner {
+                addr: shown,
+                pool,
+                keys,
+                stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+                format: RwLock::new(None),
+                inodes: Mutex::new(IdRange::default()),
+                slices: Mutex::new(IdRange::default()),
+                sid: AtomicU64::new(0),
+                open_files: Mutex::new(HashMap::new()),
+                releaser: RwLock::new(None),
+                heartbeat: Mutex::new(None),
+                trash_dir: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// This client's session id (0 before `new_session`).
+    pub fn session_id(&self) -> u64 {
+        self.inner.sid.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RedisMeta {
+    fn drop(&mut self) {
+        self.inner.stop_heartbeat();
+    }
+}
+
+impl Inner {
+    /// The volume settings, read once and cached.
+    fn format(&self) -> Result<Format> {
+        if let Some(f) = self.format.read().as_ref() {
+            return Ok(f.clone());
+        }
+        let f = self.read_format()?.ok_or(Error::NotFound)?;
+        *self.format.write() = Some(f.clone());
+        Ok(f)
+    }
+
+    fn read_format(&self) -> Result<Option<Format>> {
+        let key = self.keys.setting();
+        let json: Option<Vec<u8>> = self
+            .pool
+            .with_conn(|c| redis::cmd("GET").arg(&key).query(c))?;
+        json.map(|j| {
+            serde_json::from_slice::<Format>(&j).map_err(|e| {
+                Error::Corrupt(format!(
+                    "the volume settings in {} are not valid JuiceFS JSON: {e}",
+                    self.addr
+                ))
+            })
+        })
+        .transpose()
+    }
+
+    /// Runs `f` as one write transaction, then the post-commit work.
+    /// `stripe` (an inode the change centres on) picks the local lock.
+    fn write<T>(&self, stripe: Ino, f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
+        let fmt = match self.format.read().clone() {
+            Some(f) => Some(f),
+            None => self.read_format().ok().flatten(),
+        };
+        let (dir_stats, trash_days) = fmt.map_or((false, 0), |f| (f.dir_stats, f.trash_days));
+        let (value, post) = {
+            let _guard = self.stripes[(stripe % STRIPES as u64) as usize].lock();
+            self.pool
+                .transact(&self.keys, true, dir_stats, trash_days, f)?
+        };
+        self.after_commit(post);
+        Ok(value)
+    }
+
+    /// Runs `f` as a series of reads (nothing watched, nothing written).
+    fn read<T>(&self, f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
+        Ok(self.pool.transact(&self.keys, false, false, 0, f)?.0)
+    }
+
+    /// Deletes the data of removed files and the objects of released slices.
+    fn after_commit(&self, post: PostCommit) {
+        for (ino, length) in post.deleted_files {
+            if let Err(e) = self.delete_file_data(ino, length) {
+                log::warn!(
+                    "deleting the data of removed inode {ino} failed (cleanup retries): {e}"
+                );
+            }
+        }
+        self.release_slices(&post.released);
+    }
+
+    /// Hands released slices to the releaser; a slice whose objects are gone
+    /// loses its `sliceRef` field, a failed one keeps it (negative) so
+    /// `cleanup` (or `juicefs gc`) retries it.
+    fn release_slices(&self, released: &[ReleasedSlice]) {
+        if released.is_empty() {
+            return;
+        }
+        let releaser = self.releaser.read().clone();
+        let Some(releaser) = releaser else {
+            return;
+        };
+        let key = self.keys.slice_refs();
+        for s in released {
+            if !releaser(*s) {
+                log::warn!(
+                    "deleting the objects of slice {} ({} bytes) failed; cleanup retries it",
+                    s.id,
+                    s.size
+                );
+                continue;
+            }
+            let field = slice_field(s.id, s.size);
+            let r = self
+                .pool
+                .with_conn(|c| redis::cmd("HDEL").arg(&key).arg(&field).query::<()>(c));
+            if let Err(e) = r {
+                log::warn!("dropping the reference of slice {}: {e}", s.id);
+            }
+        }
+    }
+
+    /// Reserves the next id from `range`, refilling it from counter `name`
+    /// `batch` at a time. Redis counters hold the last id handed out.
+    fn next_id(&self, range: &Mutex<IdRange>, name: &'static str, batch: u64) -> Result<u64> {
+        let mut r = range.lock();
+        loop {
+            if r.next >= r.end {
+                let key = self.keys.counter(name);
+                let last: i64 = self
+                    .pool
+                    .with_conn(|c| redis::cmd("INCRBY").arg(&key).arg(batch).query(c))
+                    .map_err(|e| Error::Meta(format!("reserving ids from {name}: {e}")))?;
+                let last = u64::try_from(last)
+                    .map_err(|_| Error::Corrupt(format!("counter {name} is negative")))?;
+                r.next = (last + 1).saturating_sub(batch);
+                r.end = last + 1;
+            }
+            let id = r.next;
+            r.next += 1;
+            // Inode 0 does not exist and 1 is the root; slice id 0 is a hole.
+            if id > 1 || (name == counter::NEXT_SLICE && id == 1) {
+                return Ok(id);
+            }
+        }
+    }
+
+    fn next_inode(&self) -> Result<Ino> {
+        self.next_id(&self.inodes, counter::NEXT_INODE, INODE_BATCH)
+    }
+
+    fn counter_value(&self, name: &str) -> Result<i64> {
+        let key = self.keys.counter(name);
+        let v: Option<i64> = self
+            .pool
+            .with_conn(|c| redis::cmd("GET").arg(&key).query(c))?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Formats the store, or updates the settings of the same volume.
+    fn init(&self, format: &Format) -> Result<()> {
+        format.check_supported()?;
+        if format.name.is_empty() {
+            return Err(Error::Invalid("a volume needs a name".into()));
+        }
+        let existing = self.read_format()?;
+        if let Some(old) = &existing {
+            old.check_supported()?;
+        }
+        let fmt = match &existing {
+            Some(old) => merge(old, format)?,
+            None => {
+                let mut f = format.clone();
+                if f.uuid.is_empty() {
+                    f.uuid = uuid::Uuid::new_v4().to_string();
+                }
+                if f.meta_version == 0 {
+                    f.meta_version = 1;
+                }
+                f
+            }
+        };
+        let json = settings_json(&fmt)?;
+        let drop_dir_stats = existing
+            .as_ref()
+            .is_some_and(|o| !o.dir_stats && fmt.dir_stats);
+        let new = existing.is_none();
+        self.write(ROOT_INO, |tx| {
+            let setting = tx.keys.setting();
+            let now_there = tx.get(&setting)?;
+            if new && now_there.is_some() {
+                // Another client formatted it meanwhile.
+                return Err(Error::Exists.into());
+            }
+            if drop_dir_stats {
+                // Stats kept by nobody are stale; they are rebuilt on use.
+                for k in [
+                    tx.keys.dir_used_inodes(),
+                    tx.keys.dir_used_space(),
+                    tx.keys.dir_data_length(),
+                ] {
+                    tx.del(&k);
+                }
+            }
+            if fmt.trash_days > 0 && node::get(tx, TRASH_INO)?.is_none() {
+                node::put(tx, TRASH_INO, &namespace::new_trash_attr(ROOT_INO));
+            }
+            tx.set(&setting, json.as_bytes());
+            if new {
+                let mut root = namespace::new_trash_attr(ROOT_INO);
+                root.mode = 0o777;
+                node::put(tx, ROOT_INO, &root);
+            }
+            Ok(())
+        })?;
+        *self.format.write() = Some(fmt);
+        Ok(())
+    }
+}
+
+impl Meta for RedisMeta {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn init(&self, format: &Format) -> Result<()> {
+        self.inner.init(format)
+    }
+
+    fn load(&self) -> Result<Format> {
+        let f = self.inner.read_format()?.ok_or(Error::NotFound)?;
+        f.check_supported()?;
+        *self.inner.format.write() = Some(f.clone());
+        Ok(f)
+    }
+
+    fn new_session(&self, info: &str) -> Result<u64> {
+        session::new_session(&self.inner, info)
+    }
+
+    fn close_session(&self) -> Result<()> {
+        session::close_session(&self.inner)
+    }
+
+    fn cleanup(&self) -> Result<()> {
+        session::cleanup(&self.inner)
+    }
+
+    fn set_slice_releaser(&self, releaser: SliceReleaser) {
+        *self.inner.releaser.write() = Some(releaser);
+    }
+
+    fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {
+        let fmt = self.inner.format()?;
+        let used = self.inner.counter_value(counter::USED_SPACE)?;
+        let inodes = self.inner.counter_value(counter::TOTAL_INODES)?;
+        Ok(statfs_from(&fmt, used, inodes))
+    }
+
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
+        namespace::lookup(&self.inner, ctx, parent, name)
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.inner
+            .read(|tx| node::get(tx, ino)?.ok_or(TxError::Fs(Error::NotFound)))
+    }
+
+    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        self.inner.write(ino, |tx| {
+            let cur = node::must_get(tx, ino)?;
+            match rules::apply_setattr(ctx, &cur, set)? {
+                Some(a) => {
+                    node::put(tx, ino, &a);
+                    Ok(a)
+                }
+                None => Ok(cur),
+            }
+        })
+    }
+
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length)
+    }
+
+    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
+        chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        typ: FileType,
+        mode: u16,
+        umask: u16,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)> {
+        if matches!(typ, FileType::Directory | FileType::Symlink) {
+            return Err(Error::Invalid(
+                "mknod makes neither directories nor symlinks".into(),
+            ));
+        }
+        namespace::mknod(&self.inner, ctx, parent, name, typ, mode, umask, rdev, b"")
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)> {
+        namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::Directory,
+            mode,
+            umask,
+            0,
+            b"",
+        )
+    }
+
+    fn symlink(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<(Ino, Attr)> {
+        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+            return Err(Error::Invalid(
+                "a symlink target must be 1..4096 bytes without NUL".into(),
+            ));
+        }
+        namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::Symlink,
+            0o777,
+            0,
+            0,
+            target,
+        )
+    }
+
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        namespace::readlink(&self.inner, ino)
+    }
+
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::unlink(&self.inner, ctx, parent, name)
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::rmdir(&self.inner, ctx, parent, name)
+    }
+
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent_src: Ino,
+        name_src: &[u8],
+        parent_dst: Ino,
+        name_dst: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(Ino, Attr)> {
+        namespace::rename(
+            &self.inner,
+            ctx,
+            parent_src,
+            name_src,
+            parent_dst,
+            name_dst,
+            flags,
+        )
+    }
+
+    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        namespace::link(&self.inner, ctx, ino, parent, name)
+    }
+
+    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
+        namespace::readdir(&self.inner, ctx, ino, plus)
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)> {
+        let (ino, attr) = namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            FileType::File,
+            mode,
+            umask,
+            0,
+            b"",
+        )?;
+        session::opened(&self.inner, ino);
+        Ok((ino, attr))
+    }
+
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
+        let attr = self.getattr(ino)?;
+        let mask = match flags & libc::O_ACCMODE as u32 {
+            x if x == libc::O_WRONLY as u32 => rules::MASK_W,
+            x if x == libc::O_RDWR as u32 => rules::MASK_R | rules::MASK_W,
+            _ => rules::MASK_R,
+        };
+        rules::check_access(ctx, &attr, mask)?;
+        let writing = mask & rules::MASK_W != 0;
+        if writing && (attr.flags & rules::FLAG_IMMUTABLE != 0 || attr.parent > TRASH_INO) {
+            return Err(Error::Perm);
+        }
+        if attr.flags & rules::FLAG_APPEND != 0
+            && ((writing && flags & libc::O_APPEND as u32 == 0)
+                || flags & libc::O_TRUNC as u32 != 0)
+        {
+            return Err(Error::Perm);
+        }
+        session::opened(&self.inner, ino);
+        Ok(attr)
+    }
+
+    fn close(&self, ino: Ino) -> Result<()> {
+        session::closed(&self.inner, ino)
+    }
+
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
+        let attr = self.getattr(ino)?;
+        rules::check_access(ctx, &attr, (mask & 7) as u8)
+    }
+
+    fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
+        chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn new_slice_id(&self) -> Result<u64> {
+        self.inner
+            .next_id(&self.inner.slices, counter::NEXT_SLICE, SLICE_BATCH)
+    }
+
+    fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize> {
+        chunk::write_chunk(&self.inner, ino, indx, slice, mtime)
+    }
+
+    fn compact_chunk(&self, ino: Ino, indx: u32, old: &[Slice], new: &[Slice]) -> Result<bool> {
+        chunk::compact_chunk(&self.inner, ino, indx, old, new)
+    }
+
+    fn list_chunks(&self) -> Result<Vec<(Ino, u32, Vec<Slice>)>> {
+        chunk::list_chunks(&self.inner)
+    }
+
+    fn slice_referenced(&self, id: u64, size: u32) -> Result<bool> {
+        chunk::slice_referenced(&self.inner, id, size)
+    }
+
+    fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        xattr::get(&self.inner, ino, name)
+    }
+
+    fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        xattr::list(&self.inner, ino)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
+        xattr::set(&self.inner, ctx, ino, name, value, mode)
+    }
+
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        xattr::remove(&self.inner, ctx, ino, name)
+    }
+}

@@ -1,0 +1,524 @@
+//! File contents on Redis: chunks as lists of 24-byte slice records
+//! (`c{ino}_{indx}`), slice references (`sliceRef`, JuiceFS's "references
+//! − 1": a slice written once has no field), truncation, fallocate,
+//! compaction and the deletion of removed files' data.
+
+use super::Inner;
+use super::codec::encode_delayed;
+use super::keys::{parse_chunk_key, slice_field};
+use super::node;
+use super::tx::{Tx, TxError, TxResult};
+use crate::error::{Error, Result};
+use crate::meta::sqlite::align4k;
+use crate::meta::sqlite::node::{self as rules, MASK_W};
+use crate::meta::{Attr, CHUNK_SIZE, Context, FileType, Ino, Slice, TRASH_INO, Timestamp};
+
+/// `FALLOC_FL_KEEP_SIZE`.
+const FALLOC_KEEP_SIZE: u32 = 0x01;
+/// `FALLOC_FL_PUNCH_HOLE`.
+const FALLOC_PUNCH_HOLE: u32 = 0x02;
+/// `FALLOC_FL_COLLAPSE_RANGE`.
+const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
+/// `FALLOC_FL_ZERO_RANGE`.
+const FALLOC_ZERO_RANGE: u32 = 0x10;
+/// `FALLOC_FL_INSERT_RANGE`.
+const FALLOC_INSERT_RANGE: u32 = 0x20;
+
+/// The largest file length JuiceFS's chunk index can address.
+const MAX_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
+
+fn decode(ino: Ino, indx: u32, records: &[Vec<u8>]) -> TxResult<Vec<Slice>> {
+    records
+        .iter()
+        .map(|r| {
+            Slice::decode(r).ok_or_else(|| {
+                TxError::Fs(Error::Corrupt(format!(
+                    "chunk {indx} of inode {ino} holds a {}-byte record, not 24",
+                    r.len()
+                )))
+            })
+        })
+        .collect()
+}
+
+/// A hole record covering `len` bytes at chunk offset `pos`.
+fn hole(pos: u32, len: u32) -> [u8; Slice::RECORD_LEN] {
+    Slice {
+        pos,
+        id: 0,
+        size: 0,
+        off: 0,
+        len,
+    }
+    .encode()
+}
+
+fn push(tx: &mut Tx<'_>, op: &str, key: &str, record: &[u8]) {
+    let mut c = redis::cmd(op);
+    c.arg(key).arg(record);
+    tx.cmd(c);
+}
+
+/// Drops one reference of each record's slice.
+fn unref(tx: &mut Tx<'_>, slices: &[Slice]) {
+    for s in slices.iter().filter(|s| s.id != 0) {
+        tx.unref(s.id, s.size);
+    }
+}
+
+/// The slice list of one chunk, in write order.
+pub(super) fn read_chunk(inner: &Inner, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
+    inner.read(|tx| {
+        let key = tx.keys.chunk(ino, indx);
+        let records = tx.lrange(&key, -1)?;
+        if records.is_empty() {
+            let a = node::must_get(tx, ino)?;
+            if a.typ != FileType::File {
+                return Err(Error::Perm.into());
+            }
+            return Ok(Vec::new());
+        }
+        decode(ino, indx, &records)
+    })
+}
+
+/// Appends a written slice (JuiceFS `Write`).
+pub(super) fn write_chunk(
+    inner: &Inner,
+    ino: Ino,
+    indx: u32,
+    slice: Slice,
+    mtime: Timestamp,
+) -> Result<usize> {
+    let end = u64::from(slice.pos) + u64::from(slice.len);
+    if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
+        return Err(Error::Invalid(format!(
+            "slice {} does not fit its chunk or its stored size",
+            slice.id
+        )));
+    }
+    inner.format()?;
+    inner.write(ino, |tx| {
+        let mut a = node::must_get(tx, ino)?;
+        if a.typ != FileType::File {
+            return Err(Error::Perm.into());
+        }
+        let new_len = u64::from(indx) * CHUNK_SIZE + end;
+        let (mut dlen, mut dspace) = (0, 0);
+        if new_len > a.length {
+            dlen = (new_len - a.length) as i64;
+            dspace = align4k(new_len) - align4k(a.length);
+            a.length = new_len;
+        }
+        a.mtime = mtime;
+        a.ctime = Timestamp::now();
+        let key = tx.keys.chunk(ino, indx);
+        let count = tx.llen(&key)? as usize + 1;
+        push(tx, "RPUSH", &key, &slice.encode());
+        node::put(tx, ino, &a);
+        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+        Ok(count)
+    })
+}
+
+/// Replaces the chunk's first `old.len()` records by `new` if they are still
+/// exactly `old` (JuiceFS `CompactChunk`). With a trash, the replaced slices
+/// are kept for `TrashDays` in `delSlices`, as JuiceFS keeps them.
+pub(super) fn compact_chunk(
+    inner: &Inner,
+    ino: Ino,
+    indx: u32,
+    old: &[Slice],
+    new: &[Slice],
+) -> Result<bool> {
+    if old.is_empty() {
+        return Ok(false);
+    }
+    inner.format()?;
+    let done = inner.write(ino, |tx| {
+        let key = tx.keys.chunk(ino, indx);
+        let head = tx.lrange(&key, old.len() as i64 - 1)?;
+        if head.len() != old.len() || head.iter().zip(old).any(|(r, s)| r[..] != s.encode()) {
+            return Ok(false);
+        }
+        let mut c = redis::cmd("LTRIM");
+        c.arg(&key).arg(old.len()).arg(-1);
+        tx.cmd(c);
+        for s in new.iter().rev() {
+            push(tx, "LPUSH", &key, &s.encode());
+        }
+        let delayed: Vec<&Slice> = old.iter().filter(|s| s.id != 0).collect();
+        let anchor = new.iter().find(|s| s.id != 0).map(|s| s.id);
+        match anchor {
+            Some(id) if tx.trash_days > 0 && !delayed.is_empty() => {
+                let dkey = tx.keys.delayed_slices();
+                let field = format!("{id}_{}", Timestamp::now().secs);
+                let value = encode_delayed(delayed.iter().map(|s| (s.id, s.size)));
+                tx.hset(&dkey, field.as_bytes(), &value);
+            }
+            _ => unref(tx, old),
+        }
+        Ok(true)
+    })?;
+    if !done {
+        // The compacted slice was written for nothing: let its objects go, as
+        // JuiceFS does (a negative reference that cleanup also finds).
+        inner.write(ino, |tx| {
+            for s in new.iter().filter(|s| s.id != 0) {
+                tx.unref(s.id, s.size);
+            }
+            Ok(())
+        })?;
+    }
+    Ok(done)
+}
+
+/// Sets a file's length. Growing adds a hole; shrinking hides the cut part
+/// of the last chunk behind a hole and drops whole chunks past the end,
+/// releasing their slices.
+pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
+    if length > MAX_LENGTH {
+        return Err(Error::FileTooBig);
+    }
+    inner.format()?;
+    inner.write(ino, |tx| {
+        let mut a = node::must_get(tx, ino)?;
+        if a.typ != FileType::File
+            || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
+            || a.parent > TRASH_INO
+        {
+            return Err(Error::Perm.into());
+        }
+        rules::check_access(ctx, &a, MASK_W)?;
+        if length == a.length {
+            return Ok(a);
+        }
+        let old = a.length;
+        let (left, right) = (old.min(length), old.max(length));
+        if length < old {
+            // Chunks wholly past the new end go, with their references.
+            let first_gone = length.div_ceil(CHUNK_SIZE);
+            let last = old.div_ceil(CHUNK_SIZE);
+            for indx in first_gone..last {
+                let key = tx.keys.chunk(ino, indx as u32);
+                let records = tx.lrange(&key, -1)?;
+                if records.is_empty() {
+                    continue;
+                }
+                match decode(ino, indx as u32, &records) {
+                    Ok(slices) => unref(tx, &slices),
+                    Err(e) => log::error!("{e:?}; its slices are left for gc"),
+                }
+                tx.del(&key);
+            }
+            if !length.is_multiple_of(CHUNK_SIZE) {
+                let indx = (length / CHUNK_SIZE) as u32;
+                let pos = (length % CHUNK_SIZE) as u32;
+                let end = right.min((u64::from(indx) + 1) * CHUNK_SIZE);
+                let key = tx.keys.chunk(ino, indx);
+                push(tx, "RPUSHX", &key, &hole(pos, (end - length) as u32));
+            }
+        } else {
+            // Growing: a hole over the new range, as JuiceFS writes it.
+            let first = (left / CHUNK_SIZE) as u32;
+            let pos = (left % CHUNK_SIZE) as u32;
+            let end = right.min((u64::from(first) + 1) * CHUNK_SIZE);
+            let key = tx.keys.chunk(ino, first);
+            push(tx, "RPUSH", &key, &hole(pos, (end - left) as u32));
+            let last = (right / CHUNK_SIZE) as u32;
+            let between: Vec<u32> = if last - first > 10_000 {
+                // Far apart: only the chunks that exist.
+                existing_chunks(tx, ino)?
+                    .into_iter()
+                    .filter(|i| *i > first && *i < last)
+                    .collect()
+            } else {
+                (first.saturating_add(1)..last).collect()
+            };
+            for indx in between {
+                let key = tx.keys.chunk(ino, indx);
+                push(tx, "RPUSHX", &key, &hole(0, CHUNK_SIZE as u32));
+            }
+            if last > first && right % CHUNK_SIZE > 0 {
+                let key = tx.keys.chunk(ino, last);
+                push(tx, "RPUSHX", &key, &hole(0, (right % CHUNK_SIZE) as u32));
+            }
+        }
+        let dlen = length as i64 - old as i64;
+        let dspace = align4k(length) - align4k(old);
+        let now = Timestamp::now();
+        a.length = length;
+        a.mtime = now;
+        a.ctime = now;
+        node::put(tx, ino, &a);
+        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+        Ok(a)
+    })
+}
+
+/// Linux fallocate (JuiceFS `Fallocate`).
+pub(super) fn fallocate(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    mode: u32,
+    offset: u64,
+    len: u64,
+) -> Result<Attr> {
+    if mode & (FALLOC_COLLAPSE_RANGE | FALLOC_INSERT_RANGE) != 0 {
+        return Err(Error::NotSupported(
+            "fallocate collapse/insert range is not supported".into(),
+        ));
+    }
+    if mode & FALLOC_PUNCH_HOLE != 0 && mode & FALLOC_KEEP_SIZE == 0 {
+        return Err(Error::Invalid(
+            "punching a hole needs FALLOC_FL_KEEP_SIZE".into(),
+        ));
+    }
+    if len == 0 {
+        return Err(Error::Invalid("fallocate of zero bytes".into()));
+    }
+    let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+    if end > MAX_LENGTH {
+        return Err(Error::FileTooBig);
+    }
+    inner.format()?;
+    inner.write(ino, |tx| {
+        let mut a = node::must_get(tx, ino)?;
+        if a.typ == FileType::Directory {
+            return Err(Error::IsDir.into());
+        }
+        if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
+            return Err(Error::Perm.into());
+        }
+        rules::check_access(ctx, &a, MASK_W)?;
+        if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
+            return Err(Error::Perm.into());
+        }
+        let old = a.length;
+        let mut length = old;
+        if end > old && mode & FALLOC_KEEP_SIZE == 0 {
+            length = end;
+        }
+        if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 && offset < old {
+            let mut off = offset;
+            let stop = end.min(old);
+            while off < stop {
+                let indx = (off / CHUNK_SIZE) as u32;
+                let coff = off % CHUNK_SIZE;
+                let l = (stop - off).min(CHUNK_SIZE - coff);
+                let key = tx.keys.chunk(ino, indx);
+                push(tx, "RPUSH", &key, &hole(coff as u32, l as u32));
+                off += l;
+            }
+        }
+        let now = Timestamp::now();
+        let dlen = length as i64 - old as i64;
+        let dspace = align4k(length) - align4k(old);
+        a.length = length;
+        a.mtime = now;
+        a.ctime = now;
+        node::put(tx, ino, &a);
+        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+        Ok(a)
+    })
+}
+
+/// The indices of the chunks one file has.
+fn existing_chunks(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Vec<u32>> {
+    let prefix = tx.keys.prefix().to_string();
+    let pattern = format!("{prefix}c{ino}_*");
+    let mut cursor = 0u64;
+    let mut out = Vec::new();
+    loop {
+        let (next, keys): (u64, Vec<String>) = tx.now(
+            redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000),
+        )?;
+        out.extend(
+            keys.iter()
+                .filter_map(|k| parse_chunk_key(k.get(prefix.len()..)?))
+                .filter(|(i, _)| *i == ino)
+                .map(|(_, indx)| indx),
+        );
+        if next == 0 {
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}
+
+/// Every chunk key of the volume, as (inode, index).
+fn chunk_keys(inner: &Inner) -> Result<Vec<(Ino, u32)>> {
+    let pattern = inner.keys.chunk_pattern();
+    let prefix = inner.keys.prefix().len();
+    let keys: Vec<String> = inner.pool.with_conn(|c| {
+        let mut cursor = 0u64;
+        let mut all = Vec::new();
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query(c)?;
+            all.extend(keys);
+            if next == 0 {
+                return Ok(all);
+            }
+            cursor = next;
+        }
+    })?;
+    let mut out: Vec<(Ino, u32)> = keys
+        .iter()
+        .filter_map(|k| parse_chunk_key(k.get(prefix..)?))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Every chunk of the volume.
+pub(super) fn list_chunks(inner: &Inner) -> Result<Vec<(Ino, u32, Vec<Slice>)>> {
+    let keys = chunk_keys(inner)?;
+    let mut out = Vec::with_capacity(keys.len());
+    for batch in keys.chunks(1000) {
+        let lists: Vec<Vec<Vec<u8>>> = inner.pool.with_conn(|c| {
+            let mut p = redis::pipe();
+            for (ino, indx) in batch {
+                p.cmd("LRANGE")
+                    .arg(inner.keys.chunk(*ino, *indx))
+                    .arg(0)
+                    .arg(-1);
+            }
+            p.query(c)
+        })?;
+        for ((ino, indx), records) in batch.iter().zip(lists) {
+            if records.is_empty() {
+                continue;
+            }
+            match decode(*ino, *indx, &records) {
+                Ok(slices) => out.push((*ino, *indx, slices)),
+                Err(TxError::Fs(e)) => return Err(e),
+                Err(TxError::Redis(e)) => return Err(super::tx::redis_error(e)),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a slice is still referenced: by its `sliceRef` field when it has
+/// one (≥ 0), otherwise by the trash's delayed slices or any chunk holding
+/// it (a slice written once has no field). Slow without a field: it scans.
+pub(super) fn slice_referenced(inner: &Inner, id: u64, size: u32) -> Result<bool> {
+    let key = inner.keys.slice_refs();
+    let field = slice_field(id, size);
+    let refs: Option<i64> = inner
+        .pool
+        .with_conn(|c| redis::cmd("HGET").arg(&key).arg(&field).query(c))?;
+    if let Some(r) = refs {
+        return Ok(r >= 0);
+    }
+    let dkey = inner.keys.delayed_slices();
+    let delayed: Vec<Vec<u8>> = inner
+        .pool
+        .with_conn(|c| redis::cmd("HVALS").arg(&dkey).query(c))?;
+    if delayed
+        .iter()
+        .any(|v| super::codec::decode_delayed(v).contains(&(id, size)))
+    {
+        return Ok(true);
+    }
+    Ok(list_chunks(inner)?
+        .iter()
+        .any(|(_, _, slices)| slices.iter().any(|s| s.id == id && s.size == size)))
+}
+
+impl Inner {
+    /// Deletes the chunks of a removed file (a `delfiles` member and no
+    /// node), releasing its slices, then forgets the member.
+    pub(super) fn delete_file_data(&self, ino: Ino, length: u64) -> Result<()> {
+        let alive = self.read(|tx| node::get(tx, ino))?.is_some();
+        if !alive {
+            let chunks = length.div_ceil(CHUNK_SIZE).max(1);
+            let mut indx = 0u64;
+            while indx < chunks {
+                let stop = (indx + 1000).min(chunks);
+                let lens: Vec<u64> = self.pool.with_conn(|c| {
+                    let mut p = redis::pipe();
+                    for i in indx..stop {
+                        p.cmd("LLEN").arg(self.keys.chunk(ino, i as u32));
+                    }
+                    p.query(c)
+                })?;
+                for (i, n) in (indx..stop).zip(lens) {
+                    if n > 0 {
+                        self.delete_chunk(ino, i as u32)?;
+                    }
+                }
+                indx = stop;
+            }
+        }
+        let key = self.keys.delfiles();
+        let member = format!("{ino}:{length}");
+        self.pool
+            .with_conn(|c| redis::cmd("ZREM").arg(&key).arg(&member).query::<()>(c))
+    }
+
+    /// Deletes one chunk and drops its references.
+    fn delete_chunk(&self, ino: Ino, indx: u32) -> Result<()> {
+        self.write(ino, |tx| {
+            let key = tx.keys.chunk(ino, indx);
+            let records = tx.lrange(&key, -1)?;
+            if records.is_empty() {
+                return Ok(());
+            }
+            match decode(ino, indx, &records) {
+                Ok(slices) => unref(tx, &slices),
+                Err(e) => log::error!("{e:?}; its slices are left for gc"),
+            }
+            tx.del(&key);
+            Ok(())
+        })
+    }
+
+    /// Drops the references compaction kept for the trash once they expire
+    /// (`delSlices` fields named `{id}_{secs}` with secs before `edge`).
+    pub(super) fn cleanup_delayed_slices(&self, edge: i64) -> Result<()> {
+        let key = self.keys.delayed_slices();
+        let fields: Vec<Vec<u8>> = self
+            .pool
+            .with_conn(|c| redis::cmd("HKEYS").arg(&key).query(c))?;
+        for field in fields {
+            let ts = std::str::from_utf8(&field)
+                .ok()
+                .and_then(|f| f.split_once('_'))
+                .and_then(|(_, ts)| ts.parse::<i64>().ok());
+            let Some(ts) = ts else {
+                log::warn!("unexpected delSlices field {field:?}");
+                continue;
+            };
+            if ts >= edge {
+                continue;
+            }
+            self.write(0, |tx| {
+                let Some(value) = tx.hget(&key, &field)? else {
+                    return Ok(());
+                };
+                for (id, size) in super::codec::decode_delayed(&value) {
+                    if id != 0 {
+                        tx.unref(id, size);
+                    }
+                }
+                tx.hdel(&key, &field);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}

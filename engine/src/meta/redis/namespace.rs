@@ -1,0 +1,753 @@
+//! The namespace on Redis: entries (`d{ino}` hashes), node creation and
+//! removal, renames, hard links (`p{ino}`), symlinks (`s{ino}`) and the
+//! trash, with the same rules as the SQLite engine.
+
+use super::Inner;
+use super::codec::{decode_entry, encode_entry};
+use super::keys::counter;
+use super::node::{self, entry_stat};
+use super::session;
+use super::tx::{Tx, TxError, TxResult};
+use crate::error::{Error, Result};
+use crate::meta::sqlite::namespace::{check_name, hour_name, trash_entry_name, type_only};
+use crate::meta::sqlite::node::{self as rules, MASK_R, MASK_W, MASK_X};
+use crate::meta::sqlite::{TRASH_NAME, align4k, is_trash};
+use crate::meta::{
+    Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, TRASH_INO, Timestamp,
+};
+
+pub(super) use crate::meta::sqlite::namespace::new_trash_attr;
+
+/// A directory entry.
+#[derive(Debug, Clone, Copy)]
+struct Edge {
+    inode: Ino,
+    typ: u8,
+}
+
+fn get_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
+    let key = tx.keys.entry(parent);
+    match tx.hget(&key, name)? {
+        None => Ok(None),
+        Some(v) => {
+            let (typ, inode) = decode_entry(&v).ok_or_else(|| {
+                TxError::Fs(Error::Corrupt(format!(
+                    "entry {:?} of directory {parent} is {} bytes, not 9",
+                    String::from_utf8_lossy(name),
+                    v.len()
+                )))
+            })?;
+            Ok(Some(Edge { inode, typ }))
+        }
+    }
+}
+
+fn insert_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8], inode: Ino, typ: FileType) {
+    let key = tx.keys.entry(parent);
+    tx.hset(&key, name, &encode_entry(typ, inode));
+}
+
+fn delete_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) {
+    let key = tx.keys.entry(parent);
+    tx.hdel(&key, name);
+}
+
+fn has_children(tx: &mut Tx<'_>, dir: Ino) -> TxResult<bool> {
+    let key = tx.keys.entry(dir);
+    Ok(tx.hlen(&key)? > 0)
+}
+
+/// Gets a directory ready to receive a new entry, with JuiceFS's checks.
+fn writable_dir(tx: &mut Tx<'_>, ctx: &Context, dir: Ino, creating: bool) -> TxResult<Attr> {
+    let a = node::must_get(tx, dir)?;
+    if a.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    if creating && a.parent > TRASH_INO {
+        return Err(Error::NotFound.into());
+    }
+    rules::check_access(ctx, &a, MASK_W | MASK_X)?;
+    Ok(a)
+}
+
+/// The hourly trash directory for a removal from `parent`, created on first
+/// use; `None` when the volume keeps no trash or `parent` is in it already.
+fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
+    let days = inner.format()?.trash_days;
+    if days == 0 || is_trash(parent) {
+        return Ok(None);
+    }
+    let name = hour_name(Timestamp::now().secs);
+    if let Some((cached, ino)) = inner.trash_dir.lock().as_ref()
+        && *cached == name
+    {
+        return Ok(Some(*ino));
+    }
+    let ino = inner.write(TRASH_INO, |tx| {
+        if let Some(e) = get_edge(tx, TRASH_INO, name.as_bytes())? {
+            return Ok(e.inode);
+        }
+        if node::get(tx, TRASH_INO)?.is_none() {
+            node::put(tx, TRASH_INO, &new_trash_attr(ROOT_INO));
+        }
+        let key = tx.keys.counter(counter::NEXT_TRASH);
+        let next: i64 = tx.now(redis::cmd("INCR").arg(&key))?;
+        let ino = TRASH_INO + next as u64;
+        node::put(tx, ino, &new_trash_attr(TRASH_INO));
+        insert_edge(tx, TRASH_INO, name.as_bytes(), ino, FileType::Directory);
+        node::new_dir_stats(tx, ino);
+        node::add_usage(tx, align4k(0), 1);
+        Ok(ino)
+    })?;
+    *inner.trash_dir.lock() = Some((name, ino));
+    Ok(Some(ino))
+}
+
+/// Looks up a name, with `.`, `..` and the root's `.trash`.
+pub(super) fn lookup(
+    inner: &Inner,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+) -> Result<(Ino, Attr)> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::NameTooLong);
+    }
+    inner.read(|tx| {
+        let pa = node::must_get(tx, parent)?;
+        if pa.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        rules::check_access(ctx, &pa, MASK_X)?;
+        match name {
+            b"." => Ok((parent, pa)),
+            b".." => {
+                let up = if parent == ROOT_INO {
+                    ROOT_INO
+                } else {
+                    pa.parent
+                };
+                Ok((up, node::must_get(tx, up)?))
+            }
+            _ if parent == ROOT_INO && name == TRASH_NAME => {
+                Ok((TRASH_INO, node::must_get(tx, TRASH_INO)?))
+            }
+            _ => {
+                let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+                Ok((e.inode, node::must_get(tx, e.inode)?))
+            }
+        }
+    })
+}
+
+/// Creates a node of any type.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mknod(
+    inner: &Inner,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+    typ: FileType,
+    mode: u16,
+    umask: u16,
+    rdev: u32,
+    target: &[u8],
+) -> Result<(Ino, Attr)> {
+    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    check_name(name)?;
+    inner.format()?;
+    let ino = inner.next_inode()?;
+    inner.write(parent, |tx| {
+        let mut pa = writable_dir(tx, ctx, parent, true)?;
+        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
+            return Err(Error::Perm.into());
+        }
+        if get_edge(tx, parent, name)?.is_some() {
+            return Err(Error::Exists.into());
+        }
+        let now = Timestamp::now();
+        let mut mode = (mode & 0o7777) & !umask;
+        let mut gid = ctx.gid;
+        if pa.mode & 0o2000 != 0 {
+            gid = pa.gid;
+            if typ == FileType::Directory {
+                mode |= 0o2000;
+            }
+        } else if mode & 0o2010 == 0o2010 && !rules::is_root(ctx) && !ctx.gids.contains(&pa.gid) {
+            mode &= !0o2000;
+        }
+        let attr = Attr {
+            flags: 0,
+            typ,
+            mode,
+            uid: ctx.uid,
+            gid,
+            rdev: if matches!(typ, FileType::BlockDev | FileType::CharDev) {
+                rdev
+            } else {
+                0
+            },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            nlink: if typ == FileType::Directory { 2 } else { 1 },
+            length: match typ {
+                FileType::Directory => 4096,
+                FileType::Symlink => target.len() as u64,
+                _ => 0,
+            },
+            parent,
+        };
+        insert_edge(tx, parent, name, ino, typ);
+        node::put(tx, ino, &attr);
+        match typ {
+            FileType::Symlink => {
+                let key = tx.keys.symlink(ino);
+                tx.set(&key, target);
+            }
+            FileType::Directory => {
+                node::new_dir_stats(tx, ino);
+                pa.nlink += 1;
+            }
+            _ => {}
+        }
+        pa.mtime = now;
+        pa.ctime = now;
+        node::put(tx, parent, &pa);
+        node::add_usage(tx, align4k(0), 1);
+        node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
+        Ok((ino, attr))
+    })
+}
+
+/// The target of a symlink.
+pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
+    inner.read(|tx| {
+        let a = node::must_get(tx, ino)?;
+        if a.typ != FileType::Symlink {
+            return Err(Error::Invalid(format!("inode {ino} is not a symlink")).into());
+        }
+        let key = tx.keys.symlink(ino);
+        tx.get(&key)?
+            .ok_or_else(|| TxError::Fs(Error::Corrupt(format!("symlink {ino} has no target"))))
+    })
+}
+
+/// Drops a non-directory node from the namespace when its last entry goes.
+fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxResult<()> {
+    if attr.typ == FileType::File {
+        if session::mark_removed_if_open(inner, ino) {
+            let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+            if sid > 0 {
+                let key = tx.keys.sustained(sid);
+                let mut c = redis::cmd("SADD");
+                c.arg(&key).arg(ino.to_string());
+                tx.cmd(c);
+            }
+            node::put(tx, ino, attr);
+            return Ok(());
+        }
+        let key = tx.keys.delfiles();
+        let mut c = redis::cmd("ZADD");
+        c.arg(&key)
+            .arg(Timestamp::now().secs)
+            .arg(format!("{ino}:{}", attr.length));
+        tx.cmd(c);
+        node::delete(tx, ino);
+        node::add_usage(tx, -align4k(attr.length), -1);
+        tx.post.deleted_files.push((ino, attr.length));
+    } else {
+        node::delete(tx, ino);
+        node::add_usage(tx, -align4k(0), -1);
+    }
+    Ok(())
+}
+
+/// Removes a non-directory entry; with a trash the node moves there.
+pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    if (parent == ROOT_INO && name == TRASH_NAME) || (is_trash(parent) && !rules::is_root(ctx)) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::IsDir);
+    }
+    check_name(name)?;
+    let trash = trash_for(inner, parent)?;
+    inner.write(parent, |tx| {
+        let mut pa = writable_dir(tx, ctx, parent, false)?;
+        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+        if e.typ == FileType::Directory as u8 {
+            return Err(Error::IsDir.into());
+        }
+        let now = Timestamp::now();
+        let Some(mut a) = node::get(tx, e.inode)? else {
+            log::warn!("entry {name:?} in {parent} names missing inode {}", e.inode);
+            delete_edge(tx, parent, name);
+            return Ok(());
+        };
+        rules::check_sticky(ctx, &pa, &a)?;
+        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let mut trash = trash;
+        let trash_name = trash.map(|_| trash_entry_name(parent, e.inode, name));
+        if let (Some(t), Some(tn)) = (trash, &trash_name)
+            && a.nlink > 1
+            && get_edge(tx, t, tn)?.is_some_and(|x| x.inode == e.inode)
+        {
+            trash = None;
+        }
+        let (slen, sspace, sinodes) = entry_stat(&a);
+        a.ctime = now;
+        delete_edge(tx, parent, name);
+        match (trash, &trash_name) {
+            (Some(t), Some(tn)) => {
+                if a.parent > 0 {
+                    a.parent = t;
+                } else {
+                    node::add_parent(tx, e.inode, t, 1);
+                    node::add_parent(tx, e.inode, parent, -1);
+                }
+                node::put(tx, e.inode, &a);
+                insert_edge(tx, t, tn, e.inode, a.typ);
+                node::add_dir_stat(tx, t, slen, sspace, sinodes)?;
+            }
+            _ => {
+                a.nlink = a.nlink.saturating_sub(1);
+                if a.nlink > 0 {
+                    if a.parent == 0 {
+                        node::add_parent(tx, e.inode, parent, -1);
+                    } else if a.parent == parent {
+                        a.parent = 0;
+                    }
+                    node::put(tx, e.inode, &a);
+                } else {
+                    drop_last_link(tx, inner, e.inode, &a)?;
+                }
+            }
+        }
+        if !is_trash(parent) {
+            pa.mtime = now;
+            pa.ctime = now;
+            node::put(tx, parent, &pa);
+        }
+        node::add_dir_stat(tx, parent, -slen, -sspace, -sinodes)?;
+        Ok(())
+    })
+}
+
+/// Removes an empty directory; with a trash it moves there.
+pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    match name {
+        b"." => return Err(Error::Invalid("cannot remove '.'".into())),
+        b".." => return Err(Error::NotEmpty),
+        _ => {}
+    }
+    if (parent == ROOT_INO && name == TRASH_NAME)
+        || parent == TRASH_INO
+        || (is_trash(parent) && !rules::is_root(ctx))
+    {
+        return Err(Error::Perm);
+    }
+    check_name(name)?;
+    let trash = trash_for(inner, parent)?;
+    inner.write(parent, |tx| {
+        let mut pa = writable_dir(tx, ctx, parent, false)?;
+        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
+        if e.typ != FileType::Directory as u8 {
+            return Err(Error::NotDir.into());
+        }
+        if has_children(tx, e.inode)? {
+            return Err(Error::NotEmpty.into());
+        }
+        let now = Timestamp::now();
+        let found = node::get(tx, e.inode)?;
+        if let Some(a) = &found {
+            rules::check_sticky(ctx, &pa, a)?;
+        }
+        delete_edge(tx, parent, name);
+        node::drop_dir_stats(tx, e.inode);
+        match (found, trash) {
+            (Some(mut a), Some(t)) => {
+                a.ctime = now;
+                a.parent = t;
+                node::put(tx, e.inode, &a);
+                let tn = trash_entry_name(parent, e.inode, name);
+                insert_edge(tx, t, &tn, e.inode, FileType::Directory);
+                node::add_dir_stat(tx, t, 0, align4k(0), 1)?;
+            }
+            (Some(_), None) => {
+                node::delete(tx, e.inode);
+                node::add_usage(tx, -align4k(0), -1);
+            }
+            (None, _) => {}
+        }
+        if !is_trash(parent) {
+            pa.nlink = pa.nlink.saturating_sub(1);
+            pa.mtime = now;
+            pa.ctime = now;
+            node::put(tx, parent, &pa);
+        }
+        node::add_dir_stat(tx, parent, 0, -align4k(0), -1)?;
+        Ok(())
+    })
+}
+
+/// Whether `dir` is `ancestor` or lies below it.
+fn is_under(tx: &mut Tx<'_>, mut dir: Ino, ancestor: Ino) -> TxResult<bool> {
+    for _ in 0..4096 {
+        if dir == ancestor {
+            return Ok(true);
+        }
+        if dir == ROOT_INO || dir == 0 || is_trash(dir) {
+            return Ok(false);
+        }
+        match node::get(tx, dir)? {
+            Some(a) => dir = a.parent,
+            None => return Ok(false),
+        }
+    }
+    Err(Error::Corrupt(format!("directory {dir} has a parent cycle")).into())
+}
+
+/// Moves the parent of a moved node from `from` to `to`: in its attribute
+/// for singly linked nodes, in `p{ino}` for hard-linked ones.
+fn move_parent(tx: &mut Tx<'_>, ino: Ino, a: &mut Attr, from: Ino, to: Ino) {
+    if a.typ == FileType::Directory || a.parent > 0 {
+        a.parent = to;
+    } else {
+        node::add_parent(tx, ino, to, 1);
+        node::add_parent(tx, ino, from, -1);
+    }
+}
+
+/// Renames or exchanges an entry (JuiceFS `Rename`).
+pub(super) fn rename(
+    inner: &Inner,
+    ctx: &Context,
+    psrc: Ino,
+    nsrc: &[u8],
+    pdst: Ino,
+    ndst: &[u8],
+    flags: RenameFlags,
+) -> Result<(Ino, Attr)> {
+    if (psrc == ROOT_INO && nsrc == TRASH_NAME) || (pdst == ROOT_INO && ndst == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if is_trash(pdst) || (is_trash(psrc) && !rules::is_root(ctx)) {
+        return Err(Error::Perm);
+    }
+    for n in [nsrc, ndst] {
+        if n == b"." || n == b".." {
+            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        }
+        check_name(n)?;
+    }
+    if flags.noreplace && flags.exchange {
+        return Err(Error::Invalid(
+            "rename cannot both exchange and refuse to replace".into(),
+        ));
+    }
+    let replaces = !flags.exchange
+        && !flags.noreplace
+        && inner.read(|tx| Ok(get_edge(tx, pdst, ndst)?.is_some()))?;
+    let trash = if replaces {
+        trash_for(inner, pdst)?
+    } else {
+        None
+    };
+    inner.write(psrc.min(pdst), |tx| {
+        let spa = node::must_get(tx, psrc)?;
+        let dpa = node::must_get(tx, pdst)?;
+        if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        if spa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0
+            || dpa.flags & rules::FLAG_IMMUTABLE != 0
+        {
+            return Err(Error::Perm.into());
+        }
+        if dpa.parent > TRASH_INO {
+            return Err(Error::NotFound.into());
+        }
+        rules::check_access(ctx, &spa, MASK_W | MASK_X)?;
+        rules::check_access(ctx, &dpa, MASK_W | MASK_X)?;
+        let se = get_edge(tx, psrc, nsrc)?.ok_or(TxError::Fs(Error::NotFound))?;
+        let mut sa = node::must_get(tx, se.inode)?;
+        if psrc == pdst && nsrc == ndst {
+            return Ok((se.inode, sa));
+        }
+        if sa.typ == FileType::Directory && is_under(tx, pdst, se.inode)? {
+            return Err(Error::Invalid("cannot move a directory into itself".into()).into());
+        }
+        rules::check_sticky(ctx, &spa, &sa)?;
+        if sa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+            return Err(Error::Perm.into());
+        }
+        let de = get_edge(tx, pdst, ndst)?;
+        let mut da = match de {
+            Some(de) => {
+                if flags.noreplace {
+                    return Err(Error::Exists.into());
+                }
+                let da = node::get(tx, de.inode)?;
+                if let Some(da) = &da {
+                    if da.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+                        return Err(Error::Perm.into());
+                    }
+                    rules::check_sticky(ctx, &dpa, da)?;
+                }
+                if flags.exchange {
+                    if de.typ == FileType::Directory as u8 && is_under(tx, psrc, de.inode)? {
+                        return Err(
+                            Error::Invalid("cannot move a directory into itself".into()).into()
+                        );
+                    }
+                } else if de.inode == se.inode {
+                    return Ok((se.inode, sa));
+                } else if sa.typ == FileType::Directory && de.typ != FileType::Directory as u8 {
+                    return Err(Error::NotDir.into());
+                } else if de.typ == FileType::Directory as u8 {
+                    if sa.typ != FileType::Directory {
+                        return Err(Error::IsDir.into());
+                    }
+                    if has_children(tx, de.inode)? {
+                        return Err(Error::NotEmpty.into());
+                    }
+                }
+                da
+            }
+            None => {
+                if flags.exchange {
+                    return Err(Error::NotFound.into());
+                }
+                None
+            }
+        };
+        let now = Timestamp::now();
+        let same_dir = psrc == pdst;
+        let (slen, sspace, sinodes) = entry_stat(&sa);
+        let (mut src_nlink, mut dst_nlink) = (0i64, 0i64);
+        if flags.exchange {
+            let de = de.ok_or(TxError::Fs(Error::NotFound))?;
+            let dtyp = FileType::from_code(de.typ).ok_or_else(|| {
+                TxError::Fs(Error::Corrupt(format!("entry type {} is unknown", de.typ)))
+            })?;
+            insert_edge(tx, psrc, nsrc, de.inode, dtyp);
+            insert_edge(tx, pdst, ndst, se.inode, sa.typ);
+            if let Some(da) = da.as_mut() {
+                if !same_dir {
+                    if da.typ == FileType::Directory {
+                        dst_nlink -= 1;
+                        src_nlink += 1;
+                    }
+                    move_parent(tx, de.inode, da, pdst, psrc);
+                    let (dlen, dspace, dinodes) = entry_stat(da);
+                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
+                    node::add_dir_stat(tx, psrc, dlen, dspace, dinodes)?;
+                }
+                da.ctime = now;
+                node::put(tx, de.inode, da);
+            }
+        } else {
+            delete_edge(tx, psrc, nsrc);
+            if let Some(de) = de {
+                delete_edge(tx, pdst, ndst);
+                if let Some(mut d) = da.take() {
+                    let (dlen, dspace, dinodes) = entry_stat(&d);
+                    d.ctime = now;
+                    if d.typ == FileType::Directory {
+                        dst_nlink -= 1;
+                        node::drop_dir_stats(tx, de.inode);
+                    }
+                    if let Some(t) = trash {
+                        move_parent(tx, de.inode, &mut d, pdst, t);
+                        node::put(tx, de.inode, &d);
+                        let tn = trash_entry_name(pdst, de.inode, ndst);
+                        insert_edge(tx, t, &tn, de.inode, d.typ);
+                        node::add_dir_stat(tx, t, dlen, dspace, dinodes)?;
+                    } else if d.typ == FileType::Directory {
+                        node::delete(tx, de.inode);
+                        node::add_usage(tx, -align4k(0), -1);
+                    } else {
+                        d.nlink = d.nlink.saturating_sub(1);
+                        if d.nlink > 0 {
+                            if d.parent == 0 {
+                                node::add_parent(tx, de.inode, pdst, -1);
+                            } else if d.parent == pdst {
+                                d.parent = 0;
+                            }
+                            node::put(tx, de.inode, &d);
+                        } else {
+                            drop_last_link(tx, inner, de.inode, &d)?;
+                        }
+                    }
+                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
+                }
+            }
+            insert_edge(tx, pdst, ndst, se.inode, sa.typ);
+        }
+        if !same_dir {
+            if sa.typ == FileType::Directory {
+                src_nlink -= 1;
+                dst_nlink += 1;
+            }
+            move_parent(tx, se.inode, &mut sa, psrc, pdst);
+            node::add_dir_stat(tx, psrc, -slen, -sspace, -sinodes)?;
+            node::add_dir_stat(tx, pdst, slen, sspace, sinodes)?;
+        }
+        sa.ctime = now;
+        node::put(tx, se.inode, &sa);
+        // Re-read: the moved entries above may have been these directories
+        // (the transaction reads its own writes).
+        if same_dir {
+            let mut spa = node::must_get(tx, psrc)?;
+            spa.nlink = (i64::from(spa.nlink) + src_nlink + dst_nlink).max(0) as u32;
+            spa.mtime = now;
+            spa.ctime = now;
+            node::put(tx, psrc, &spa);
+        } else {
+            let mut spa = node::must_get(tx, psrc)?;
+            let mut dpa = node::must_get(tx, pdst)?;
+            spa.nlink = (i64::from(spa.nlink) + src_nlink).max(0) as u32;
+            dpa.nlink = (i64::from(dpa.nlink) + dst_nlink).max(0) as u32;
+            for (ino, a) in [(psrc, &mut spa), (pdst, &mut dpa)] {
+                if !is_trash(ino) {
+                    a.mtime = now;
+                    a.ctime = now;
+                }
+                node::put(tx, ino, a);
+            }
+        }
+        Ok((se.inode, sa))
+    })
+}
+
+/// Adds a hard link.
+pub(super) fn link(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    parent: Ino,
+    name: &[u8],
+) -> Result<Attr> {
+    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    check_name(name)?;
+    inner.write(parent, |tx| {
+        let mut pa = writable_dir(tx, ctx, parent, true)?;
+        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
+            return Err(Error::Perm.into());
+        }
+        if get_edge(tx, parent, name)?.is_some() {
+            return Err(Error::Exists.into());
+        }
+        let mut a = node::must_get(tx, ino)?;
+        if a.typ == FileType::Directory {
+            return Err(Error::Perm.into());
+        }
+        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
+            return Err(Error::Perm.into());
+        }
+        let now = Timestamp::now();
+        pa.mtime = now;
+        pa.ctime = now;
+        if a.parent > 0 {
+            node::add_parent(tx, ino, a.parent, 1);
+        }
+        node::add_parent(tx, ino, parent, 1);
+        a.parent = 0;
+        a.nlink += 1;
+        a.ctime = now;
+        insert_edge(tx, parent, name, ino, a.typ);
+        node::put(tx, ino, &a);
+        node::put(tx, parent, &pa);
+        let (len, space, inodes) = entry_stat(&a);
+        node::add_dir_stat(tx, parent, len, space, inodes)?;
+        Ok(a)
+    })
+}
+
+/// Lists a directory, `.` and `..` first.
+pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
+    inner.read(|tx| {
+        let a = node::must_get(tx, ino)?;
+        if a.typ != FileType::Directory {
+            return Err(Error::NotDir.into());
+        }
+        let mask = if plus { MASK_R | MASK_X } else { MASK_R };
+        rules::check_access(ctx, &a, mask)?;
+        let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
+        let up_attr = if plus {
+            node::get(tx, up)?.unwrap_or_else(|| a.clone())
+        } else {
+            type_only(FileType::Directory)
+        };
+        let mut out = vec![
+            Entry {
+                inode: ino,
+                name: b".".to_vec(),
+                attr: if plus {
+                    a.clone()
+                } else {
+                    type_only(FileType::Directory)
+                },
+            },
+            Entry {
+                inode: up,
+                name: b"..".to_vec(),
+                attr: up_attr,
+            },
+        ];
+        let key = tx.keys.entry(ino);
+        for (name, v) in tx.hgetall(&key)? {
+            if name.is_empty() {
+                continue;
+            }
+            let Some((code, inode)) = decode_entry(&v) else {
+                log::warn!("entry {name:?} in {ino} is corrupt");
+                continue;
+            };
+            let Some(typ) = FileType::from_code(code) else {
+                log::warn!("entry {name:?} in {ino} has unknown type {code}");
+                continue;
+            };
+            out.push(Entry {
+                inode,
+                name,
+                attr: type_only(typ),
+            });
+        }
+        if plus {
+            for batch in out[2..].chunks_mut(1024) {
+                let mut get = redis::cmd("MGET");
+                for e in batch.iter() {
+                    get.arg(tx.keys.inode(e.inode));
+                }
+                let values: Vec<Option<Vec<u8>>> = tx.now(&get)?;
+                for (e, v) in batch.iter_mut().zip(values) {
+                    match v.as_deref().and_then(super::codec::decode_attr) {
+                        Some(attr) => e.attr = attr,
+                        None => log::warn!("no attributes for inode {} in {ino}", e.inode),
+                    }
+                }
+            }
+        }
+        Ok(out)
+    })
+}

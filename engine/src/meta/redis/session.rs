@@ -1,0 +1,377 @@
+//! Client sessions on Redis (`allSessions` zset scored by expiry,
+//! `sessionInfos`, `session{sid}` for files kept open past their unlink),
+//! the heartbeat, and background cleanup.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::keys::{counter, parse_slice_field};
+use super::node;
+use super::{Heartbeat, Inner, namespace};
+use crate::error::{Error, Result};
+use crate::meta::sqlite::align4k;
+use crate::meta::sqlite::namespace::parse_hour_name;
+use crate::meta::sqlite::session::session_info;
+use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
+
+/// How often the session's expiry is pushed forward (JuiceFS: 12 s).
+const HEARTBEAT: Duration = Duration::from_secs(12);
+/// How long a session outlives its last heartbeat (JuiceFS: 5 heartbeats).
+const SESSION_TTL_SECS: i64 = 60;
+/// Removed files whose data is still there after this long were abandoned by
+/// a crashed client (JuiceFS waits an hour too).
+const DELFILE_GRACE_SECS: i64 = 3600;
+
+fn expire_at() -> i64 {
+    Timestamp::now().secs + SESSION_TTL_SECS
+}
+
+/// Registers a session and starts its heartbeat.
+pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
+    inner.format()?;
+    if inner.sid.load(Ordering::Relaxed) != 0 {
+        return Err(Error::Invalid("this client has a session already".into()));
+    }
+    let info = session_info(info);
+    let next = inner.keys.counter(counter::NEXT_SESSION);
+    let sid: i64 = inner
+        .pool
+        .with_conn(|c| redis::cmd("INCR").arg(&next).query(c))?;
+    let sid = sid as u64;
+    register(inner, sid, &info)?;
+    inner.sid.store(sid, Ordering::Relaxed);
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let weak = Arc::downgrade(inner);
+    let stop2 = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name(format!("sluice-session-{sid}"))
+        .spawn(move || heartbeat_loop(weak, sid, info, stop2))
+        .map_err(Error::Io)?;
+    *inner.heartbeat.lock() = Some(Heartbeat { stop, thread });
+    Ok(sid)
+}
+
+/// Writes (or refreshes) a session's expiry and description.
+fn register(inner: &Inner, sid: u64, info: &str) -> Result<()> {
+    let all = inner.keys.all_sessions();
+    let infos = inner.keys.session_infos();
+    inner.pool.with_conn(|c| {
+        redis::pipe()
+            .cmd("ZADD")
+            .arg(&all)
+            .arg(expire_at())
+            .arg(sid)
+            .cmd("HSET")
+            .arg(&infos)
+            .arg(sid)
+            .arg(info)
+            .query::<()>(c)
+    })
+}
+
+fn heartbeat_loop(
+    inner: std::sync::Weak<Inner>,
+    sid: u64,
+    info: String,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+) {
+    let (lock, cvar) = &*stop;
+    loop {
+        {
+            let mut stopped = lock.lock();
+            if !*stopped {
+                cvar.wait_for(&mut stopped, HEARTBEAT);
+            }
+            if *stopped {
+                return;
+            }
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        let infos = inner.keys.session_infos();
+        let r = inner
+            .pool
+            .with_conn(|c| redis::cmd("HEXISTS").arg(&infos).arg(sid).query::<bool>(c))
+            .and_then(|known| {
+                if !known {
+                    log::warn!("session {sid} was cleaned up as stale; registering it again");
+                }
+                register(&inner, sid, &info)
+            });
+        if let Err(e) = r {
+            log::warn!("session {sid} heartbeat failed: {e}");
+        }
+    }
+}
+
+impl Inner {
+    /// Stops the heartbeat thread, if one runs.
+    pub(super) fn stop_heartbeat(&self) {
+        let hb = self.heartbeat.lock().take();
+        if let Some(hb) = hb {
+            *hb.stop.0.lock() = true;
+            hb.stop.1.notify_all();
+            if hb.thread.thread().id() != std::thread::current().id() {
+                let _ = hb.thread.join();
+            }
+        }
+    }
+}
+
+/// Ends this client's session: files it kept open past their unlink are
+/// deleted, then the session goes.
+pub(super) fn close_session(inner: &Inner) -> Result<()> {
+    inner.stop_heartbeat();
+    let sid = inner.sid.swap(0, Ordering::Relaxed);
+    if sid == 0 {
+        return Ok(());
+    }
+    let removed: Vec<Ino> = {
+        let mut open = inner.open_files.lock();
+        let ids = open
+            .iter()
+            .filter(|(_, f)| f.removed)
+            .map(|(i, _)| *i)
+            .collect();
+        open.clear();
+        ids
+    };
+    for ino in removed {
+        delete_sustained(inner, sid, ino)?;
+    }
+    clean_session(inner, sid)
+}
+
+/// Releases what session `sid` held and removes it (JuiceFS
+/// `doCleanStaleSession`).
+fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
+    let locked = inner.keys.locked(sid);
+    let lock_keys: Vec<String> = inner
+        .pool
+        .with_conn(|c| redis::cmd("SMEMBERS").arg(&locked).query(c))?;
+    let owner_prefix = format!("{sid}_");
+    for lk in lock_keys {
+        let owners: Vec<String> = inner
+            .pool
+            .with_conn(|c| redis::cmd("HKEYS").arg(&lk).query(c))?;
+        let mine: Vec<&String> = owners
+            .iter()
+            .filter(|o| o.starts_with(&owner_prefix))
+            .collect();
+        inner.pool.with_conn(|c| {
+            if !mine.is_empty() {
+                redis::cmd("HDEL").arg(&lk).arg(&mine).query::<()>(c)?;
+            }
+            redis::cmd("SREM").arg(&locked).arg(&lk).query::<()>(c)
+        })?;
+    }
+    let key = inner.keys.sustained(sid);
+    let sustained: Vec<u64> = inner
+        .pool
+        .with_conn(|c| redis::cmd("SMEMBERS").arg(&key).query(c))?;
+    for ino in sustained {
+        delete_sustained(inner, sid, ino)?;
+    }
+    let (infos, all) = (inner.keys.session_infos(), inner.keys.all_sessions());
+    inner.pool.with_conn(|c| {
+        redis::pipe()
+            .cmd("DEL")
+            .arg(&key)
+            .arg(&locked)
+            .cmd("HDEL")
+            .arg(&infos)
+            .arg(sid)
+            .cmd("ZREM")
+            .arg(&all)
+            .arg(sid)
+            .query::<()>(c)
+    })
+}
+
+/// Deletes a file kept for an open handle of session `sid` after its last
+/// link went (JuiceFS `doDeleteSustainedInode`).
+fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
+    inner.write(ino, |tx| {
+        let key = tx.keys.sustained(sid);
+        let mut c = redis::cmd("SREM");
+        c.arg(&key).arg(ino.to_string());
+        tx.cmd(c);
+        let Some(a) = node::get(tx, ino)? else {
+            return Ok(());
+        };
+        if a.nlink > 0 || a.typ != FileType::File {
+            return Ok(());
+        }
+        let del = tx.keys.delfiles();
+        let mut c = redis::cmd("ZADD");
+        c.arg(&del)
+            .arg(Timestamp::now().secs)
+            .arg(format!("{ino}:{}", a.length));
+        tx.cmd(c);
+        node::delete(tx, ino);
+        node::add_usage(tx, -align4k(a.length), -1);
+        tx.post.deleted_files.push((ino, a.length));
+        Ok(())
+    })
+}
+
+/// Records one more open handle on `ino`.
+pub(super) fn opened(inner: &Inner, ino: Ino) {
+    inner.open_files.lock().entry(ino).or_default().count += 1;
+}
+
+/// Records a close; the last close of a file unlinked while open deletes it.
+pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
+    let delete = {
+        let mut open = inner.open_files.lock();
+        let Some(f) = open.get_mut(&ino) else {
+            return Err(Error::BadHandle);
+        };
+        f.count = f.count.saturating_sub(1);
+        if f.count > 0 {
+            return Ok(());
+        }
+        let removed = f.removed;
+        open.remove(&ino);
+        removed
+    };
+    if delete {
+        delete_sustained(inner, inner.sid.load(Ordering::Relaxed), ino)?;
+    }
+    Ok(())
+}
+
+/// Called inside the transaction that drops a file's last link: if this
+/// client holds it open, it is marked to go on the last close instead.
+pub(super) fn mark_removed_if_open(inner: &Inner, ino: Ino) -> bool {
+    let mut open = inner.open_files.lock();
+    match open.get_mut(&ino) {
+        Some(f) if f.count > 0 => {
+            f.removed = true;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Background maintenance (JuiceFS's periodic jobs, run when called).
+pub(super) fn cleanup(inner: &Inner) -> Result<()> {
+    let fmt = inner.format()?;
+    let now = Timestamp::now().secs;
+    // Sessions whose client stopped heartbeating.
+    let all = inner.keys.all_sessions();
+    let stale: Vec<u64> = inner.pool.with_conn(|c| {
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(&all)
+            .arg("-inf")
+            .arg(now)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(100)
+            .query(c)
+    })?;
+    for sid in stale {
+        if sid != inner.sid.load(Ordering::Relaxed) {
+            log::info!("cleaning up stale session {sid}");
+            clean_session(inner, sid)?;
+        }
+    }
+    // Removed files whose data a crashed client left behind.
+    let del = inner.keys.delfiles();
+    let files: Vec<String> = inner.pool.with_conn(|c| {
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(&del)
+            .arg("-inf")
+            .arg(now - DELFILE_GRACE_SECS)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1000)
+            .query(c)
+    })?;
+    for member in files {
+        let parsed = member
+            .split_once(':')
+            .and_then(|(i, l)| Some((i.parse::<Ino>().ok()?, l.parse::<u64>().ok()?)));
+        match parsed {
+            Some((ino, length)) => inner.delete_file_data(ino, length)?,
+            None => log::warn!("unexpected delfiles member {member:?}"),
+        }
+    }
+    // A trash left from when TrashDays was larger still empties (as JuiceFS).
+    match cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
+        Ok(()) | Err(Error::NotFound) => {}
+        Err(e) => return Err(e),
+    }
+    inner.cleanup_delayed_slices(now - i64::from(fmt.trash_days) * 86_400)?;
+    // Slices whose objects could not be deleted before.
+    let refs = inner.keys.slice_refs();
+    let all: Vec<(Vec<u8>, i64)> = inner
+        .pool
+        .with_conn(|c| redis::cmd("HGETALL").arg(&refs).query(c))?;
+    let pending: Vec<ReleasedSlice> = all
+        .into_iter()
+        .filter(|(_, v)| *v < 0)
+        .filter_map(|(f, _)| parse_slice_field(&f))
+        .map(|(id, size)| ReleasedSlice { id, size })
+        .collect();
+    inner.release_slices(&pending);
+    Ok(())
+}
+
+/// Empties hourly trash directories named before `edge` (unix seconds).
+fn cleanup_trash(inner: &Inner, edge: i64) -> Result<()> {
+    let ctx = Context::internal();
+    let hours = namespace::readdir(inner, &ctx, TRASH_INO, false)?;
+    for h in hours.into_iter().skip(2) {
+        let Some(start) = parse_hour_name(&h.name) else {
+            log::warn!("unexpected entry {:?} in the trash", h.name);
+            continue;
+        };
+        if start >= edge {
+            continue;
+        }
+        remove_tree(inner, &ctx, h.inode)?;
+        remove_trash_hour(inner, &h.name)?;
+    }
+    Ok(())
+}
+
+/// Removes an hourly trash directory itself (no user may rmdir it).
+fn remove_trash_hour(inner: &Inner, name: &[u8]) -> Result<()> {
+    inner.write(TRASH_INO, |tx| {
+        let key = tx.keys.entry(TRASH_INO);
+        let Some(v) = tx.hget(&key, name)? else {
+            return Ok(());
+        };
+        let Some((_, ino)) = super::codec::decode_entry(&v) else {
+            return Ok(());
+        };
+        let children = tx.keys.entry(ino);
+        if tx.hlen(&children)? > 0 {
+            return Err(Error::NotEmpty.into());
+        }
+        tx.hdel(&key, name);
+        node::drop_dir_stats(tx, ino);
+        node::delete(tx, ino);
+        node::add_usage(tx, -align4k(0), -1);
+        Ok(())
+    })?;
+    *inner.trash_dir.lock() = None;
+    Ok(())
+}
+
+/// Deletes everything below directory `dir` (children first).
+fn remove_tree(inner: &Inner, ctx: &Context, dir: Ino) -> Result<()> {
+    let entries = namespace::readdir(inner, ctx, dir, false)?;
+    for e in entries.into_iter().skip(2) {
+        if e.attr.typ == FileType::Directory {
+            remove_tree(inner, ctx, e.inode)?;
+            namespace::rmdir(inner, ctx, dir, &e.name)?;
+        } else {
+            namespace::unlink(inner, ctx, dir, &e.name)?;
+        }
+    }
+    Ok(())
+}

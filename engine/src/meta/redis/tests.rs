@@ -1,0 +1,707 @@
+//! The conformance suite on a real `redis-server`, plus checks of the keys
+//! themselves against JuiceFS's schema and of reconnection after a restart.
+//!
+//! Each test starts its own `redis-server` on a free loopback port in a
+//! temporary directory (nothing saved unless asked) and kills it on drop.
+//! Without `redis-server` on the PATH, or with `SLUICE_SKIP_REDIS=1`, the
+//! tests say why and pass.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::RedisMeta;
+use crate::meta::conformance::{self, test_format};
+use crate::meta::{Context, FileType, Meta, ROOT_INO, Slice, Timestamp};
+
+/// A `redis-server` of one test.
+pub(crate) struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    persistent: bool,
+    cluster: bool,
+}
+
+fn redis_server_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("redis-server"))
+        .find(|p| p.is_file())
+}
+
+impl RedisServer {
+    /// Starts a server, or says why not (and the test then passes vacuously).
+    pub(crate) fn start(persistent: bool) -> Option<RedisServer> {
+        RedisServer::start_with(persistent, false)
+    }
+
+    /// Starts a one-node Redis Cluster that serves every slot.
+    pub(crate) fn start_cluster() -> Option<RedisServer> {
+        RedisServer::start_with(false, true)
+    }
+
+    fn start_with(persistent: bool, cluster: bool) -> Option<RedisServer> {
+        if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
+            eprintln!("skipping: SLUICE_SKIP_REDIS=1");
+            return None;
+        }
+        if redis_server_binary().is_none() {
+            eprintln!("skipping: redis-server is not installed (apt-get install redis-server)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            persistent,
+            cluster,
+        };
+        s.spawn();
+        Some(s)
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--daemonize", "no", "--protected-mode", "yes"]);
+        if self.persistent {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(self.dir.path().join("nodes.conf"));
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("start redis-server"));
+        wait_ready(self.port);
+        if self.cluster {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port).as_str())
+                .and_then(|c| c.get_connection())
+                .expect("connect");
+            redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(0)
+                .arg(16383)
+                .query::<()>(&mut c)
+                .expect("take every slot");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut c)
+                    .expect("info");
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not come up: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The metadata URL of database `db`.
+    pub(crate) fn url(&self, db: u32) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The server's directory.
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kills the server at once (SIGKILL).
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory.
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn wait_ready(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("redis://127.0.0.1:{port}/");
+    loop {
+        let ok = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+        if ok.is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fresh() -> Option<(RedisServer, RedisMeta)> {
+    let s = RedisServer::start(false)?;
+    let m = RedisMeta::open(&s.url(1)).expect("open");
+    Some((s, m))
+}
+
+fn raw(s: &RedisServer, db: u32) -> redis::Connection {
+    redis::Client::open(s.url(db).as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect")
+}
+
+macro_rules! conformance_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let Some((_server, m)) = fresh() else { return };
+                conformance::$name(&m);
+            }
+        )*
+        #[test]
+        fn every_conformance_check_runs_here() {
+            let here = [$(stringify!($name)),*];
+            for (name, _) in conformance::ALL {
+                assert!(here.contains(name), "conformance check {name} is not run on Redis");
+            }
+        }
+    };
+}
+
+conformance_tests!(
+    format_and_load,
+    refuse_different_volume,
+    refuse_encrypted,
+    create_lookup_getattr,
+    names_are_checked,
+    mkdir_rmdir_nlink,
+    readdir_lists_entries,
+    rename_moves_and_replaces,
+    rename_flags,
+    rename_directories,
+    hard_links,
+    symlinks,
+    mknod_special_files,
+    xattrs,
+    setattr_rules,
+    permissions,
+    write_read_and_refs,
+    truncate_and_fallocate,
+    compact_chunk,
+    open_unlink_close,
+    trash_keeps_removed_files,
+    no_trash_releases_at_once,
+    statfs_counts_usage,
+    concurrent_creates,
+    sessions,
+);
+
+#[test]
+fn keys_follow_the_juicefs_schema() {
+    let Some((s, m)) = fresh() else { return };
+    m.init(&test_format(0)).expect("format");
+    m.load().expect("load");
+    let c = Context::default();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    let (f, _) = m.create(&c, d, b"f", 0o644, 0).expect("create");
+    let id = m.new_slice_id().expect("slice id");
+    let slice = Slice {
+        pos: 0,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    m.write_chunk(f, 0, slice, Timestamp::now()).expect("write");
+    m.link(&c, f, ROOT_INO, b"h").expect("link");
+    m.symlink(&c, ROOT_INO, b"s", b"d/f").expect("symlink");
+    let mut r = raw(&s, 1);
+    // The settings JSON.
+    let setting: String = redis::cmd("GET").arg("setting").query(&mut r).expect("get");
+    assert!(
+        setting.starts_with("{\n\"Name\": \"conformance\",\n"),
+        "{setting}"
+    );
+    // Entries: type byte + inode big-endian.
+    let e: Vec<u8> = redis::cmd("HGET")
+        .arg(format!("d{d}"))
+        .arg("f")
+        .query(&mut r)
+        .expect("hget");
+    let mut want = vec![FileType::File as u8];
+    want.extend_from_slice(&f.to_be_bytes());
+    assert_eq!(e, want);
+    // Attributes: 72 bytes, type in the top bits of the mode.
+    let a: Vec<u8> = redis::cmd("GET")
+        .arg(format!("i{f}"))
+        .query(&mut r)
+        .expect("attr");
+    assert_eq!(a.len(), 72);
+    assert_eq!(u16::from_be_bytes([a[1], a[2]]), 0x1000 | 0o644);
+    // Chunks: 24-byte records.
+    let recs: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(format!("c{f}_0"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut r)
+        .expect("lrange");
+    assert_eq!(recs, vec![slice.encode().to_vec()]);
+    // Hard links: nlink 2, parent 0, p{ino} counts both directories.
+    let parents: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(format!("p{f}"))
+        .query(&mut r)
+        .expect("parents");
+    assert_eq!(parents.get(&d.to_string()), Some(&1));
+    assert_eq!(parents.get("1"), Some(&1));
+    // Symlink target; counters; a written-once slice has no sliceRef field.
+    let (sl, _) = m.lookup(&c, ROOT_INO, b"s").expect("lookup");
+    let t: Vec<u8> = redis::cmd("GET")
+        .arg(format!("s{sl}"))
+        .query(&mut r)
+        .expect("target");
+    assert_eq!(t, b"d/f");
+    let next: i64 = redis::cmd("GET")
+        .arg("nextinode")
+        .query(&mut r)
+        .expect("nextinode");
+    assert!(
+        next >= sl as i64,
+        "nextinode {next} holds the last inode handed out"
+    );
+    let inodes: i64 = redis::cmd("GET")
+        .arg("totalInodes")
+        .query(&mut r)
+        .expect("totalInodes");
+    assert_eq!(inodes, 3);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(format!("k{id}_10"))
+        .query(&mut r)
+        .expect("sliceRef");
+    assert_eq!(refs, None);
+    let used: i64 = redis::cmd("HGET")
+        .arg("dirUsedInodes")
+        .arg(d.to_string())
+        .query(&mut r)
+        .expect("dir stats");
+    assert_eq!(used, 1);
+    m.close(f).expect("close");
+}
+
+#[test]
+fn a_restarted_server_is_reconnected() {
+    let Some(mut s) = RedisServer::start(true) else {
+        return;
+    };
+    let m = RedisMeta::open(&s.url(2)).expect("open");
+    m.init(&test_format(0)).expect("format");
+    m.load().expect("load");
+    let c = Context::default();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"before", 0o755, 0).expect("mkdir");
+    s.kill();
+    // While the server is down an operation waits for it, then goes on.
+    let restarter = std::thread::scope(|scope| {
+        let h = scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            s.restart();
+        });
+        let r = m.mkdir(&c, ROOT_INO, b"after", 0o755, 0);
+        h.join().expect("restart");
+        r
+    });
+    let (after, _) = restarter.expect("mkdir once the server is back");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"before").expect("kept").0, d);
+    assert_eq!(m.lookup(&c, ROOT_INO, b"after").expect("made").0, after);
+    // A restart between two operations is invisible.
+    s.restart();
+    let names: Vec<Vec<u8>> = m
+        .readdir(&c, ROOT_INO, false)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert!(names.contains(&b"before".to_vec()) && names.contains(&b"after".to_vec()));
+    assert!(s.dir().join("appendonlydir").exists() || s.dir().join("appendonly.aof").exists());
+}
+
+#[test]
+fn urls_with_juicefs_options_open() {
+    let Some(s) = RedisServer::start(false) else {
+        return;
+    };
+    let url = format!("{}?read-timeout=5s&max-retry-backoff=1s", s.url(3));
+    let m = crate::meta::open_meta(&url).expect("open");
+    assert_eq!(m.name(), "redis");
+    assert!(matches!(m.load(), Err(crate::Error::NotFound)));
+    let dead = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let err = RedisMeta::open(&format!("redis://u:secret@127.0.0.1:{dead}/1"))
+        .expect_err("nothing listens there")
+        .to_string();
+    assert!(err.contains("cannot reach Redis"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+}
+
+fn formatted(trash_days: u32) -> Option<(RedisServer, RedisMeta, redis::Connection)> {
+    let (s, m) = fresh()?;
+    m.init(&test_format(trash_days)).expect("format");
+    m.load().expect("load");
+    let r = raw(&s, 1);
+    Some((s, m, r))
+}
+
+fn write10(m: &RedisMeta, f: u64, pos: u32) -> Slice {
+    let id = m.new_slice_id().expect("id");
+    let s = Slice {
+        pos,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    m.write_chunk(f, 0, s, Timestamp::now()).expect("write");
+    s
+}
+
+fn keys(r: &mut redis::Connection) -> Vec<String> {
+    let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(r).expect("keys");
+    k.sort();
+    k
+}
+
+#[test]
+fn unlink_without_trash_leaves_no_keys() {
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    m.set_slice_releaser(std::sync::Arc::new(|_| true));
+    let c = Context::default();
+    let before = keys(&mut r);
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&m, f, 0);
+    m.setxattr(&c, f, b"user.x", b"y", crate::meta::XattrMode::Any)
+        .expect("xattr");
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    let after: Vec<String> = keys(&mut r)
+        .into_iter()
+        .filter(|k| !before.contains(k))
+        .collect();
+    // Only the counters touched on the way remain.
+    assert_eq!(
+        after,
+        vec!["nextchunk", "nextinode", "totalInodes", "usedSpace"]
+    );
+    let refs: usize = redis::cmd("HLEN")
+        .arg("sliceRef")
+        .query(&mut r)
+        .expect("hlen");
+    assert_eq!(refs, 0);
+}
+
+#[test]
+fn failed_object_deletion_is_retried_by_cleanup() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let fail = std::sync::Arc::new(AtomicBool::new(true));
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let (f2, c2) = (fail.clone(), calls.clone());
+    m.set_slice_releaser(std::sync::Arc::new(move |_| {
+        c2.fetch_add(1, Ordering::SeqCst);
+        !f2.load(Ordering::SeqCst)
+    }));
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let s = write10(&m, f, 0);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    let field = format!("k{}_10", s.id);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(&field)
+        .query(&mut r)
+        .expect("hget");
+    assert_eq!(refs, Some(-1), "kept for a retry, as JuiceFS keeps it");
+    fail.store(false, Ordering::SeqCst);
+    m.cleanup().expect("cleanup");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let refs: Option<i64> = redis::cmd("HGET")
+        .arg("sliceRef")
+        .arg(&field)
+        .query(&mut r)
+        .expect("hget");
+    assert_eq!(refs, None);
+}
+
+#[test]
+fn stale_sessions_release_their_sustained_files() {
+    let Some((s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let sid = m.new_session("{}").expect("session");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink while open");
+    let held: Vec<u64> = redis::cmd("SMEMBERS")
+        .arg(format!("session{sid}"))
+        .query(&mut r)
+        .expect("smembers");
+    assert_eq!(held, vec![f]);
+    let info: Option<String> = redis::cmd("HGET")
+        .arg("sessionInfos")
+        .arg(sid)
+        .query(&mut r)
+        .expect("info");
+    assert!(info.is_some_and(|i| i.starts_with('{')));
+    // The client dies: its session expires; another client cleans up.
+    redis::cmd("ZADD")
+        .arg("allSessions")
+        .arg(1)
+        .arg(sid)
+        .query::<()>(&mut r)
+        .expect("expire");
+    std::mem::forget(m);
+    let other = RedisMeta::open(&s.url(1)).expect("reopen");
+    other.load().expect("load");
+    other.cleanup().expect("cleanup");
+    let sessions: usize = redis::cmd("ZCARD")
+        .arg("allSessions")
+        .query(&mut r)
+        .expect("zcard");
+    assert_eq!(sessions, 0);
+    let held: usize = redis::cmd("SCARD")
+        .arg(format!("session{sid}"))
+        .query(&mut r)
+        .expect("scard");
+    assert_eq!(held, 0);
+    assert!(matches!(other.getattr(f), Err(crate::Error::NotFound)));
+}
+
+#[test]
+fn expired_trash_is_emptied() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let released = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let r2 = released.clone();
+    m.set_slice_releaser(std::sync::Arc::new(move |s| {
+        r2.lock().push(s);
+        true
+    }));
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&m, f, 0);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("to trash");
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    m.rmdir(&c, ROOT_INO, b"d").expect("dir to trash");
+    // Make the hour old: rename its trash directory to 2001.
+    let trash = format!("d{}", crate::meta::TRASH_INO);
+    let hours: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(&trash)
+        .query(&mut r)
+        .expect("hours");
+    assert_eq!(hours.len(), 1);
+    redis::pipe()
+        .cmd("HDEL")
+        .arg(&trash)
+        .arg(&hours[0].0)
+        .cmd("HSET")
+        .arg(&trash)
+        .arg("2001-01-01-00")
+        .arg(&hours[0].1)
+        .query::<()>(&mut r)
+        .expect("age");
+    m.cleanup().expect("cleanup");
+    assert!(matches!(m.getattr(f), Err(crate::Error::NotFound)));
+    assert!(matches!(m.getattr(d), Err(crate::Error::NotFound)));
+    let trash_ino = crate::meta::TRASH_INO;
+    assert_eq!(m.readdir(&c, trash_ino, false).expect("trash").len(), 2);
+    assert_eq!(released.lock().len(), 1);
+    for counter in ["usedSpace", "totalInodes"] {
+        let v: i64 = redis::cmd("GET")
+            .arg(counter)
+            .query(&mut r)
+            .expect("counter");
+        assert_eq!(v, 0, "{counter}");
+    }
+}
+
+#[test]
+fn compaction_with_trash_delays_the_old_slices() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let old = vec![write10(&m, f, 0), write10(&m, f, 10)];
+    let id = m.new_slice_id().expect("id");
+    let merged = Slice {
+        pos: 0,
+        id,
+        size: 20,
+        off: 0,
+        len: 20,
+    };
+    assert!(m.compact_chunk(f, 0, &old, &[merged]).expect("compact"));
+    let delayed: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg("delSlices")
+        .query(&mut r)
+        .expect("delSlices");
+    assert_eq!(delayed.len(), 1);
+    assert!(delayed[0].0.starts_with(&format!("{id}_")));
+    assert_eq!(delayed[0].1.len(), 24);
+    assert!(
+        m.slice_referenced(old[0].id, 10)
+            .expect("kept for the trash")
+    );
+    redis::pipe()
+        .cmd("HDEL")
+        .arg("delSlices")
+        .arg(&delayed[0].0)
+        .cmd("HSET")
+        .arg("delSlices")
+        .arg(format!("{id}_1"))
+        .arg(&delayed[0].1)
+        .query::<()>(&mut r)
+        .expect("age");
+    m.cleanup().expect("cleanup");
+    assert!(!m.slice_referenced(old[0].id, 10).expect("released"));
+    assert!(m.slice_referenced(id, 20).expect("merged"));
+    m.close(f).expect("close");
+}
+
+#[test]
+fn rename_over_a_file_into_trash() {
+    let Some((_s, m, mut r)) = formatted(1) else {
+        return;
+    };
+    let c = Context::default();
+    let (a, _) = m.create(&c, ROOT_INO, b"a", 0o644, 0).expect("a");
+    let (b, _) = m.create(&c, ROOT_INO, b"b", 0o644, 0).expect("b");
+    m.close(a).and_then(|_| m.close(b)).expect("close");
+    m.link(&c, b, ROOT_INO, b"b2").expect("link");
+    m.rename(
+        &c,
+        ROOT_INO,
+        b"a",
+        ROOT_INO,
+        b"b",
+        crate::meta::RenameFlags::default(),
+    )
+    .expect("rename");
+    let hour = crate::meta::TRASH_INO + 1;
+    let name = format!("1-{b}-b").into_bytes();
+    assert_eq!(m.lookup(&c, hour, &name).expect("in trash").0, b);
+    // A hard-linked node keeps its parents in p{ino}: one in the trash now.
+    let ba = m.getattr(b).expect("kept");
+    assert_eq!((ba.parent, ba.nlink), (0, 2));
+    let parents: std::collections::HashMap<u64, i64> = redis::cmd("HGETALL")
+        .arg(format!("p{b}"))
+        .query(&mut r)
+        .expect("parents");
+    assert_eq!(parents.get(&ROOT_INO), Some(&1));
+    assert_eq!(parents.get(&hour), Some(&1));
+}
+
+#[test]
+fn two_clients_on_one_volume_stay_consistent() {
+    let Some((s, a)) = fresh() else { return };
+    a.init(&test_format(0)).expect("format");
+    a.load().expect("load");
+    let b = RedisMeta::open(&s.url(1)).expect("second client");
+    b.load().expect("load");
+    let c = Context::default();
+    let (d, _) = a.mkdir(&c, ROOT_INO, b"shared", 0o755, 0).expect("mkdir");
+    let (f, _) = a.create(&c, ROOT_INO, b"f", 0o644, 0).expect("create");
+    // Each client serialises its own writers; between clients only WATCH
+    // keeps the directory and the file consistent.
+    std::thread::scope(|scope| {
+        for (t, m) in [(0, &a), (1, &b)] {
+            scope.spawn(move || {
+                let c = Context::default();
+                for i in 0..40 {
+                    let name = format!("c{t}-{i}");
+                    m.mkdir(&c, d, name.as_bytes(), 0o755, 0).expect("mkdir");
+                    let id = m.new_slice_id().expect("id");
+                    let s = Slice {
+                        pos: (t * 40 + i) * 100,
+                        id,
+                        size: 100,
+                        off: 0,
+                        len: 100,
+                    };
+                    m.write_chunk(f, 0, s, Timestamp::now()).expect("write");
+                }
+            });
+        }
+    });
+    assert_eq!(a.getattr(d).expect("d").nlink, 2 + 80);
+    assert_eq!(b.readdir(&c, d, false).expect("readdir").len(), 2 + 80);
+    assert_eq!(a.read_chunk(f, 0).expect("chunk").len(), 80);
+    assert_eq!(b.getattr(f).expect("f").length, 80 * 100);
+    let ids: std::collections::HashSet<u64> = a
+        .read_chunk(f, 0)
+        .expect("chunk")
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids.len(), 80, "the clients' slice ids never collide");
+    a.close(f).expect("close");
+}
+
+#[test]
+fn a_cluster_volume_lives_behind_its_hash_tag() {
+    let Some(s) = RedisServer::start_cluster() else {
+        return;
+    };
+    let checks: [conformance::Check; 5] = [
+        conformance::format_and_load,
+        conformance::rename_moves_and_replaces,
+        conformance::write_read_and_refs,
+        conformance::trash_keeps_removed_files,
+        conformance::open_unlink_close,
+    ];
+    for (db, check) in checks.iter().enumerate() {
+        // Database numbers only name the hash tag in a cluster.
+        let m = RedisMeta::open(&s.url(db as u32 + 1)).expect("open the cluster");
+        check(&m);
+    }
+    let mut r = raw(&s, 0);
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut r).expect("keys");
+    assert!(keys.iter().any(|k| k == "{1}setting"), "{keys:?}");
+    assert!(keys.iter().any(|k| k == "{3}nextchunk"), "{keys:?}");
+    let stray: Vec<&String> = keys.iter().filter(|k| !k.starts_with('{')).collect();
+    assert!(stray.is_empty(), "keys without the hash tag: {stray:?}");
+}

@@ -1,0 +1,516 @@
+//! Connections and transactions. A write transaction is Redis's optimistic
+//! one: every key the transaction reads is `WATCH`ed first, writes are queued
+//! and sent as one `MULTI`/`EXEC`; if a watched key changed meanwhile `EXEC`
+//! answers nil and the whole transaction runs again, as JuiceFS's `txn` does.
+//!
+//! A lost connection is replaced. The transaction is run again when that is
+//! safe — the connection failed before `EXEC` was sent, so nothing of it was
+//! applied — and reported otherwise (the outcome is unknown).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::{Cmd, Connection, Pipeline, RedisError, Value};
+
+use super::keys::{Keys, slice_field};
+use crate::error::{Error, Result};
+use crate::meta::{Ino, ReleasedSlice};
+
+/// How often a transaction is restarted after a conflict before giving up
+/// (JuiceFS: 50).
+const MAX_CONFLICTS: u32 = 50;
+/// How often a connection is re-established before an operation fails.
+const MAX_RECONNECTS: u32 = 30;
+/// The longest wait between two reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Connect timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read timeout (JuiceFS: 30 s).
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Write timeout (JuiceFS: 5 s).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An error inside a transaction.
+#[derive(Debug)]
+pub(super) enum TxError {
+    /// A file-system answer: ends the transaction.
+    Fs(Error),
+    /// Redis failed.
+    Redis(RedisError),
+}
+
+impl From<RedisError> for TxError {
+    fn from(e: RedisError) -> Self {
+        TxError::Redis(e)
+    }
+}
+
+impl From<Error> for TxError {
+    fn from(e: Error) -> Self {
+        TxError::Fs(e)
+    }
+}
+
+pub(super) type TxResult<T> = std::result::Result<T, TxError>;
+
+/// Whether the connection is unusable after this error.
+fn is_connection_error(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+}
+
+/// Whether the server asks to try again later (still loading its data after
+/// a restart, a replica being promoted, ...).
+fn is_transient(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN")
+    )
+}
+
+pub(super) fn redis_error(e: RedisError) -> Error {
+    Error::Meta(format!("Redis: {e}"))
+}
+
+/// Work to do once a transaction has committed.
+#[derive(Debug, Default)]
+pub(super) struct PostCommit {
+    /// Slices whose reference count went below zero: delete their objects.
+    pub(super) released: Vec<ReleasedSlice>,
+    /// Files removed for good (a `delfiles` member each): delete their chunks.
+    pub(super) deleted_files: Vec<(Ino, u64)>,
+}
+
+/// A small pool of connections to one server.
+pub(super) struct Pool {
+    client: redis::Client,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("addr", self.client.get_connection_info().addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    pub(super) fn new(client: redis::Client) -> Pool {
+        Pool {
+            client,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn take(&self) -> std::result::Result<Connection, RedisError> {
+        if let Some(c) = self.idle.lock().pop() {
+            return Ok(c);
+        }
+        let c = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+        c.set_read_timeout(Some(READ_TIMEOUT))?;
+        c.set_write_timeout(Some(WRITE_TIMEOUT))?;
+        Ok(c)
+    }
+
+    fn give_back(&self, c: Connection) {
+        let mut idle = self.idle.lock();
+        if idle.len() < 16 {
+            idle.push(c);
+        }
+    }
+
+    /// Drops every idle connection (after the server went away).
+    fn forget_idle(&self) {
+        self.idle.lock().clear();
+    }
+
+    /// Runs `f` once on a fresh connection (no retries): for a first contact
+    /// that should fail fast.
+    pub(super) fn probe<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> std::result::Result<T, RedisError>,
+    ) -> std::result::Result<T, RedisError> {
+        let mut c = self.take()?;
+        let v = f(&mut c)?;
+        self.give_back(c);
+        Ok(v)
+    }
+
+    /// Runs `f` on a connection, retrying on connection loss; `f` must be
+    /// safe to run twice (reads, idempotent writes).
+    pub(super) fn with_conn<T>(
+        &self,
+        mut f: impl FnMut(&mut Connection) -> std::result::Result<T, RedisError>,
+    ) -> Result<T> {
+        let mut tries = 0;
+        loop {
+            let r = self.take().and_then(|mut c| {
+                let r = f(&mut c);
+                if r.as_ref().err().is_none_or(|e| !is_connection_error(e)) {
+                    self.give_back(c);
+                }
+                r
+            });
+            match r {
+                Ok(v) => return Ok(v),
+                Err(e)
+                    if (is_connection_error(&e) || is_transient(&e)) && tries < MAX_RECONNECTS =>
+                {
+                    tries += 1;
+                    self.forget_idle();
+                    log::debug!("Redis connection failed, retrying (try {tries}): {e}");
+                    backoff(tries);
+                }
+                Err(e) => return Err(redis_error(e)),
+            }
+        }
+    }
+}
+
+fn backoff(tries: u32) {
+    let ms = 10u64.saturating_mul(1 << tries.min(10));
+    std::thread::sleep(Duration::from_millis(ms).min(MAX_BACKOFF));
+}
+
+/// One transaction attempt on one connection.
+pub(super) struct Tx<'c> {
+    conn: &'c mut Connection,
+    pub(super) keys: &'c Keys,
+    /// Read-only transactions watch nothing and queue nothing.
+    writing: bool,
+    watched: HashSet<String>,
+    /// Whether any command reached the server in this attempt.
+    talked: bool,
+    queue: Pipeline,
+    queued: usize,
+    /// String values as this transaction leaves them (None = deleted).
+    strings: HashMap<String, Option<Vec<u8>>>,
+    /// The raw values read, for what the decoders don't keep.
+    raw: HashMap<String, Vec<u8>>,
+    /// Hash fields as this transaction leaves them.
+    fields: HashMap<(String, Vec<u8>), Option<Vec<u8>>>,
+    /// Queue positions of reference decrements, with their slice.
+    ref_checks: Vec<(usize, ReleasedSlice)>,
+    pub(super) post: PostCommit,
+    /// Whether directory statistics are kept (`DirStats`).
+    pub(super) dir_stats: bool,
+    /// Days deleted files stay in the trash (0 = no trash).
+    pub(super) trash_days: u32,
+}
+
+impl<'c> Tx<'c> {
+    fn run<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> TxResult<T> {
+        self.talked = true;
+        Ok(cmd.query(self.conn)?)
+    }
+
+    /// WATCHes `key` (once) in a write transaction.
+    pub(super) fn watch(&mut self, key: &str) -> TxResult<()> {
+        if self.writing && !self.watched.contains(key) {
+            self.run::<()>(redis::cmd("WATCH").arg(key))?;
+            self.watched.insert(key.to_string());
+        }
+        Ok(())
+    }
+
+    /// Reads a string value.
+    pub(super) fn get(&mut self, key: &str) -> TxResult<Option<Vec<u8>>> {
+        if let Some(v) = self.strings.get(key) {
+            return Ok(v.clone());
+        }
+        self.watch(key)?;
+        let v: Option<Vec<u8>> = self.run(redis::cmd("GET").arg(key))?;
+        if let Some(v) = &v {
+            self.raw.insert(key.to_string(), v.clone());
+        }
+        Ok(v)
+    }
+
+    /// The value `key` had when read in this transaction.
+    pub(super) fn raw(&self, key: &str) -> Option<&[u8]> {
+        self.raw.get(key).map(Vec::as_slice)
+    }
+
+    /// Reads a hash field.
+    pub(super) fn hget(&mut self, key: &str, field: &[u8]) -> TxResult<Option<Vec<u8>>> {
+        if let Some(v) = self.fields.get(&(key.to_string(), field.to_vec())) {
+            return Ok(v.clone());
+        }
+        self.watch(key)?;
+        self.run(redis::cmd("HGET").arg(key).arg(field))
+    }
+
+    /// Whether a hash field exists, without watching the (shared) hash.
+    pub(super) fn hexists_unwatched(&mut self, key: &str, field: &[u8]) -> TxResult<bool> {
+        if let Some(v) = self.fields.get(&(key.to_string(), field.to_vec())) {
+            return Ok(v.is_some());
+        }
+        self.run(redis::cmd("HEXISTS").arg(key).arg(field))
+    }
+
+    /// Every field of a hash, with this transaction's changes applied.
+    pub(super) fn hgetall(&mut self, key: &str) -> TxResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.watch(key)?;
+        let mut all: Vec<(Vec<u8>, Vec<u8>)> = self.run(redis::cmd("HGETALL").arg(key))?;
+        let changed: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = self
+            .fields
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .map(|((_, f), v)| (f, v))
+            .collect();
+        if !changed.is_empty() {
+            all.retain(|(f, _)| !changed.iter().any(|(cf, _)| *cf == f));
+            for (f, v) in changed {
+                if let Some(v) = v {
+                    all.push((f.clone(), v.clone()));
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// How many fields a hash has, with this transaction's changes applied.
+    pub(super) fn hlen(&mut self, key: &str) -> TxResult<u64> {
+        if self.fields.keys().any(|(k, _)| k == key) {
+            return Ok(self.hgetall(key)?.len() as u64);
+        }
+        self.watch(key)?;
+        self.run(redis::cmd("HLEN").arg(key))
+    }
+
+    /// A whole list (chunks are never read after being changed in the same
+    /// transaction).
+    pub(super) fn lrange(&mut self, key: &str, stop: i64) -> TxResult<Vec<Vec<u8>>> {
+        self.watch(key)?;
+        self.run(redis::cmd("LRANGE").arg(key).arg(0).arg(stop))
+    }
+
+    /// A list's length.
+    pub(super) fn llen(&mut self, key: &str) -> TxResult<u64> {
+        self.watch(key)?;
+        self.run(redis::cmd("LLEN").arg(key))
+    }
+
+    /// Runs a command at once, outside the transaction (JuiceFS's `INCR
+    /// nextTrash`: a number wasted by a conflict is harmless).
+    pub(super) fn now<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> TxResult<T> {
+        self.run(cmd)
+    }
+
+    fn queue(&mut self, cmd: Cmd) -> usize {
+        debug_assert!(self.writing, "a read transaction queued a write");
+        self.queue.add_command(cmd);
+        self.queued += 1;
+        self.queued - 1
+    }
+
+    /// Sets a string value.
+    pub(super) fn set(&mut self, key: &str, value: &[u8]) {
+        self.strings.insert(key.to_string(), Some(value.to_vec()));
+        let mut c = redis::cmd("SET");
+        c.arg(key).arg(value);
+        self.queue(c);
+    }
+
+    /// Deletes keys.
+    pub(super) fn del(&mut self, key: &str) {
+        self.strings.insert(key.to_string(), None);
+        self.fields.retain(|(k, _), _| k != key);
+        let mut c = redis::cmd("DEL");
+        c.arg(key);
+        self.queue(c);
+    }
+
+    /// Sets a hash field.
+    pub(super) fn hset(&mut self, key: &str, field: &[u8], value: &[u8]) {
+        self.fields
+            .insert((key.to_string(), field.to_vec()), Some(value.to_vec()));
+        let mut c = redis::cmd("HSET");
+        c.arg(key).arg(field).arg(value);
+        self.queue(c);
+    }
+
+    /// Deletes a hash field.
+    pub(super) fn hdel(&mut self, key: &str, field: &[u8]) {
+        self.fields.insert((key.to_string(), field.to_vec()), None);
+        let mut c = redis::cmd("HDEL");
+        c.arg(key).arg(field);
+        self.queue(c);
+    }
+
+    /// Adds to a hash field (not readable in this transaction).
+    pub(super) fn hincrby(&mut self, key: &str, field: &[u8], by: i64) -> usize {
+        let mut c = redis::cmd("HINCRBY");
+        c.arg(key).arg(field).arg(by);
+        self.queue(c)
+    }
+
+    /// Adds to a counter.
+    pub(super) fn incrby(&mut self, key: &str, by: i64) {
+        let mut c = redis::cmd("INCRBY");
+        c.arg(key).arg(by);
+        self.queue(c);
+    }
+
+    /// Queues any other write.
+    pub(super) fn cmd(&mut self, cmd: Cmd) {
+        self.queue(cmd);
+    }
+
+    /// Drops one reference of a slice; if it was the last, the slice is
+    /// released after the commit.
+    pub(super) fn unref(&mut self, id: u64, size: u32) {
+        let key = self.keys.slice_refs();
+        let at = self.hincrby(&key, slice_field(id, size).as_bytes(), -1);
+        self.ref_checks.push((at, ReleasedSlice { id, size }));
+    }
+
+    /// Sends the queued writes. `None`: a watched key changed.
+    fn commit(&mut self) -> std::result::Result<Option<PostCommit>, RedisError> {
+        if self.queued == 0 {
+            if !self.watched.is_empty() {
+                redis::cmd("UNWATCH").query::<()>(self.conn)?;
+            }
+            return Ok(Some(std::mem::take(&mut self.post)));
+        }
+        if !self.talked {
+            // The first command of this attempt would be EXEC: make sure
+            // the connection is alive, so a failure means "not applied".
+            redis::cmd("PING").query::<()>(self.conn)?;
+        }
+        self.queue.atomic();
+        let Some(results) = self.queue.query::<Option<Vec<Value>>>(self.conn)? else {
+            return Ok(None);
+        };
+        let mut post = std::mem::take(&mut self.post);
+        let mut seen = HashSet::new();
+        for (at, s) in &self.ref_checks {
+            if let Some(Value::Int(n)) = results.get(*at)
+                && *n < 0
+                && seen.insert(*s)
+            {
+                post.released.push(*s);
+            }
+        }
+        Ok(Some(post))
+    }
+}
+
+/// Where a transaction attempt failed.
+enum Attempt<T> {
+    Done(T, PostCommit),
+    Conflict,
+    /// Failed before anything was sent for commit: safe to run again.
+    Retry(RedisError),
+    Failed(Error),
+}
+
+/// Runs transactions on a pool.
+impl Pool {
+    /// Runs `f` as one transaction (`writing`) or one series of reads,
+    /// restarting it on conflicts and on connection loss before commit.
+    pub(super) fn transact<T>(
+        &self,
+        keys: &Keys,
+        writing: bool,
+        dir_stats: bool,
+        trash_days: u32,
+        mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
+    ) -> Result<(T, PostCommit)> {
+        let (mut conflicts, mut reconnects) = (0u32, 0u32);
+        loop {
+            let attempt = match self.take() {
+                Err(e) => Attempt::Retry(e),
+                Ok(mut conn) => {
+                    let mut keep = true;
+                    let a = {
+                        let mut tx = Tx {
+                            conn: &mut conn,
+                            keys,
+                            writing,
+                            watched: HashSet::new(),
+                            talked: false,
+                            queue: redis::pipe(),
+                            queued: 0,
+                            strings: HashMap::new(),
+                            raw: HashMap::new(),
+                            fields: HashMap::new(),
+                            ref_checks: Vec::new(),
+                            post: PostCommit::default(),
+                            dir_stats,
+                            trash_days,
+                        };
+                        match f(&mut tx) {
+                            Ok(v) => match tx.commit() {
+                                Ok(Some(post)) => Attempt::Done(v, post),
+                                Ok(None) => Attempt::Conflict,
+                                Err(e) if is_connection_error(&e) => {
+                                    keep = false;
+                                    if writing && tx.queued > 0 {
+                                        Attempt::Failed(Error::Meta(format!(
+                                            "the Redis connection was lost while committing; \
+                                             the change may or may not have been applied: {e}"
+                                        )))
+                                    } else {
+                                        Attempt::Retry(e)
+                                    }
+                                }
+                                Err(e) if is_transient(&e) => Attempt::Retry(e),
+                                Err(e) => Attempt::Failed(redis_error(e)),
+                            },
+                            Err(TxError::Redis(e)) if is_connection_error(&e) => {
+                                keep = false;
+                                Attempt::Retry(e)
+                            }
+                            Err(e) => {
+                                if !tx.watched.is_empty()
+                                    && redis::cmd("UNWATCH").query::<()>(tx.conn).is_err()
+                                {
+                                    keep = false;
+                                }
+                                match e {
+                                    TxError::Redis(e) if is_transient(&e) => Attempt::Retry(e),
+                                    TxError::Redis(e) => Attempt::Failed(redis_error(e)),
+                                    TxError::Fs(e) => Attempt::Failed(e),
+                                }
+                            }
+                        }
+                    };
+                    if keep {
+                        self.give_back(conn);
+                    }
+                    a
+                }
+            };
+            match attempt {
+                Attempt::Done(v, post) => return Ok((v, post)),
+                Attempt::Failed(e) => return Err(e),
+                Attempt::Conflict if conflicts < MAX_CONFLICTS => {
+                    conflicts += 1;
+                    log::debug!("Redis transaction conflicted, restarting (try {conflicts})");
+                    let jitter =
+                        u64::from(std::process::id() ^ conflicts.wrapping_mul(2_654_435_761))
+                            % u64::from(conflicts * conflicts).max(1);
+                    std::thread::sleep(Duration::from_millis(jitter));
+                }
+                Attempt::Conflict => {
+                    return Err(Error::Meta(format!(
+                        "a Redis transaction conflicted {MAX_CONFLICTS} times; giving up"
+                    )));
+                }
+                Attempt::Retry(e) if reconnects < MAX_RECONNECTS => {
+                    reconnects += 1;
+                    self.forget_idle();
+                    log::debug!("Redis connection failed, retrying (try {reconnects}): {e}");
+                    backoff(reconnects);
+                }
+                Attempt::Retry(e) => return Err(redis_error(e)),
+            }
+        }
+    }
+}
