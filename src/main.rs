@@ -6,6 +6,12 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
+/// mimalloc keeps freed pages for reuse per thread: the data path allocates
+/// and frees multi-MiB block buffers all the time, and the system allocator
+/// returns them to the kernel (munmap) and faults them in again.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// sluice: a JuiceFS-format storage engine that feeds AI training VMs over virtio-fs.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]

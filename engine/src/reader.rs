@@ -36,6 +36,49 @@ pub enum Fragment<'a> {
     Zeros(usize),
     /// Bytes of a block.
     Data(&'a [u8]),
+    /// `len` bytes at offset `off` of a local file (an object of a `file://`
+    /// store): the consumer reads them straight into its destination (guest
+    /// memory, for virtio-fs), so they are copied once, by the kernel.
+    File {
+        /// The open object file.
+        file: &'a std::fs::File,
+        /// Where the bytes start in it.
+        off: u64,
+        /// How many bytes.
+        len: usize,
+    },
+}
+
+impl Fragment<'_> {
+    /// How many bytes the fragment stands for.
+    pub fn len(&self) -> usize {
+        match self {
+            Fragment::Zeros(n) => *n,
+            Fragment::Data(d) => d.len(),
+            Fragment::File { len, .. } => *len,
+        }
+    }
+
+    /// Whether the fragment is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Reads exactly `dst.len()` bytes of `file` at `off` (a local object read
+/// in part); a short object is corrupt.
+pub fn read_file_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(dst, off).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Corrupt(format!(
+                "a block object is shorter than {} bytes",
+                off + dst.len() as u64
+            ))
+        } else {
+            Error::Io(e)
+        }
+    })
 }
 
 /// How long a chunk's resolved slice list is trusted without asking the
@@ -297,14 +340,28 @@ impl Reader {
                             "object {key} does not match its stored CRC32C"
                         )));
                     }
-                    let part = self.vol.store.get_range(&key, boff as u64, n as usize)?;
-                    if part.len() != n as usize {
-                        return Err(Error::Corrupt(format!(
-                            "object {key} is shorter than {} bytes",
-                            boff + n as usize
-                        )));
+                    match self.vol.store.local_file(&key) {
+                        // A local object: the consumer reads the bytes
+                        // straight into its destination.
+                        Some(file) => {
+                            let file = file?;
+                            f(Fragment::File {
+                                file: &file,
+                                off: boff as u64,
+                                len: n as usize,
+                            })?;
+                        }
+                        None => {
+                            let part = self.vol.store.get_range(&key, boff as u64, n as usize)?;
+                            if part.len() != n as usize {
+                                return Err(Error::Corrupt(format!(
+                                    "object {key} is shorter than {} bytes",
+                                    boff + n as usize
+                                )));
+                            }
+                            f(Fragment::Data(&part))?;
+                        }
                     }
-                    f(Fragment::Data(&part))?;
                     let again = {
                         let mut once = self.ranged_once.lock();
                         if once.len() >= RANGED_ONCE_MAX {
@@ -425,7 +482,7 @@ impl Reader {
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<()> {
         let mut at = 0usize;
         self.visit(ino, off, buf.len() as u64, &mut |frag| {
-            at += fill(&mut buf[at..], frag);
+            at += fill(&mut buf[at..], frag)?;
             Ok(())
         })
     }
@@ -434,22 +491,26 @@ impl Reader {
     pub fn read_pieces(&self, pieces: &[Piece], off: u64, buf: &mut [u8]) -> Result<()> {
         let mut at = 0usize;
         self.visit_pieces(pieces, off, buf.len() as u64, &mut |frag| {
-            at += fill(&mut buf[at..], frag);
+            at += fill(&mut buf[at..], frag)?;
             Ok(())
         })
     }
 }
 
 /// Puts one fragment at the start of `dst`; returns its length.
-fn fill(dst: &mut [u8], frag: Fragment<'_>) -> usize {
+fn fill(dst: &mut [u8], frag: Fragment<'_>) -> Result<usize> {
     match frag {
         Fragment::Zeros(n) => {
             dst[..n].fill(0);
-            n
+            Ok(n)
         }
         Fragment::Data(d) => {
             sluice_simd::copy(&mut dst[..d.len()], d);
-            d.len()
+            Ok(d.len())
+        }
+        Fragment::File { file, off, len } => {
+            read_file_exact(file, off, &mut dst[..len])?;
+            Ok(len)
         }
     }
 }

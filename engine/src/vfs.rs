@@ -370,10 +370,7 @@ impl Vfs {
         // resumes right after it.
         let done = std::cell::Cell::new(0u64);
         let mut counted = |frag: Fragment<'_>| {
-            let len = match &frag {
-                Fragment::Zeros(z) => *z as u64,
-                Fragment::Data(d) => d.len() as u64,
-            };
+            let len = frag.len() as u64;
             f(frag)?;
             done.set(done.get() + len);
             Ok(())
@@ -614,6 +611,10 @@ impl Vfs {
                 Fragment::Data(d) => {
                     sluice_simd::copy(&mut buf[at..at + d.len()], d);
                     at += d.len();
+                }
+                Fragment::File { file, off, len } => {
+                    crate::reader::read_file_exact(file, off, &mut buf[at..at + len])?;
+                    at += len;
                 }
             }
             Ok(())

@@ -87,7 +87,9 @@ impl ReplySink for Writer<'_> {
 
     /// Places READ data straight into the guest's buffers: each cached block
     /// range is copied once, by the `simd` kernel, from the engine's cache
-    /// into guest memory; holes are zero-filled there. The header, whose
+    /// into guest memory; a range of a local object file is read by the
+    /// kernel straight into guest memory (pread into each guest buffer);
+    /// holes are zero-filled there. The header, whose
     /// length depends on how much was read, is written last, into the room
     /// kept for it. When the room cannot hold a full-size reply the
     /// dispatcher's buffered path answers instead (it knows the real length).
@@ -106,6 +108,7 @@ impl ReplySink for Writer<'_> {
             let put = match frag {
                 Fragment::Zeros(n) => self.write_zeros(n),
                 Fragment::Data(d) => self.write_copy(d),
+                Fragment::File { file, off, len } => self.write_from_file(file, off, len),
             };
             put.map_err(|e| {
                 sluice_engine::Error::Io(io::Error::new(

@@ -218,6 +218,13 @@ impl ObjectStore for FileStore {
         Ok(())
     }
 
+    fn local_file(&self, key: &str) -> Option<Result<File>> {
+        Some(
+            self.path(key)
+                .and_then(|path| File::open(&path).map_err(|e| obj_err(key, e))),
+        )
+    }
+
     fn sync_all(&self) -> Result<()> {
         let dir = File::open(&self.root).map_err(|e| obj_err("", e))?;
         // SAFETY: syncfs(2) on a descriptor we own; no memory is passed.

@@ -50,6 +50,14 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn sync_all(&self) -> Result<()> {
         Ok(())
     }
+    /// The object opened as a local file, for stores that keep objects in
+    /// local files (`None` for remote stores): readers then read ranges of
+    /// it straight into their destination. A range read this way cannot be
+    /// checked against the object's CRC32C.
+    fn local_file(&self, key: &str) -> Option<Result<std::fs::File>> {
+        let _ = key;
+        None
+    }
 }
 
 /// Whether an error from a store means "no such object".
