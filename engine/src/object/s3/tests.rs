@@ -20,10 +20,12 @@ fn creds() -> Credentials {
     }
 }
 
-/// Short timeouts and backoffs, so fault tests run in seconds.
+/// Short timeouts and backoffs, so fault tests run in seconds (but long
+/// enough that a loaded 2-core CI machine does not time out healthy
+/// requests).
 fn fast_options() -> S3Options {
     S3Options {
-        request_timeout: Duration::from_millis(800),
+        request_timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_millis(500),
         max_attempts: 12,
         backoff_base: Duration::from_millis(5),
@@ -245,7 +247,7 @@ fn retries_ride_out_503s_timeouts_and_cut_connections() {
     // A quarter of all requests fail, in every way the injector knows.
     f.server
         .faults()
-        .set(100, 50, Duration::from_secs(3), 50, 50);
+        .set(100, 50, Duration::from_secs(5), 50, 50);
     let start = Instant::now();
     std::thread::scope(|scope| {
         for t in 0..4u64 {
@@ -280,7 +282,7 @@ fn retries_ride_out_503s_timeouts_and_cut_connections() {
 fn an_exhausted_retry_budget_names_the_key_and_loses_nothing_acknowledged() {
     let f = fixture(S3Options {
         max_attempts: 4,
-        request_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_secs(1),
         ..fast_options()
     });
     let s = &f.store;
@@ -290,7 +292,7 @@ fn an_exhausted_retry_budget_names_the_key_and_loses_nothing_acknowledged() {
     for (k, v) in &acked {
         s.put(k, v, None).unwrap();
     }
-    f.server.faults().fail_all(Duration::from_secs(2));
+    f.server.faults().fail_all(Duration::from_secs(3));
     let start = Instant::now();
     let err = s
         .put("v/chunks/0/0/99_0_4096", &data(4096, 99), None)
@@ -511,7 +513,7 @@ mod volume {
         // With every request failing a write fails with EIO, and nothing
         // that was acknowledged before is lost.
         let vfs = open_failing(&url);
-        server.faults().fail_all(Duration::from_secs(2));
+        server.faults().fail_all(Duration::from_secs(3));
         let err = write_file(&vfs, "doomed", &data(1 << 20, 7)).unwrap_err();
         assert_eq!(err.errno(), libc::EIO, "{err}");
         vfs.destroy();
@@ -527,7 +529,7 @@ mod volume {
     fn open_failing(url: &str) -> Vfs {
         let options = S3Options {
             max_attempts: 3,
-            request_timeout: Duration::from_millis(300),
+            request_timeout: Duration::from_secs(1),
             ..fast_options()
         };
         let vol = open_volume_with(open_meta(url).unwrap(), &options).unwrap();
