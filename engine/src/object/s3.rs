@@ -700,11 +700,11 @@ impl ObjectStore for S3Store {
                 unreachable!("a whole-object GET has no range to miss");
             };
             let Some(stored) = stored else {
-                return Ok(body.to_vec());
+                return Ok(Vec::from(body));
             };
             let actual = sluice_simd::crc32c(0, &body);
             if actual == stored {
-                return Ok(body.to_vec());
+                return Ok(Vec::from(body));
             }
             log::error!(
                 "object {key} in {} fails its checksum (fetch {}): stored crc32c {stored:08x}, data has {actual:08x}",
@@ -724,7 +724,7 @@ impl ObjectStore for S3Store {
             return Ok(Vec::new());
         }
         let got = self.run(self.get_object(key, Some((off, len))))?;
-        let mut data = got.map(|(b, _)| b.to_vec()).unwrap_or_default();
+        let mut data = got.map(|(b, _)| Vec::from(b)).unwrap_or_default();
         // A server that ignores Range sends the whole object.
         if data.len() > len {
             data.truncate(len);
