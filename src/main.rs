@@ -34,6 +34,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
+    /// Object-store throughput: put/get/head/list/delete of blocks and small objects.
+    Objbench(cmd::objbench::ObjbenchArgs),
     /// Benchmarks: `sluice bench PATH` (file system), `sluice bench mlperf ...` (MLPerf Storage).
     Bench(sluice_benches::command::BenchArgs),
 }
@@ -46,6 +48,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Umount(args) => cmd::mount::umount(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Gc(args) => cmd::gc::run(args),
+        Command::Objbench(args) => cmd::objbench::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
     }
 }

@@ -6,8 +6,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// Volume settings, field for field as JuiceFS 1.x writes them. Fields this
-/// version does not know are kept in `extra` and written back unchanged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// version does not know are kept in `extra` and written back unchanged;
+/// the object-store credentials (`AccessKey`, `SecretKey`, `SessionToken`,
+/// `KeyEncrypted`) live there too, read through [`Format::credentials`].
+/// `Debug` leaves the secrets out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Format {
     /// Volume name; also the object-key prefix.
@@ -56,6 +59,92 @@ pub struct Format {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
+/// Settings whose values are secrets: never logged, never printed.
+pub const SECRET_FIELDS: [&str; 3] = ["SecretKey", "SessionToken", "EncryptKey"];
+
+impl std::fmt::Debug for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extra: serde_json::Map<String, serde_json::Value> = self
+            .extra
+            .iter()
+            .map(|(k, v)| {
+                if SECRET_FIELDS.contains(&k.as_str()) {
+                    (k.clone(), serde_json::Value::from("(removed)"))
+                } else {
+                    (k.clone(), v.clone())
+                }
+            })
+            .collect();
+        f.debug_struct("Format")
+            .field("name", &self.name)
+            .field("uuid", &self.uuid)
+            .field("storage", &self.storage)
+            .field("bucket", &self.bucket)
+            .field("block_size", &self.block_size)
+            .field("compression", &self.compression)
+            .field("capacity", &self.capacity)
+            .field("inodes", &self.inodes)
+            .field("encrypt_algo", &self.encrypt_algo)
+            .field("encrypt_key", &Secret(self.encrypt_key.clone()))
+            .field("trash_days", &self.trash_days)
+            .field("meta_version", &self.meta_version)
+            .field("min_client_version", &self.min_client_version)
+            .field("dir_stats", &self.dir_stats)
+            .field("enable_acl", &self.enable_acl)
+            .field("extra", &extra)
+            .finish()
+    }
+}
+
+/// A secret string (an S3 secret key, a session token). `Debug` and
+/// `Display` never show it; [`Secret::expose`] is the one way to read it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, for the one place that must send it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether no secret was given.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Secret {
+        Secret(s)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("\"\"")
+        } else {
+            f.write_str("\"(removed)\"")
+        }
+    }
+}
+
+/// Object-store credentials as a volume's settings hold them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// Access key id (not secret; empty = take them from the environment).
+    pub access_key: String,
+    /// Secret access key.
+    pub secret_key: Secret,
+    /// Temporary session token (empty when none).
+    pub session_token: Secret,
+}
+
 fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -89,6 +178,81 @@ impl Format {
         }
     }
 
+    /// The object-store credentials the settings hold, decrypted the way
+    /// JuiceFS encrypts them (`KeyEncrypted`: AES-GCM keyed by the MD5 of
+    /// the volume UUID, a random 12-byte nonce in front, base64).
+    pub fn credentials(&self) -> Result<Credentials> {
+        let text = |k: &str| {
+            self.extra
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let encrypted = self
+            .extra
+            .get("KeyEncrypted")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let open = |field: &str| -> Result<Secret> {
+            let value = text(field);
+            if !encrypted || value.is_empty() {
+                return Ok(Secret(value));
+            }
+            if value == "removed" {
+                return Err(Error::Invalid(format!(
+                    "the volume's {field} was removed from its settings; set it again with `juicefs config`"
+                )));
+            }
+            self.secret_cipher()?.open(field, &value).map(Secret)
+        };
+        Ok(Credentials {
+            access_key: text("AccessKey"),
+            secret_key: open("SecretKey")?,
+            session_token: open("SessionToken")?,
+        })
+    }
+
+    /// Stores object-store credentials in the settings, the secret parts
+    /// encrypted as JuiceFS 1.x stores them (so JuiceFS mounts the volume
+    /// with them, and a dump of the metadata does not show them). Empty
+    /// credentials remove any stored ones.
+    pub fn set_credentials(&mut self, creds: &Credentials) -> Result<()> {
+        for k in ["AccessKey", "SecretKey", "SessionToken", "KeyEncrypted"] {
+            self.extra.remove(k);
+        }
+        if !creds.access_key.is_empty() {
+            self.extra
+                .insert("AccessKey".into(), creds.access_key.clone().into());
+        }
+        let mut encrypted = false;
+        for (field, secret) in [
+            ("SecretKey", &creds.secret_key),
+            ("SessionToken", &creds.session_token),
+        ] {
+            if secret.is_empty() {
+                continue;
+            }
+            let sealed = self.secret_cipher()?.seal(secret.expose())?;
+            self.extra.insert(field.into(), sealed.into());
+            encrypted = true;
+        }
+        if encrypted {
+            self.extra.insert("KeyEncrypted".into(), true.into());
+        }
+        Ok(())
+    }
+
+    fn secret_cipher(&self) -> Result<SecretCipher> {
+        if self.encrypt_algo.eq_ignore_ascii_case("sm4gcm") {
+            return Err(Error::NotSupported(
+                "the volume's keys are sealed with SM4-GCM; sluice reads AES-GCM-sealed keys only"
+                    .into(),
+            ));
+        }
+        Ok(SecretCipher::for_uuid(&self.uuid))
+    }
+
     /// Fails with a clear message when sluice cannot serve this volume
     /// (encryption, unknown compression, a nonsensical block size).
     pub fn check_supported(&self) -> Result<()> {
@@ -108,5 +272,126 @@ impl Format {
             )));
         }
         Ok(())
+    }
+}
+
+/// JuiceFS's sealing of the secrets in the settings: AES-128-GCM whose key
+/// is the MD5 of the volume UUID.
+struct SecretCipher(aes_gcm::Aes128Gcm);
+
+impl SecretCipher {
+    fn for_uuid(uuid: &str) -> SecretCipher {
+        use aes_gcm::KeyInit;
+        use md5::Digest;
+        let key = md5::Md5::digest(uuid.as_bytes());
+        SecretCipher(aes_gcm::Aes128Gcm::new(&key))
+    }
+
+    fn seal(&self, plain: &str) -> Result<String> {
+        use aes_gcm::aead::{Aead, AeadCore, OsRng};
+        use base64::Engine;
+        let nonce = aes_gcm::Aes128Gcm::generate_nonce(&mut OsRng);
+        let sealed = self
+            .0
+            .encrypt(&nonce, plain.as_bytes())
+            .map_err(|_| Error::Invalid("cannot seal a secret key".into()))?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&sealed);
+        Ok(base64::engine::general_purpose::STANDARD.encode(out))
+    }
+
+    fn open(&self, field: &str, text: &str) -> Result<String> {
+        use aes_gcm::aead::Aead;
+        use base64::Engine;
+        let bad = || {
+            Error::Invalid(format!(
+                "the volume's {field} cannot be decrypted with its UUID; set it again with `sluice format` or `juicefs config`"
+            ))
+        };
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| bad())?;
+        if raw.len() < 12 {
+            return Err(bad());
+        }
+        let (nonce, sealed) = raw.split_at(12);
+        let plain = self
+            .0
+            .decrypt(aes_gcm::Nonce::from_slice(nonce), sealed)
+            .map_err(|_| bad())?;
+        String::from_utf8(plain).map_err(|_| bad())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format() -> Format {
+        serde_json::from_str(
+            r#"{"Name":"v","UUID":"1f0e7f5c-6d0b-4a44-9f3b-0c5a5bb2c001","Storage":"s3",
+                "Bucket":"http://127.0.0.1:9000/b","BlockSize":4096,"TrashDays":1,
+                "EncryptAlgo":"aes256gcm-rsa","EnableACL":false}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn credentials_are_sealed_like_juicefs_and_never_shown() {
+        let mut f = format();
+        let creds = Credentials {
+            access_key: "AKID".into(),
+            secret_key: Secret::new("s3cr3t-value"),
+            session_token: Secret::default(),
+        };
+        f.set_credentials(&creds).unwrap();
+        let json = serde_json::to_string(&f).unwrap();
+        assert!(json.contains(r#""AccessKey":"AKID""#), "{json}");
+        assert!(json.contains(r#""KeyEncrypted":true"#), "{json}");
+        assert!(!json.contains("s3cr3t-value"), "{json}");
+        assert!(!json.contains("SessionToken"), "{json}");
+        let back: Format = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.credentials().unwrap(), creds);
+        // Debug shows neither the secret nor its sealed form.
+        let sealed = f.extra["SecretKey"].as_str().unwrap().to_string();
+        let dbg = format!("{f:?} {:?}", back.credentials().unwrap());
+        assert!(!dbg.contains("s3cr3t") && !dbg.contains(&sealed), "{dbg}");
+        // Another UUID cannot open it.
+        let mut other = back.clone();
+        other.uuid = "00000000-0000-4000-8000-000000000000".into();
+        assert!(other.credentials().is_err());
+    }
+
+    #[test]
+    fn opens_a_key_sealed_by_juicefs() {
+        // What JuiceFS 1.x's Format.Encrypt does, step by step: AES-128-GCM
+        // keyed by md5(UUID), nonce || ciphertext+tag, standard base64.
+        use aes_gcm::KeyInit;
+        use aes_gcm::aead::Aead;
+        use base64::Engine;
+        use md5::Digest;
+        let mut f = format();
+        let key = md5::Md5::digest(f.uuid.as_bytes());
+        let nonce = [7u8; 12];
+        let sealed = aes_gcm::Aes128Gcm::new(&key)
+            .encrypt(
+                aes_gcm::Nonce::from_slice(&nonce),
+                b"minio-secret".as_slice(),
+            )
+            .unwrap();
+        let text =
+            base64::engine::general_purpose::STANDARD.encode([&nonce[..], &sealed[..]].concat());
+        f.extra.insert("AccessKey".into(), "minio".into());
+        f.extra.insert("SecretKey".into(), text.into());
+        f.extra.insert("KeyEncrypted".into(), true.into());
+        let c = f.credentials().unwrap();
+        assert_eq!(
+            (c.access_key.as_str(), c.secret_key.expose()),
+            ("minio", "minio-secret")
+        );
+        // Unsealed keys (KeyEncrypted absent) are taken as they are.
+        f.extra.remove("KeyEncrypted");
+        f.extra.insert("SecretKey".into(), "plain".into());
+        assert_eq!(f.credentials().unwrap().secret_key.expose(), "plain");
     }
 }

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::{Compression, Format};
+use crate::format::{Compression, Credentials, Format};
 use crate::meta::Meta;
-use crate::object::{FileStore, ObjectStore, is_not_found};
+use crate::object::{ObjectStore, S3Options, STORAGE_KINDS, is_not_found, open_store};
 
 /// An open volume: its settings, metadata engine and object store.
 #[derive(Debug)]
@@ -44,6 +44,44 @@ fn compression_name(c: Compression) -> &'static str {
     }
 }
 
+/// Where a volume's objects live: `sluice format`'s `--storage`,
+/// `--bucket`, `--access-key` and `--secret-key`.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    /// "file" or "s3".
+    pub kind: String,
+    /// A directory for "file"; a bucket URL for "s3".
+    pub bucket: String,
+    /// Keys for "s3"; empty ones mean the environment's or the profile's.
+    /// Given ones are kept (sealed) in the volume settings, as JuiceFS
+    /// keeps them.
+    pub credentials: Credentials,
+    /// How to talk to S3 while formatting.
+    pub s3: S3Options,
+}
+
+impl Storage {
+    /// A local directory.
+    pub fn file(dir: &Path) -> Storage {
+        Storage {
+            kind: "file".into(),
+            bucket: dir.to_string_lossy().into_owned(),
+            credentials: Credentials::default(),
+            s3: S3Options::default(),
+        }
+    }
+
+    /// An S3 bucket URL (`http(s)://HOST[:PORT]/BUCKET` or an AWS name).
+    pub fn s3(url: &str, credentials: Credentials) -> Storage {
+        Storage {
+            kind: "s3".into(),
+            bucket: url.to_string(),
+            credentials,
+            s3: S3Options::default(),
+        }
+    }
+}
+
 /// Creates a volume the way `juicefs format --storage file` does: the bucket
 /// directory, the object `NAME/juicefs_uuid` holding the UUID, and the
 /// settings record plus root directory in the metadata engine. `bucket` is
@@ -58,6 +96,26 @@ pub fn format_volume(
     compression: Compression,
     trash_days: u32,
 ) -> Result<Format> {
+    format_volume_on(
+        meta,
+        name,
+        &Storage::file(bucket),
+        block_size_kib,
+        compression,
+        trash_days,
+    )
+}
+
+/// [`format_volume`] on any storage: for "s3" the bucket is created when it
+/// does not exist, and given keys are stored in the settings.
+pub fn format_volume_on(
+    meta: &dyn Meta,
+    name: &str,
+    storage: &Storage,
+    block_size_kib: u32,
+    compression: Compression,
+    trash_days: u32,
+) -> Result<Format> {
     if name.is_empty()
         || name.len() > 63
         || !name
@@ -68,13 +126,34 @@ pub fn format_volume(
             "volume name {name:?} must be 1..63 letters, digits, '-' or '_'"
         )));
     }
-    let bucket = std::path::absolute(bucket)?;
-    let mut bucket_str = bucket.to_string_lossy().into_owned();
-    if !bucket_str.ends_with('/') {
-        bucket_str.push('/');
-    }
+    let bucket_str = match storage.kind.as_str() {
+        "file" => {
+            let dir = std::path::absolute(&storage.bucket)?;
+            let mut b = dir.to_string_lossy().into_owned();
+            if !b.ends_with('/') {
+                b.push('/');
+            }
+            b
+        }
+        "s3" if !storage.bucket.contains("://") => format!("https://{}", storage.bucket),
+        "s3" => storage.bucket.clone(),
+        other => {
+            return Err(Error::NotSupported(format!(
+                "storage {other:?}; this build serves {}",
+                STORAGE_KINDS.join(" and ")
+            )));
+        }
+    };
+    let mut kept_credentials = None;
     let uuid = match meta.load() {
-        Ok(existing) if existing.name == name => existing.uuid,
+        Ok(existing) if existing.name == name => {
+            // Formatting again without keys keeps the stored ones, as
+            // JuiceFS does.
+            if storage.credentials.access_key.is_empty() && storage.kind == existing.storage {
+                kept_credentials = Some(existing.credentials()?);
+            }
+            existing.uuid
+        }
         Ok(existing) => {
             return Err(Error::Exists).inspect_err(|_| {
                 log::error!("the metadata already holds volume {:?}", existing.name)
@@ -91,10 +170,10 @@ pub fn format_volume(
         "Tiers".into(),
         serde_json::json!({"0": {"ID": 0, "StorageClass": "", "Tag": ""}}),
     );
-    let format = Format {
+    let mut format = Format {
         name: name.to_string(),
         uuid: uuid.clone(),
-        storage: "file".into(),
+        storage: storage.kind.clone(),
         bucket: bucket_str,
         block_size: block_size_kib,
         compression: compression_name(compression).into(),
@@ -110,13 +189,21 @@ pub fn format_volume(
         extra,
     };
     format.check_supported()?;
-    let store = FileStore::new(&bucket)?;
+    let credentials = kept_credentials.unwrap_or_else(|| storage.credentials.clone());
+    format.set_credentials(&credentials)?;
+    let store = open_store(
+        &format.storage,
+        &format.bucket,
+        &credentials,
+        &storage.s3,
+        true,
+    )?;
     let key = uuid_key(name);
     match store.get(&key) {
         Ok(existing) if existing != uuid.as_bytes() => {
             return Err(Error::Invalid(format!(
                 "bucket {} already holds volume {name} with another UUID",
-                bucket.display()
+                format.bucket
             )));
         }
         Ok(_) => {}
@@ -130,6 +217,12 @@ pub fn format_volume(
 /// Opens a formatted volume: loads and checks the settings and connects the
 /// object store they name.
 pub fn open_volume(meta: Arc<dyn Meta>) -> Result<Arc<Volume>> {
+    open_volume_with(meta, &S3Options::default())
+}
+
+/// [`open_volume`] with chosen S3 client settings (timeouts, retries,
+/// upload bound); they matter only for `storage=s3` volumes.
+pub fn open_volume_with(meta: Arc<dyn Meta>, s3: &S3Options) -> Result<Arc<Volume>> {
     let format = match meta.load() {
         Err(Error::NotFound) => {
             return Err(Error::Invalid(
@@ -139,15 +232,21 @@ pub fn open_volume(meta: Arc<dyn Meta>) -> Result<Arc<Volume>> {
         r => r?,
     };
     format.check_supported()?;
-    let store: Arc<dyn ObjectStore> = match format.storage.as_str() {
-        "file" => Arc::new(FileStore::new(&format.bucket)?),
-        other => {
-            return Err(Error::NotSupported(format!(
-                "volume {:?} uses storage {other:?}; this build serves storage \"file\"",
-                format.name
-            )));
-        }
+    if !STORAGE_KINDS.contains(&format.storage.as_str()) {
+        return Err(Error::NotSupported(format!(
+            "volume {:?} uses storage {:?}; this build serves {}",
+            format.name,
+            format.storage,
+            STORAGE_KINDS.join(" and ")
+        )));
+    }
+    let credentials = if format.storage == "file" {
+        Credentials::default()
+    } else {
+        format.credentials()?
     };
+    let store: Arc<dyn ObjectStore> =
+        open_store(&format.storage, &format.bucket, &credentials, s3, false)?;
     match store.get(&uuid_key(&format.name)) {
         Ok(u) if u != format.uuid.as_bytes() => {
             return Err(Error::Invalid(format!(

@@ -1,12 +1,12 @@
-//! `sluice format META_URL NAME --storage file --bucket DIR`.
-
-use std::path::PathBuf;
+//! `sluice format META_URL NAME --storage file --bucket DIR`, or
+//! `--storage s3 --bucket http(s)://HOST:PORT/BUCKET [--access-key K --secret-key S]`.
 
 use anyhow::{Context as _, bail};
 use sluice_engine::Error;
-use sluice_engine::format::Compression;
+use sluice_engine::format::{Compression, Credentials, Secret};
 use sluice_engine::meta::open_meta;
-use sluice_engine::volume::format_volume;
+use sluice_engine::object::S3Options;
+use sluice_engine::volume::{Storage, format_volume_on};
 
 /// Arguments of `sluice format`.
 #[derive(Debug, clap::Args)]
@@ -15,12 +15,26 @@ pub struct FormatArgs {
     pub meta_url: String,
     /// Volume name (letters, digits, '-' and '_'); also the object-key prefix.
     pub name: String,
-    /// Object storage kind (this build: file).
-    #[arg(long, default_value = "file")]
+    /// Object storage kind: file or s3.
+    #[arg(long, default_value = "file", value_parser = ["file", "s3"])]
     pub storage: String,
-    /// Where objects live: a directory for --storage file.
+    /// Where objects live: a directory for --storage file; for --storage s3
+    /// http(s)://HOST[:PORT]/BUCKET or https://BUCKET.s3.REGION.amazonaws.com
+    /// (the bucket is created if missing).
     #[arg(long)]
-    pub bucket: PathBuf,
+    pub bucket: String,
+    /// S3 access key id; kept in the volume settings as JuiceFS keeps it.
+    /// Without it the environment's (AWS_ACCESS_KEY_ID, ...) or the AWS
+    /// profile's keys are used, and not stored.
+    #[arg(long)]
+    pub access_key: Option<String>,
+    /// S3 secret access key; stored sealed with the volume UUID, never printed.
+    #[arg(long)]
+    pub secret_key: Option<Secret>,
+    /// S3 region to sign for while formatting (default: the AWS host's, then
+    /// AWS_REGION, then us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
     /// Block size (64K .. 16M), as JuiceFS's --block-size.
     #[arg(long, default_value = "4M", value_parser = sluice_benches::size::parse_size)]
     pub block_size: u64,
@@ -34,11 +48,11 @@ pub struct FormatArgs {
 
 /// Runs `sluice format`.
 pub fn run(args: FormatArgs) -> anyhow::Result<()> {
-    if args.storage != "file" {
-        bail!(
-            "storage {:?} is not supported by this build; use --storage file --bucket DIR",
-            args.storage
-        );
+    if args.storage == "file" && (args.access_key.is_some() || args.secret_key.is_some()) {
+        bail!("--access-key and --secret-key are for --storage s3");
+    }
+    if args.access_key.is_some() != args.secret_key.is_some() {
+        bail!("give --access-key and --secret-key together");
     }
     if !(64 << 10..=16 << 20).contains(&args.block_size) || !args.block_size.is_multiple_of(1024) {
         bail!("--block-size must be a multiple of 1K between 64K and 16M (JuiceFS's range)");
@@ -64,10 +78,23 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         Err(Error::NotFound) => {}
         Err(e) => return Err(e).context("cannot read the volume settings"),
     }
-    let format = format_volume(
+    let storage = Storage {
+        kind: args.storage.clone(),
+        bucket: args.bucket.clone(),
+        credentials: Credentials {
+            access_key: args.access_key.clone().unwrap_or_default(),
+            secret_key: args.secret_key.clone().unwrap_or_default(),
+            session_token: Secret::default(),
+        },
+        s3: S3Options {
+            region: args.region.clone(),
+            ..S3Options::default()
+        },
+    };
+    let format = format_volume_on(
         &*meta,
         &args.name,
-        &args.bucket,
+        &storage,
         (args.block_size / 1024) as u32,
         compression,
         args.trash_days,

@@ -4,4 +4,5 @@ pub mod format;
 pub mod gc;
 pub mod info;
 pub mod mount;
+pub mod objbench;
 pub mod serve;

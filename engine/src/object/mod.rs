@@ -3,12 +3,18 @@
 //! it), so JuiceFS reads what sluice writes unchanged.
 
 pub mod file;
+pub mod s3;
+#[cfg(any(test, feature = "s3-test-server"))]
+pub mod s3_test_server;
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::format::Credentials;
 
 pub use file::FileStore;
+pub use s3::{S3Options, S3Store};
 
 /// What a store knows about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,4 +69,33 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
 /// Whether an error from a store means "no such object".
 pub fn is_not_found(err: &crate::Error) -> bool {
     matches!(err, crate::Error::Object { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// The storage kinds this build serves, as `--storage` names them.
+pub const STORAGE_KINDS: [&str; 2] = ["file", "s3"];
+
+/// Opens the store a volume's `Storage` and `Bucket` settings name. With
+/// `create`, a missing bucket is created (a directory, an S3 bucket), as
+/// formatting does.
+pub fn open_store(
+    storage: &str,
+    bucket: &str,
+    creds: &Credentials,
+    s3: &S3Options,
+    create: bool,
+) -> Result<Arc<dyn ObjectStore>> {
+    match storage {
+        "file" => Ok(Arc::new(FileStore::new(bucket)?)),
+        "s3" => {
+            let store = S3Store::new(bucket, creds, s3.clone())?;
+            if create {
+                store.ensure_bucket()?;
+            }
+            Ok(Arc::new(store))
+        }
+        other => Err(Error::NotSupported(format!(
+            "storage {other:?}; this build serves {}",
+            STORAGE_KINDS.join(" and ")
+        ))),
+    }
 }
