@@ -367,10 +367,10 @@ impl Reader {
                         if once.len() >= RANGED_ONCE_MAX {
                             once.clear();
                         }
-                        !once.insert((id, indx))
+                        // Seen before: forget it, and fetch the whole block.
+                        !once.insert((id, indx)) && once.remove(&(id, indx))
                     };
                     if again {
-                        self.ranged_once.lock().remove(&(id, indx));
                         self.queue(Job::Block(id, size, indx));
                     }
                     off += n;
