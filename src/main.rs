@@ -34,6 +34,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
+    /// Pull files into a running daemon's caches (or --evict, --check).
+    Warmup(cmd::warmup::WarmupArgs),
     /// Object-store throughput: put/get/head/list/delete of blocks and small objects.
     Objbench(cmd::objbench::ObjbenchArgs),
     /// Benchmarks: `sluice bench PATH` (file system), `sluice bench mlperf ...` (MLPerf Storage).
@@ -49,6 +51,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(args) => cmd::info::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Objbench(args) => cmd::objbench::run(args),
+        Command::Warmup(args) => cmd::warmup::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
     }
 }

@@ -59,6 +59,11 @@ impl BlockCache {
         &self.shards[(h as usize ^ (h >> 32) as usize) % SHARDS]
     }
 
+    /// About how many bytes the cache holds at most.
+    pub fn capacity(&self) -> usize {
+        self.shard_limit * SHARDS
+    }
+
     /// The cached block, if present (and marks it recently used).
     pub fn get(&self, id: BlockId) -> Option<Arc<Vec<u8>>> {
         self.shard(id).lock().touch(id)
@@ -104,6 +109,24 @@ impl BlockCache {
         }
     }
 
+    /// Whether a block is cached (without marking it used).
+    pub fn contains(&self, id: BlockId) -> bool {
+        self.shard(id).lock().map.contains_key(&id)
+    }
+
+    /// Drops one block; whether it was cached.
+    pub fn remove(&self, id: BlockId) -> bool {
+        let mut s = self.shard(id).lock();
+        match s.map.remove(&id) {
+            Some((d, t)) => {
+                s.bytes -= d.len();
+                s.order.remove(&t);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Bytes currently cached.
     pub fn used(&self) -> usize {
         self.shards.iter().map(|s| s.lock().bytes).sum()
@@ -139,6 +162,9 @@ mod tests {
             cache.get((5, 5)).is_none(),
             "oversized blocks are not cached"
         );
+        assert!(cache.contains(same[2]) && cache.remove(same[2]));
+        assert!(!cache.contains(same[2]) && !cache.remove(same[2]));
+        cache.insert(same[2], Arc::new(vec![3; 40]));
         cache.remove_slice(same[0].0);
         assert!(cache.get(same[0]).is_none());
         assert_eq!(cache.used(), 40);

@@ -102,8 +102,8 @@ struct Flight {
 /// asks for more at once, so it never takes this path.
 const RANGED_READ_MAX: u32 = 64 << 10;
 
-/// Threads that fetch blocks ahead of sequential readers.
-const PREFETCH_THREADS: usize = 4;
+/// Threads that fetch blocks ahead of readers, unless configured otherwise.
+pub const PREFETCH_THREADS: usize = 4;
 
 /// Reads file data of one volume.
 #[derive(Debug)]
@@ -116,53 +116,61 @@ pub struct Reader {
     /// too, though a range alone cannot be checked (the kernel retries a
     /// failed readahead page by page).
     damaged: Mutex<std::collections::HashSet<BlockId>>,
-    /// Readahead jobs: (inode, offset, length) to pull into the cache.
+    /// Background jobs for the prefetch threads (None: stopped, or no
+    /// threads).
     prefetch: Mutex<Option<mpsc::Sender<Job>>>,
-    /// Jobs queued and not yet finished.
-    queued: std::sync::atomic::AtomicUsize,
-    /// Blocks a random reader fetched a range of once: a second ranged read
-    /// of one of them fetches the whole block into the cache in the
-    /// background (a block read once is not worth 4 MiB; one read twice
-    /// probably is).
-    ranged_once: Mutex<std::collections::HashSet<BlockId>>,
+    /// Bytes of background jobs queued and not yet finished.
+    queued: std::sync::atomic::AtomicU64,
+    /// Most bytes of background jobs at once; readahead windows shrink
+    /// when they would pass it.
+    budget: u64,
 }
 
-/// Background work of the readahead threads.
+/// Background work of the prefetch threads.
 #[derive(Debug, Clone, Copy)]
 enum Job {
-    /// Pull the file bytes (inode, offset, length) into the cache.
+    /// Pull the file bytes (inode, offset, length) into the cache (at most
+    /// one block, so that the threads fetch blocks in parallel).
     Range(Ino, u64, u64),
     /// Pull block `indx` of slice `id` (of `size` bytes) into the cache.
     Block(u64, u32, u32),
 }
 
-/// Most background jobs queued at once; more are dropped (they are hints).
-const MAX_QUEUED_JOBS: usize = 64;
-
-/// Blocks remembered as read once by a random reader.
-const RANGED_ONCE_MAX: usize = 16_384;
+impl Job {
+    /// Bytes the job brings in, at most.
+    fn bytes(&self, bs: u32) -> u64 {
+        match *self {
+            Job::Range(_, _, len) => len,
+            Job::Block(..) => u64::from(bs),
+        }
+    }
+}
 
 impl Reader {
-    /// A reader over `vol` using `cache` for blocks, with background threads
-    /// for readahead.
-    pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>) -> Arc<Reader> {
+    /// A reader over `vol` using `cache` for blocks, with `threads`
+    /// background threads for readahead and prefetch (0: none).
+    pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>, threads: usize) -> Arc<Reader> {
         let (tx, rx) = mpsc::channel::<Job>();
+        // Background reads may hold up to half the memory cache (what they
+        // fetch lands there), and at most 64 blocks.
+        let bs = u64::from(vol.block_size);
+        let budget = (cache.capacity() as u64 / 2).min(64 * bs);
         let reader = Arc::new(Reader {
             vol,
             cache,
             chunks: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             damaged: Mutex::new(Default::default()),
-            prefetch: Mutex::new(Some(tx)),
+            prefetch: Mutex::new((threads > 0).then_some(tx)),
             queued: Default::default(),
-            ranged_once: Mutex::new(Default::default()),
+            budget,
         });
         let rx = Arc::new(Mutex::new(rx));
-        for i in 0..PREFETCH_THREADS {
+        for i in 0..threads {
             let weak = Arc::downgrade(&reader);
             let rx = rx.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("sluice-readahead-{i}"))
+                .name(format!("sluice-prefetch-{i}"))
                 .spawn(move || {
                     loop {
                         let job = rx.lock().recv();
@@ -172,43 +180,64 @@ impl Reader {
                         // again (and are reported) when the data is read.
                         let _ = match job {
                             Job::Range(ino, off, len) => {
-                                r.visit_with(ino, off, len, false, &mut |_| Ok(()))
+                                r.visit_with(ino, off, len, None, &mut |_| Ok(()))
                             }
                             Job::Block(id, size, indx) => r.block(id, size, indx).map(drop),
                         };
-                        r.queued.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                        r.queued.fetch_sub(
+                            job.bytes(r.vol.block_size),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
                     }
                 });
             if let Err(e) = spawned {
-                log::warn!("cannot start a readahead thread: {e}");
+                log::warn!("cannot start a prefetch thread: {e}");
             }
         }
         reader
     }
 
     /// Pulls the file bytes `off..off+len` of `ino` into the block cache in
-    /// the background.
+    /// the background, a block per job so the threads share the work.
     pub fn prefetch(&self, ino: Ino, off: u64, len: u64) {
-        self.queue(Job::Range(ino, off, len));
+        let bs = u64::from(self.vol.block_size);
+        let end = off + len;
+        let mut at = off;
+        while at < end {
+            let stop = ((at / bs + 1) * bs).min(end);
+            if !self.queue(Job::Range(ino, at, stop - at)) {
+                return;
+            }
+            at = stop;
+        }
     }
 
-    /// Queues background work unless too much is queued already.
-    fn queue(&self, job: Job) {
+    /// How many more bytes background reads may bring in now.
+    pub fn readahead_room(&self) -> u64 {
+        self.budget
+            .saturating_sub(self.queued.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Queues background work unless the budget is spent; whether it was
+    /// queued.
+    fn queue(&self, job: Job) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.queued.fetch_add(1, Relaxed) >= MAX_QUEUED_JOBS {
-            self.queued.fetch_sub(1, Relaxed);
-            return;
+        let bytes = job.bytes(self.vol.block_size);
+        if self.queued.fetch_add(bytes, Relaxed) + bytes > self.budget.max(bytes) {
+            self.queued.fetch_sub(bytes, Relaxed);
+            return false;
         }
         let sent = match self.prefetch.lock().as_ref() {
             Some(tx) => tx.send(job).is_ok(),
             None => false,
         };
         if !sent {
-            self.queued.fetch_sub(1, Relaxed);
+            self.queued.fetch_sub(bytes, Relaxed);
         }
+        sent
     }
 
-    /// Stops the readahead threads (they finish the job in hand).
+    /// Stops the prefetch threads (they finish the job in hand).
     pub fn stop_prefetch(&self) {
         self.prefetch.lock().take();
     }
@@ -286,6 +315,26 @@ impl Reader {
         res
     }
 
+    /// Whether block `indx` of slice `id` is in the memory cache or a local
+    /// cache of the object store.
+    pub fn is_cached(&self, id: u64, size: u32, indx: u32) -> bool {
+        self.cache.contains((id, indx)) || self.vol.store.is_cached(&self.key(id, size, indx))
+    }
+
+    /// Drops block `indx` of slice `id` from the memory cache and from a
+    /// local cache of the object store; whether it was cached anywhere.
+    pub fn evict_block(&self, id: u64, size: u32, indx: u32) -> bool {
+        let mem = self.cache.remove((id, indx));
+        let local = self.vol.store.evict_cached(&self.key(id, size, indx));
+        mem || local
+    }
+
+    /// The object key of block `indx` of slice `id`.
+    fn key(&self, id: u64, size: u32, indx: u32) -> String {
+        let raw_len = block_len(size, self.vol.block_size, indx);
+        block_key(self.vol.name(), id, indx, raw_len)
+    }
+
     /// Fetches, checks and decompresses a block and caches it.
     fn fetch(&self, id: u64, size: u32, indx: u32) -> Result<Arc<Vec<u8>>> {
         let bs = self.vol.block_size;
@@ -309,14 +358,15 @@ impl Reader {
     }
 
     /// Walks the bytes `off..off+len` of a slice piece in order; `ranged`
-    /// allows small reads of uncached blocks to fetch only what they need.
+    /// allows small reads of uncached blocks to fetch only what they need
+    /// (see [`Reader::visit_with`]).
     fn visit_slice(
         &self,
         id: u64,
         size: u32,
         mut off: u32,
         mut len: u32,
-        ranged: bool,
+        mut ranged: Option<&mut dyn FnMut() -> bool>,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let bs = self.vol.block_size;
@@ -332,7 +382,9 @@ impl Reader {
             let cached = self.cache.get((id, indx));
             let block = match cached {
                 Some(block) => block,
-                None if ranged && self.vol.compression == crate::format::Compression::None => {
+                None if ranged.is_some()
+                    && self.vol.compression == crate::format::Compression::None =>
+                {
                     let raw_len = block_len(size, bs, indx);
                     let key = block_key(self.vol.name(), id, indx, raw_len);
                     if self.damaged.lock().contains(&(id, indx)) {
@@ -362,15 +414,7 @@ impl Reader {
                             f(Fragment::Data(&part))?;
                         }
                     }
-                    let again = {
-                        let mut once = self.ranged_once.lock();
-                        if once.len() >= RANGED_ONCE_MAX {
-                            once.clear();
-                        }
-                        // Seen before: forget it, and fetch the whole block.
-                        !once.insert((id, indx)) && once.remove(&(id, indx))
-                    };
-                    if again {
+                    if ranged.as_mut().is_some_and(|whole| whole()) {
                         self.queue(Job::Block(id, size, indx));
                     }
                     off += n;
@@ -398,7 +442,7 @@ impl Reader {
         len: u64,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
-        self.visit_pieces_with(pieces, off, len, false, f)
+        self.visit_pieces_with(pieces, off, len, None, f)
     }
 
     fn visit_pieces_with(
@@ -406,7 +450,7 @@ impl Reader {
         pieces: &[Piece],
         off: u64,
         len: u64,
-        ranged: bool,
+        mut ranged: Option<&mut dyn FnMut() -> bool>,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let end = off + len;
@@ -430,7 +474,7 @@ impl Reader {
                 f(Fragment::Zeros(n as usize))?;
             } else {
                 let soff = p.off + (at - pa) as u32;
-                self.visit_slice(p.id, p.size, soff, n, ranged, f)?;
+                self.visit_slice(p.id, p.size, soff, n, reborrow(&mut ranged), f)?;
             }
             at = stop;
         }
@@ -449,22 +493,24 @@ impl Reader {
         len: u64,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
-        self.visit_with(ino, off, len, false, f)
+        self.visit_with(ino, off, len, None, f)
     }
 
     /// [`Reader::visit`]; with `ranged`, small reads of uncached blocks of
     /// an uncompressed volume fetch only their bytes (for random readers),
-    /// without it every block touched is fetched whole, checked and cached
-    /// (sequential readers, readahead).
+    /// and `ranged` is asked after each such read whether the whole block
+    /// should be fetched into the cache in the background. Without it every
+    /// block touched is fetched whole, checked and cached (sequential
+    /// readers, readahead).
     pub fn visit_with(
         &self,
         ino: Ino,
         off: u64,
         len: u64,
-        ranged: bool,
+        ranged: Option<&mut dyn FnMut() -> bool>,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
-        let ranged = ranged && len <= u64::from(RANGED_READ_MAX);
+        let mut ranged = ranged.filter(|_| len <= u64::from(RANGED_READ_MAX));
         let end = off + len;
         let mut at = off;
         while at < end {
@@ -472,7 +518,7 @@ impl Reader {
             let coff = at % CHUNK_SIZE;
             let n = (CHUNK_SIZE - coff).min(end - at);
             let pieces = self.pieces(ino, indx)?;
-            self.visit_pieces_with(&pieces, coff, n, ranged, f)?;
+            self.visit_pieces_with(&pieces, coff, n, reborrow(&mut ranged), f)?;
             at += n;
         }
         Ok(())
@@ -494,6 +540,16 @@ impl Reader {
             at += fill(&mut buf[at..], frag)?;
             Ok(())
         })
+    }
+}
+
+/// Lends out an optional callback for one call.
+fn reborrow<'a>(
+    f: &'a mut Option<&mut dyn FnMut() -> bool>,
+) -> Option<&'a mut dyn FnMut() -> bool> {
+    match f {
+        Some(f) => Some(&mut **f),
+        None => None,
     }
 }
 

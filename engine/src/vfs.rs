@@ -21,6 +21,7 @@ use crate::gc::slice_releaser;
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
 };
+use crate::readahead::{Readahead, ReadaheadConfig};
 use crate::reader::{Fragment, Reader};
 use crate::volume::Volume;
 use crate::writer::FileWriter;
@@ -57,6 +58,11 @@ pub struct VfsConfig {
     pub compaction: bool,
     /// How often the metadata engine's background cleanup runs (None: never).
     pub cleanup_interval: Option<Duration>,
+    /// Readahead windows and random-read prefetch.
+    pub readahead: ReadaheadConfig,
+    /// Threads that fetch blocks in the background (0: no readahead or
+    /// prefetch at all).
+    pub prefetch_threads: usize,
 }
 
 impl Default for VfsConfig {
@@ -68,6 +74,8 @@ impl Default for VfsConfig {
             upload_threads: 8,
             compaction: true,
             cleanup_interval: Some(Duration::from_secs(60)),
+            readahead: ReadaheadConfig::default(),
+            prefetch_threads: crate::reader::PREFETCH_THREADS,
         }
     }
 }
@@ -88,8 +96,8 @@ enum Handle {
         ino: Ino,
         file: Arc<OpenFile>,
         writable: bool,
-        /// Where the next read starts if the reader is sequential.
-        next_read: AtomicU64,
+        /// The handle's read streams.
+        readahead: Mutex<Readahead>,
     },
     Dir {
         ino: Ino,
@@ -119,9 +127,6 @@ pub struct Vfs {
     janitor: Mutex<Option<Janitor>>,
 }
 
-/// Blocks fetched ahead of a sequential reader.
-const READAHEAD_BLOCKS: u64 = 2;
-
 fn enxio() -> Error {
     Error::Io(io::Error::from_raw_os_error(libc::ENXIO))
 }
@@ -137,7 +142,7 @@ impl Vfs {
             vol.block_size,
             cache.clone(),
         ));
-        let reader = Reader::new(vol.clone(), cache);
+        let reader = Reader::new(vol.clone(), cache, cfg.prefetch_threads);
         let compactor = if cfg.compaction {
             Some(Compactor::start(
                 vol.clone(),
@@ -246,7 +251,7 @@ impl Vfs {
             ino,
             file,
             writable,
-            next_read: AtomicU64::new(0),
+            readahead: Mutex::new(Readahead::default()),
         });
         OpenOut {
             fh,
@@ -338,7 +343,7 @@ impl Vfs {
         let Handle::File {
             ino: hino,
             file,
-            next_read,
+            readahead,
             ..
         } = &*h
         else {
@@ -354,17 +359,15 @@ impl Vfs {
             return Ok(0);
         }
         let n = (len as u64).min(length - offset);
-        let end = offset + n;
-        // A sequential reader entering a new block gets the next blocks
-        // fetched in the background.
-        let bs = u64::from(self.vol.block_size);
-        let sequential = next_read.swap(end, Ordering::Relaxed) == offset;
-        if sequential
-            && (offset.is_multiple_of(bs) || offset / bs != (end - 1) / bs)
-            && end < length
-        {
-            self.reader
-                .prefetch(ino, end, (READAHEAD_BLOCKS * bs).min(length - end));
+        let plan = readahead.lock().on_read(
+            &self.cfg.readahead,
+            offset,
+            n,
+            length,
+            self.reader.readahead_room(),
+        );
+        if let Some((at, bytes)) = plan.fetch {
+            self.reader.prefetch(ino, at, bytes);
         }
         // Fragments arrive in order; count what was delivered so a retry
         // resumes right after it.
@@ -375,18 +378,30 @@ impl Vfs {
             done.set(done.get() + len);
             Ok(())
         };
-        // A random reader fetches only the bytes it asks for.
-        let ranged = !sequential;
-        match self.reader.visit_with(ino, offset, n, ranged, &mut counted) {
+        // A random reader fetches only the bytes it asks for, and the whole
+        // block in the background when its readahead credit allows.
+        let bs = u64::from(self.vol.block_size);
+        let mut whole = || readahead.lock().take_block(bs);
+        let random = !plan.sequential;
+        match self.reader.visit_with(
+            ino,
+            offset,
+            n,
+            random.then_some(&mut whole as &mut dyn FnMut() -> bool),
+            &mut counted,
+        ) {
             Err(e) if crate::object::is_not_found(&e) => {
                 // A compaction may have replaced the slices we resolved and
                 // deleted their objects: resolve again and resume once.
                 self.reader.invalidate_inode(ino);
                 let resume = offset + done.get();
-                match self
-                    .reader
-                    .visit_with(ino, resume, n - done.get(), ranged, &mut counted)
-                {
+                match self.reader.visit_with(
+                    ino,
+                    resume,
+                    n - done.get(),
+                    random.then_some(&mut whole as &mut dyn FnMut() -> bool),
+                    &mut counted,
+                ) {
                     Err(e) if crate::object::is_not_found(&e) => {
                         log::error!("inode {ino}: {e}");
                         Err(Error::Corrupt(format!(

@@ -1,8 +1,11 @@
 //! One module per subcommand of the `sluice` program.
 
+pub mod control;
 pub mod format;
 pub mod gc;
 pub mod info;
 pub mod mount;
 pub mod objbench;
+pub mod readahead_args;
 pub mod serve;
+pub mod warmup;

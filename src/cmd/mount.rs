@@ -45,6 +45,8 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
+    #[command(flatten)]
+    pub readahead: super::readahead_args::ReadaheadArgs,
 }
 
 /// Arguments of `sluice umount`.
@@ -81,11 +83,11 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     let vfs = Vfs::new(
         volume,
-        VfsConfig {
+        args.readahead.apply(VfsConfig {
             cache_bytes: args.cache_size << 20,
             buffer_bytes: args.buffer_size << 20,
             ..VfsConfig::default()
-        },
+        })?,
     )
     .context("cannot start the file system")?;
     let options = MountOptions {
@@ -107,7 +109,15 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         },
         ..Config::default()
     };
+    let slot = std::sync::Arc::new(parking_lot::Mutex::new(Some(vfs.reader().clone())));
     let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    // `sluice warmup` reaches this mount's caches here.
+    let control = super::control::ControlServer::start(
+        &super::control::socket_for_mount(&mountpoint),
+        slot.clone(),
+    )
+    .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this mount: {e:#}"))
+    .ok();
     log::info!(
         "volume {name} mounted on {} ({} threads; simd {})",
         mountpoint.display(),
@@ -124,7 +134,10 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
                 log::error!("cannot unmount {}: {e}", waiter_path.display());
             }
         })?;
-    session.join().context("the mount ended with an error")?;
+    let ended = session.join();
+    drop(control);
+    slot.lock().take();
+    ended.context("the mount ended with an error")?;
     log::info!("{} unmounted; all data committed", mountpoint.display());
     Ok(())
 }

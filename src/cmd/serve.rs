@@ -51,6 +51,8 @@ pub struct ServeArgs {
     /// Refuse every change from the guest (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    #[command(flatten)]
+    pub readahead: super::readahead_args::ReadaheadArgs,
 }
 
 /// Runs `sluice serve`.
@@ -58,6 +60,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.queues == 0 || args.cache_size == 0 || args.buffer_size == 0 {
         bail!("--queues, --cache-size and --buffer-size must be at least 1");
     }
+    args.readahead.apply(VfsConfig::default())?;
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config
         .validate()
@@ -88,23 +91,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.socket.display(),
         sluice_simd::selected()
     );
+    // `sluice warmup --serve-socket` reaches the current session's caches here.
+    let slot: super::control::ReaderSlot = Default::default();
+    let _control = super::control::ControlServer::start(
+        &super::control::socket_for_serve(&args.socket),
+        slot.clone(),
+    )
+    .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}"))
+    .ok();
     loop {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
         let vfs = Vfs::new(
             volume.clone(),
-            VfsConfig {
+            args.readahead.apply(VfsConfig {
                 cache_bytes: args.cache_size << 20,
                 buffer_bytes: args.buffer_size << 20,
                 ..VfsConfig::default()
-            },
+            })?,
         )
         .context("cannot start the file system")?;
         let root = match &args.export {
             Some(path) => export_root(&vfs, path)?,
             None => ROOT_INO,
         };
+        *slot.lock() = Some(vfs.reader().clone());
         let handler = Arc::new(FuseHandler::new(
             Dispatcher::new(Export::new(vfs, root, args.read_only), Config::default()),
             device_config.num_queues(),
@@ -121,6 +133,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                  {bytes_in} bytes in, {bytes_out} bytes out"
             );
         }
+        slot.lock().take();
         served.context("the vhost-user connection failed")?;
         log::info!("the VM disconnected; its session is flushed and closed");
         if args.once {

@@ -64,6 +64,18 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         let _ = key;
         None
     }
+
+    /// Whether a local cache in front of the store holds the object (a
+    /// store without one holds nothing locally).
+    fn is_cached(&self, _key: &str) -> bool {
+        false
+    }
+
+    /// Drops the object from a local cache in front of the store (never
+    /// from the store itself); whether it was cached.
+    fn evict_cached(&self, _key: &str) -> bool {
+        false
+    }
 }
 
 /// Whether an error from a store means "no such object".

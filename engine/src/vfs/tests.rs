@@ -722,7 +722,7 @@ fn reads_survive_a_compaction_behind_their_back() {
     assert_eq!(t.read(ino, fh, 0, model.len()), model);
     // Another reader compacts the chunk: the old objects are deleted (and
     // dropped from our block cache by the releaser).
-    let other = crate::reader::Reader::new(t.vfs.volume().clone(), Arc::new(BlockCache::new(0)));
+    let other = crate::reader::Reader::new(t.vfs.volume().clone(), Arc::new(BlockCache::new(0)), 0);
     assert!(crate::compaction::compact_chunk(t.vfs.volume(), &other, ino, 0, 2).unwrap());
     assert_eq!(t.vfs.volume().meta.read_chunk(ino, 0).unwrap().len(), 1);
     // Our stale slice list points at deleted objects; the read recovers.
@@ -790,9 +790,10 @@ fn random_small_reads_fetch_ranges_and_sequential_reads_fetch_blocks() {
     }
     assert_eq!(vfs.reader.cache().used(), 0, "a ranged read caches nothing");
     // More random reads (one crossing the block boundary at 4 MiB): still
-    // the right bytes; blocks read twice are fetched whole in the background.
+    // the right bytes; once the reader has read a block's worth (1 MiB
+    // blocks, readahead ratio 1) a whole block is fetched in the background.
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    for i in 0..200 {
+    for i in 0..300 {
         let off = if i == 0 {
             4 * MIB - 2048
         } else {
@@ -810,4 +811,90 @@ fn random_small_reads_fetch_ranges_and_sequential_reads_fetch_blocks() {
         off += got.len();
     }
     vfs.release(&ctx(), ino, fh).unwrap();
+}
+
+#[test]
+fn sequential_readers_get_blocks_ahead_and_readahead_can_be_turned_off() {
+    let t = setup();
+    let data = random(12 * MIB as usize, 21);
+    let (ino, fh) = t.create("seq");
+    t.write(ino, fh, 0, &data);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    for (max, threads) in [(32 * MIB, 4), (0, 4), (32 * MIB, 0)] {
+        let cfg = VfsConfig {
+            readahead: crate::readahead::ReadaheadConfig {
+                max_bytes: max,
+                ratio: 1.0,
+            },
+            prefetch_threads: threads,
+            ..test_cfg()
+        };
+        let vfs = open_vol(t.dir.path(), cfg);
+        let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+        // The first MiB in 128 KiB reads.
+        for i in 0..8u64 {
+            let mut buf = vec![0u8; 128 << 10];
+            vfs.read(&ctx(), ino, fh, i * (128 << 10), &mut buf)
+                .unwrap();
+            assert_eq!(buf, &data[(i * (128 << 10)) as usize..][..128 << 10]);
+        }
+        if max > 0 && threads > 0 {
+            // Blocks well past the first are fetched ahead of the reader.
+            wait_for(|| vfs.reader.cache().used() >= 6 * MIB as usize);
+        } else {
+            // Only the block read is cached.
+            assert_eq!(vfs.reader.cache().used(), MIB as usize, "{max} {threads}");
+        }
+        vfs.release(&ctx(), ino, fh).unwrap();
+        vfs.destroy();
+    }
+}
+
+#[test]
+fn warmup_check_and_evict_cover_the_visible_blocks_of_a_tree() {
+    use crate::warmup::{CacheOp, collect, run};
+    let t = setup();
+    let dir = t.vfs.mkdir(&ctx(), ROOT_INO, b"d", 0o755, 0o022).unwrap();
+    let mut sizes = Vec::new();
+    for (i, len) in [3 * MIB + 5, 100, 0].into_iter().enumerate() {
+        let (e, out) = t
+            .vfs
+            .create(
+                &ctx(),
+                dir.inode,
+                format!("f{i}").as_bytes(),
+                0o644,
+                0o022,
+                libc::O_RDWR as u32,
+            )
+            .unwrap();
+        t.write(e.inode, out.fh, 0, &random(len as usize, i as u64));
+        // Overwritten bytes: the first slice's block 0 is no longer visible.
+        if len > MIB {
+            t.vfs.flush(&ctx(), e.inode, out.fh).unwrap();
+            t.write(e.inode, out.fh, 0, &random(MIB as usize, 99));
+        }
+        t.vfs.release(&ctx(), e.inode, out.fh).unwrap();
+        sizes.push(len);
+    }
+    t.create("outside");
+    let vfs = open_vol(t.dir.path(), test_cfg());
+    let r = vfs.reader();
+    assert!(collect(r, &["d/../x".into()]).is_err());
+    assert!(collect(r, &["nope".into()]).is_err());
+    let target = collect(r, &["/d".into(), "d/f1".into()]).unwrap();
+    assert_eq!(target.files, 3);
+    assert_eq!(target.bytes, sizes.iter().sum::<u64>());
+    // f0: 1 MiB of the second slice + blocks 1..=3 of the first; f1: one.
+    assert_eq!(target.blocks.len(), 1 + 3 + 1);
+    let count = |op| run(r, op, &target.blocks, 3, &|_| {});
+    assert_eq!(count(CacheOp::Check).hit, 0);
+    let warm = count(CacheOp::Warmup);
+    assert_eq!((warm.hit, warm.failed, warm.done), (5, 0, 5));
+    assert_eq!(warm.hit_bytes, 3 * MIB + 5 + 100);
+    assert_eq!(count(CacheOp::Check).hit, 5);
+    assert_eq!(count(CacheOp::Evict).hit, 5);
+    assert_eq!(count(CacheOp::Check).hit, 0);
+    assert_eq!(r.cache().used(), 0);
+    vfs.destroy();
 }

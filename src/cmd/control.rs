@@ -1,0 +1,193 @@
+//! The control socket of a running daemon (`sluice mount` or `sluice
+//! serve`): how `sluice warmup` reaches the caches that matter — the
+//! daemon's own. One request per connection, as a JSON line; the daemon
+//! answers with JSON lines: the size of the job, progress now and then, and
+//! the final counts (or an error).
+//!
+//! The socket is created mode 0600 (root's, as the daemon runs as root):
+//! warming or dropping caches is an operator's action.
+
+use std::io::{BufRead, BufReader, Read as _, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use sluice_engine::reader::Reader;
+use sluice_engine::warmup::{CacheOp, Progress, collect, run};
+
+/// A request to the daemon.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    /// What to do.
+    pub op: CacheOp,
+    /// Paths from the volume's root.
+    pub paths: Vec<String>,
+    /// Threads to do it with.
+    pub threads: usize,
+}
+
+/// One line of the daemon's answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Reply {
+    /// What the paths hold.
+    Start {
+        /// Regular files.
+        files: u64,
+        /// Their bytes.
+        bytes: u64,
+        /// Their visible blocks.
+        blocks: u64,
+    },
+    /// Counts so far.
+    Progress(Progress),
+    /// The final counts.
+    Done(Progress),
+    /// The request failed.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// Where the control socket of the mount on `mountpoint` lives.
+pub fn socket_for_mount(mountpoint: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    // FNV-1a: a stable, short name for any mount point path.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in mountpoint.as_os_str().as_bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    PathBuf::from(format!("/run/sluice/mount-{h:016x}.sock"))
+}
+
+/// Where the control socket of `sluice serve --socket SOCKET` lives.
+pub fn socket_for_serve(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".control");
+    PathBuf::from(s)
+}
+
+/// The readers requests run against: the daemon swaps in the current one
+/// (`serve` starts a new file-system session per VM connection).
+pub type ReaderSlot = Arc<Mutex<Option<Arc<Reader>>>>;
+
+/// A listening control socket; closed and removed when dropped.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl ControlServer {
+    /// Listens on `path` (a stale socket there is replaced).
+    pub fn start(path: &Path, slot: ReaderSlot) -> anyhow::Result<ControlServer> {
+        use anyhow::Context as _;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot replace {}", path.display()));
+            }
+            _ => {}
+        }
+        let listener = UnixListener::bind(path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    let slot = slot.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("control-request".into())
+                        .spawn(move || {
+                            if let Err(e) = handle(conn, &slot) {
+                                log::warn!("control request: {e}");
+                            }
+                        });
+                }
+            })?;
+        Ok(ControlServer {
+            path: path.to_owned(),
+            stop,
+        })
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop so it sees the flag.
+        let _ = UnixStream::connect(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Serves one request.
+fn handle(conn: UnixStream, slot: &ReaderSlot) -> anyhow::Result<()> {
+    let mut line = String::new();
+    BufReader::new(conn.try_clone()?)
+        .take(1 << 20)
+        .read_line(&mut line)?;
+    let out = Mutex::new(conn);
+    let send = |reply: &Reply| -> std::io::Result<()> {
+        let mut text = serde_json::to_string(reply).map_err(std::io::Error::other)?;
+        text.push('\n');
+        out.lock().write_all(text.as_bytes())
+    };
+    let req: Request = match serde_json::from_str(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            send(&Reply::Error {
+                message: format!("bad request: {e}"),
+            })?;
+            return Ok(());
+        }
+    };
+    let Some(reader) = slot.lock().clone() else {
+        send(&Reply::Error {
+            message: "no file-system session is running (no VM connected)".into(),
+        })?;
+        return Ok(());
+    };
+    let target = match collect(&reader, &req.paths) {
+        Ok(t) => t,
+        Err(e) => {
+            send(&Reply::Error {
+                message: format!("{}: {e}", req.paths.join(", ")),
+            })?;
+            return Ok(());
+        }
+    };
+    send(&Reply::Start {
+        files: target.files,
+        bytes: target.bytes,
+        blocks: target.blocks.len() as u64,
+    })?;
+    log::info!(
+        "control: {:?} of {} files, {} blocks, {} threads",
+        req.op,
+        target.files,
+        target.blocks.len(),
+        req.threads
+    );
+    let threads = req.threads.clamp(1, 256);
+    let done = run(&reader, req.op, &target.blocks, threads, &|p| {
+        let _ = send(&Reply::Progress(p.clone()));
+    });
+    send(&Reply::Done(done))?;
+    Ok(())
+}
