@@ -241,10 +241,17 @@ pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
 /// Drops a non-directory node from the namespace when its last entry goes.
 fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxResult<()> {
     if attr.typ == FileType::File {
-        if session::mark_removed_if_open(inner, ino) {
-            let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
-            if sid > 0 {
-                let key = tx.keys.sustained(sid);
+        // Kept while open here or in another live session; the last close
+        // of each holder (or the cleanup of its session) deletes it.
+        let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+        let here = session::mark_removed_if_open(inner, ino) && sid > 0;
+        let mut holders = session::other_holders(tx, sid, ino)?;
+        if here {
+            holders.push(sid);
+        }
+        if !holders.is_empty() {
+            for holder in holders {
+                let key = tx.keys.sustained(holder);
                 let mut c = redis::cmd("SADD");
                 c.arg(&key).arg(ino.to_string());
                 tx.cmd(c);
@@ -252,6 +259,8 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
             node::put(tx, ino, attr);
             return Ok(());
         }
+        let opened = tx.keys.opened(ino);
+        tx.del(&opened);
         let key = tx.keys.delfiles();
         let mut c = redis::cmd("ZADD");
         c.arg(&key)
