@@ -264,7 +264,20 @@ fn redis_restart(h: &mut Hosts, rng: &mut StdRng) {
     std::fs::write(h.b().join("data/before-b"), &vb).expect("write on b");
     let listing = names(&h.a().join("data"));
 
+    // A file written while Redis is down: it either waits for the
+    // reconnection or fails with EIO; it never comes back half there.
+    let during = h.a().join("data/during");
+    let vd = random(rng, 700_000);
+    let writer = {
+        let (path, data) = (during.clone(), vd.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            std::fs::write(path, data)
+        })
+    };
     h.redis.restart(Duration::from_secs(2));
+    let written = writer.join().expect("the writer thread");
+    eprintln!("a write during the Redis outage: {written:?}");
 
     // The first calls after the restart may fail (EIO) while the clients
     // reconnect; they must work again soon after.
@@ -278,6 +291,14 @@ fn redis_restart(h: &mut Hosts, rng: &mut StdRng) {
         "host b reads after the restart",
         || std::fs::read(h.b().join("data/before-a")).is_ok_and(|d| d == va),
     );
+    match written {
+        Ok(()) => {
+            let back = std::fs::read(h.b().join("data/during")).expect("read on b");
+            assert!(back == vd, "the file written during the outage reads back");
+        }
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}"),
+    }
+    let _ = std::fs::remove_file(&during);
     assert_eq!(names(&h.a().join("data")), listing);
     assert_eq!(names(&h.b().join("data")), listing);
 
