@@ -515,7 +515,7 @@ impl Meta for RedisMeta {
     }
 
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
-        namespace::lookup(&self.inner, ctx, parent, name)
+        namespace::lookup_name(&self.inner, ctx, parent, name)
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr> {
