@@ -274,6 +274,21 @@ impl Reader {
         self.chunks.lock().remove(&(ino, indx));
     }
 
+    /// Forgets the resolved chunks of a file of `length` bytes (at open:
+    /// another host may have changed them). Chunks past `length` are never
+    /// read through a handle opened now.
+    pub fn invalidate_file(&self, ino: Ino, length: u64) {
+        let chunks = length / CHUNK_SIZE + 1;
+        let mut map = self.chunks.lock();
+        if chunks > 64 {
+            map.retain(|k, _| k.0 != ino);
+        } else if !map.is_empty() {
+            for indx in 0..chunks as u32 {
+                map.remove(&(ino, indx));
+            }
+        }
+    }
+
     /// Forgets every resolved chunk of `ino` (truncate, fallocate).
     pub fn invalidate_inode(&self, ino: Ino) {
         self.chunks.lock().retain(|k, _| k.0 != ino);

@@ -579,9 +579,12 @@ impl Vfs {
         Ok(self.entry(ino, new_name, attr))
     }
 
-    /// Opens a file.
+    /// Opens a file. Close-to-open consistency: the attributes come fresh
+    /// from the metadata engine and the chunks resolved before are dropped,
+    /// so an open sees everything another host committed before it closed.
     pub fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
         let attr = self.vol.meta.open(ctx, ino, flags)?;
+        self.reader.invalidate_file(ino, attr.length);
         let attr = self.with_buffered(ino, attr);
         Ok(self.open_out(ino, flags, attr))
     }

@@ -371,16 +371,29 @@ pub fn sha256_file(path: &Path) -> [u8; 32] {
 }
 
 /// A `redis-server` of one test on a free loopback port, in a temporary
-/// directory, saving nothing; killed on drop. `None` (with the reason
-/// printed) without `redis-server` on the PATH or with SLUICE_SKIP_REDIS=1.
+/// directory, killed on drop. [`RedisServer::start`] saves nothing;
+/// [`RedisServer::start_persistent`] logs every write to an append-only file
+/// (fsynced per write) so that [`RedisServer::restart`] keeps the data.
+/// `None` (with the reason printed) without `redis-server` on the PATH or
+/// with SLUICE_SKIP_REDIS=1.
 pub struct RedisServer {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    persistent: bool,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
     pub fn start(test: &str) -> Option<RedisServer> {
+        Self::start_with(test, false)
+    }
+
+    /// A server whose data survives [`RedisServer::restart`].
+    pub fn start_persistent(test: &str) -> Option<RedisServer> {
+        Self::start_with(test, true)
+    }
+
+    fn start_with(test: &str, persistent: bool) -> Option<RedisServer> {
         if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
             eprintln!("{test}: skipped: SLUICE_SKIP_REDIS=1");
             return None;
@@ -398,31 +411,62 @@ impl RedisServer {
             .expect("a free port")
             .port();
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn_redis(port, dir.path(), persistent);
         Some(RedisServer {
             child,
             port,
-            _dir: dir,
+            persistent,
+            dir,
         })
+    }
+
+    /// Kills the server (SIGKILL: no shutdown save) and starts it again on
+    /// the same port and directory after `down`; with a persistent server,
+    /// every write it acknowledged is back.
+    pub fn restart(&mut self, down: Duration) {
+        assert!(self.persistent, "restart needs start_persistent");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn_redis(self.port, self.dir.path(), true);
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The metadata URL of database `db`.
     pub fn url(&self, db: u32) -> String {
         format!("redis://127.0.0.1:{}/{db}", self.port)
     }
+}
+
+/// Starts `redis-server` on `port` in `dir` and waits until it accepts
+/// connections.
+fn spawn_redis(port: u16, dir: &Path, persistent: bool) -> Child {
+    let persistence: &[&str] = if persistent {
+        &["--appendonly", "yes", "--appendfsync", "always"]
+    } else {
+        &["--appendonly", "no"]
+    };
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--save", ""])
+        .args(persistence)
+        .args(["--daemonize", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for RedisServer {

@@ -255,6 +255,28 @@ impl RedisMeta {
     pub fn session_id(&self) -> u64 {
         self.inner.sid.load(Ordering::Relaxed)
     }
+
+    /// The attributes of `ino` if `ctx` may open it with `flags`.
+    fn check_open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
+        let attr = self.getattr(ino)?;
+        let mask = match flags & libc::O_ACCMODE as u32 {
+            x if x == libc::O_WRONLY as u32 => rules::MASK_W,
+            x if x == libc::O_RDWR as u32 => rules::MASK_R | rules::MASK_W,
+            _ => rules::MASK_R,
+        };
+        rules::check_access(ctx, &attr, mask)?;
+        let writing = mask & rules::MASK_W != 0;
+        if writing && (attr.flags & rules::FLAG_IMMUTABLE != 0 || attr.parent > TRASH_INO) {
+            return Err(Error::Perm);
+        }
+        if attr.flags & rules::FLAG_APPEND != 0
+            && ((writing && flags & libc::O_APPEND as u32 == 0)
+                || flags & libc::O_TRUNC as u32 != 0)
+        {
+            return Err(Error::Perm);
+        }
+        Ok(attr)
+    }
 }
 
 impl Drop for RedisMeta {
@@ -493,7 +515,7 @@ impl Meta for RedisMeta {
     }
 
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
-        namespace::lookup(&self.inner, ctx, parent, name)
+        namespace::lookup_name(&self.inner, ctx, parent, name)
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -645,30 +667,21 @@ impl Meta for RedisMeta {
             0,
             b"",
         )?;
-        session::opened(&self.inner, ino);
+        session::opened(&self.inner, ino)?;
         Ok((ino, attr))
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
-        let attr = self.getattr(ino)?;
-        let mask = match flags & libc::O_ACCMODE as u32 {
-            x if x == libc::O_WRONLY as u32 => rules::MASK_W,
-            x if x == libc::O_RDWR as u32 => rules::MASK_R | rules::MASK_W,
-            _ => rules::MASK_R,
-        };
-        rules::check_access(ctx, &attr, mask)?;
-        let writing = mask & rules::MASK_W != 0;
-        if writing && (attr.flags & rules::FLAG_IMMUTABLE != 0 || attr.parent > TRASH_INO) {
-            return Err(Error::Perm);
-        }
-        if attr.flags & rules::FLAG_APPEND != 0
-            && ((writing && flags & libc::O_APPEND as u32 == 0)
-                || flags & libc::O_TRUNC as u32 != 0)
+        // Recorded first, so that an unlink on another host either sees
+        // this open or has removed the file before the attributes are read.
+        session::opened(&self.inner, ino)?;
+        let checked = self.check_open(ctx, ino, flags);
+        if checked.is_err()
+            && let Err(e) = session::closed(&self.inner, ino)
         {
-            return Err(Error::Perm);
+            log::warn!("forgetting a refused open of inode {ino}: {e}");
         }
-        session::opened(&self.inner, ino);
-        Ok(attr)
+        checked
     }
 
     fn close(&self, ino: Ino) -> Result<()> {

@@ -102,6 +102,12 @@ impl Keys {
     pub(super) fn sustained(&self, sid: u64) -> String {
         format!("{}session{sid}", self.prefix)
     }
+    /// sluice's own (JuiceFS has no such key): the sessions holding a file
+    /// open, sid → 1, so that an unlink on another host keeps the file for
+    /// them. JuiceFS's tools never read it.
+    pub(super) fn opened(&self, ino: Ino) -> String {
+        format!("{}open{ino}", self.prefix)
+    }
     /// Lock keys a session holds locks in.
     pub(super) fn locked(&self, sid: u64) -> String {
         format!("{}locked{sid}", self.prefix)

@@ -3,7 +3,7 @@
 //! trash, with the same rules as the SQLite engine.
 
 use super::Inner;
-use super::codec::{decode_entry, encode_entry};
+use super::codec::{decode_attr, decode_entry, encode_entry};
 use super::keys::counter;
 use super::node::{self, entry_stat};
 use super::session;
@@ -140,6 +140,79 @@ pub(super) fn lookup(
     })
 }
 
+/// One lookup in one round trip (JuiceFS's `scriptLookup`, plus the parent's
+/// attributes): `{i{parent}, d{parent}[name], i{child}}`, cut short where a
+/// value is missing. An inode past 2^52 (a Lua number loses digits there)
+/// comes back without its attributes; the caller reads them itself.
+const LOOKUP_SCRIPT: &str = r#"
+local pa = redis.call('GET', KEYS[1])
+if not pa then return {} end
+local e = redis.call('HGET', KEYS[2], ARGV[1])
+if not e then return {pa} end
+if string.len(e) ~= 9 then return {pa, e} end
+local ino = struct.unpack('>I8', string.sub(e, 2))
+if ino > 4503599627370495 then return {pa, e} end
+local a = redis.call('GET', ARGV[2] .. 'i' .. string.format('%.f', ino))
+if not a then return {pa, e} end
+return {pa, e, a}
+"#;
+
+/// `lookup` of a plain name (not `.`, `..` or the trash) in one round trip.
+pub(super) fn lookup_name(
+    inner: &Inner,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+) -> Result<(Ino, Attr)> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::NameTooLong);
+    }
+    if matches!(name, b"." | b"..") || (parent == ROOT_INO && name == TRASH_NAME) {
+        return lookup(inner, ctx, parent, name);
+    }
+    let (ikey, dkey) = (inner.keys.inode(parent), inner.keys.entry(parent));
+    let found: Vec<Vec<u8>> = inner.pool.with_conn(|c| {
+        redis::cmd("EVAL")
+            .arg(LOOKUP_SCRIPT)
+            .arg(2)
+            .arg(&ikey)
+            .arg(&dkey)
+            .arg(name)
+            .arg(inner.keys.prefix())
+            .query(c)
+    })?;
+    let mut found = found.into_iter();
+    let pa = found.next().ok_or(Error::NotFound)?;
+    let pa = decode_attr(&pa).ok_or_else(|| {
+        Error::Corrupt(format!(
+            "the attributes of inode {parent} ({} bytes) cannot be decoded",
+            pa.len()
+        ))
+    })?;
+    if pa.typ != FileType::Directory {
+        return Err(Error::NotDir);
+    }
+    rules::check_access(ctx, &pa, MASK_X)?;
+    let e = found.next().ok_or(Error::NotFound)?;
+    let (_, ino) = decode_entry(&e).ok_or_else(|| {
+        Error::Corrupt(format!(
+            "entry {:?} of directory {parent} is {} bytes, not 9",
+            String::from_utf8_lossy(name),
+            e.len()
+        ))
+    })?;
+    let attr = match found.next() {
+        Some(raw) => decode_attr(&raw).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "the attributes of inode {ino} ({} bytes) cannot be decoded",
+                raw.len()
+            ))
+        })?,
+        None => inner.read(|tx| node::must_get(tx, ino))?,
+    };
+    Ok((ino, attr))
+}
+
 /// Creates a node of any type.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mknod(
@@ -241,10 +314,17 @@ pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
 /// Drops a non-directory node from the namespace when its last entry goes.
 fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxResult<()> {
     if attr.typ == FileType::File {
-        if session::mark_removed_if_open(inner, ino) {
-            let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
-            if sid > 0 {
-                let key = tx.keys.sustained(sid);
+        // Kept while open here or in another live session; the last close
+        // of each holder (or the cleanup of its session) deletes it.
+        let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+        let here = session::mark_removed_if_open(inner, ino) && sid > 0;
+        let mut holders = session::other_holders(tx, sid, ino)?;
+        if here {
+            holders.push(sid);
+        }
+        if !holders.is_empty() {
+            for holder in holders {
+                let key = tx.keys.sustained(holder);
                 let mut c = redis::cmd("SADD");
                 c.arg(&key).arg(ino.to_string());
                 tx.cmd(c);
@@ -252,6 +332,8 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
             node::put(tx, ino, attr);
             return Ok(());
         }
+        let opened = tx.keys.opened(ino);
+        tx.del(&opened);
         let key = tx.keys.delfiles();
         let mut c = redis::cmd("ZADD");
         c.arg(&key)

@@ -10,6 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::keys::{counter, parse_slice_field};
 use super::node;
+use super::tx::{Tx, TxResult};
 use super::{Heartbeat, Inner, namespace};
 use crate::error::{Error, Result};
 use crate::meta::sqlite::align4k;
@@ -128,18 +129,25 @@ pub(super) fn close_session(inner: &Inner) -> Result<()> {
     if sid == 0 {
         return Ok(());
     }
-    let removed: Vec<Ino> = {
+    let (removed, open): (Vec<Ino>, Vec<Ino>) = {
         let mut open = inner.open_files.lock();
-        let ids = open
+        let removed = open
             .iter()
             .filter(|(_, f)| f.removed)
             .map(|(i, _)| *i)
             .collect();
+        let all = open.keys().copied().collect();
         open.clear();
-        ids
+        (removed, all)
     };
     for ino in removed {
         delete_sustained(inner, sid, ino)?;
+    }
+    for ino in open {
+        let key = inner.keys.opened(ino);
+        inner
+            .pool
+            .with_conn(|c| redis::cmd("HDEL").arg(&key).arg(sid).query::<()>(c))?;
     }
     clean_session(inner, sid)
 }
@@ -191,19 +199,26 @@ fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
 }
 
 /// Deletes a file kept for an open handle of session `sid` after its last
-/// link went (JuiceFS `doDeleteSustainedInode`).
+/// link went (JuiceFS `doDeleteSustainedInode`), unless another live session
+/// still holds it open (that one deletes it on its last close).
 fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
     inner.write(ino, |tx| {
         let key = tx.keys.sustained(sid);
         let mut c = redis::cmd("SREM");
         c.arg(&key).arg(ino.to_string());
         tx.cmd(c);
+        let opened = tx.keys.opened(ino);
+        tx.hdel(&opened, sid.to_string().as_bytes());
         let Some(a) = node::get(tx, ino)? else {
             return Ok(());
         };
         if a.nlink > 0 || a.typ != FileType::File {
             return Ok(());
         }
+        if !other_holders(tx, sid, ino)?.is_empty() {
+            return Ok(());
+        }
+        tx.del(&opened);
         let del = tx.keys.delfiles();
         let mut c = redis::cmd("ZADD");
         c.arg(&del)
@@ -217,30 +232,107 @@ fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
     })
 }
 
-/// Records one more open handle on `ino`.
-pub(super) fn opened(inner: &Inner, ino: Ino) {
-    inner.open_files.lock().entry(ino).or_default().count += 1;
-}
-
-/// Records a close; the last close of a file unlinked while open deletes it.
-pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
-    let delete = {
+/// Records one more open handle on `ino`. The first one of this session is
+/// also recorded in Redis (`open{ino}`), so that an unlink on another host
+/// keeps the file until this session closes it.
+pub(super) fn opened(inner: &Inner, ino: Ino) -> Result<()> {
+    let sid = inner.sid.load(Ordering::Relaxed);
+    // Serialises this session's first open and last close of `ino`, so that
+    // their records in Redis land in the order the counts changed.
+    let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
+    let first = {
         let mut open = inner.open_files.lock();
-        let Some(f) = open.get_mut(&ino) else {
-            return Err(Error::BadHandle);
-        };
-        f.count = f.count.saturating_sub(1);
-        if f.count > 0 {
-            return Ok(());
-        }
-        let removed = f.removed;
-        open.remove(&ino);
-        removed
+        let f = open.entry(ino).or_default();
+        f.count += 1;
+        f.count == 1
     };
-    if delete {
-        delete_sustained(inner, inner.sid.load(Ordering::Relaxed), ino)?;
+    if first && sid > 0 {
+        let key = inner.keys.opened(ino);
+        let r = inner
+            .pool
+            .with_conn(|c| redis::cmd("HSET").arg(&key).arg(sid).arg(1).query::<()>(c));
+        if let Err(e) = r {
+            let mut open = inner.open_files.lock();
+            if let Some(f) = open.get_mut(&ino) {
+                f.count = f.count.saturating_sub(1);
+                if f.count == 0 {
+                    open.remove(&ino);
+                }
+            }
+            return Err(e);
+        }
     }
     Ok(())
+}
+
+/// Records a close; the last close of a file unlinked while open — here or
+/// on another host — deletes it.
+pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
+    let sid = inner.sid.load(Ordering::Relaxed);
+    let (removed, sustained) = {
+        let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
+        let removed = {
+            let mut open = inner.open_files.lock();
+            let Some(f) = open.get_mut(&ino) else {
+                return Err(Error::BadHandle);
+            };
+            f.count = f.count.saturating_sub(1);
+            if f.count > 0 {
+                return Ok(());
+            }
+            let removed = f.removed;
+            open.remove(&ino);
+            removed
+        };
+        let sustained = if sid > 0 {
+            let (opened, kept) = (inner.keys.opened(ino), inner.keys.sustained(sid));
+            inner.pool.with_conn(|c| {
+                let (member,): (bool,) = redis::pipe()
+                    .cmd("HDEL")
+                    .arg(&opened)
+                    .arg(sid)
+                    .ignore()
+                    .cmd("SISMEMBER")
+                    .arg(&kept)
+                    .arg(ino)
+                    .query(c)?;
+                Ok(member)
+            })?
+        } else {
+            false
+        };
+        (removed, sustained)
+    };
+    if removed || sustained {
+        delete_sustained(inner, sid, ino)?;
+    }
+    Ok(())
+}
+
+/// The live sessions other than `sid` that hold `ino` open, as recorded in
+/// `open{ino}` (watched: an open elsewhere restarts the transaction).
+pub(super) fn other_holders(tx: &mut Tx<'_>, sid: u64, ino: Ino) -> TxResult<Vec<u64>> {
+    let key = tx.keys.opened(ino);
+    let fields = tx.hgetall(&key)?;
+    let all = tx.keys.all_sessions();
+    let now = Timestamp::now().secs as f64;
+    let mut out = Vec::new();
+    for (f, _) in fields {
+        let Some(s) = std::str::from_utf8(&f)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if s == sid {
+            continue;
+        }
+        let expiry: Option<f64> = tx.now(redis::cmd("ZSCORE").arg(&all).arg(s))?;
+        if expiry.is_some_and(|e| e >= now) {
+            out.push(s);
+        }
+    }
+    Ok(out)
 }
 
 /// Called inside the transaction that drops a file's last link: if this

@@ -509,6 +509,79 @@ fn stale_sessions_release_their_sustained_files() {
 }
 
 #[test]
+fn a_file_unlinked_elsewhere_stays_while_open_here() {
+    let Some((s, a, mut r)) = formatted(0) else {
+        return;
+    };
+    let b = RedisMeta::open(&s.url(1)).expect("second client");
+    b.load().expect("load");
+    for m in [&a, &b] {
+        m.set_slice_releaser(std::sync::Arc::new(|_| true));
+        m.new_session("{}").expect("session");
+    }
+    let c = Context::default();
+    let (f, _) = a.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&a, f, 0);
+    a.close(f).expect("close");
+    let held = |r: &mut redis::Connection| -> Vec<u64> {
+        let mut v: Vec<u64> = redis::cmd("HKEYS")
+            .arg(format!("open{f}"))
+            .query(r)
+            .expect("hkeys");
+        v.sort();
+        v
+    };
+    assert!(held(&mut r).is_empty(), "closed everywhere");
+
+    // Open on both hosts; a unlinks it: both keep it.
+    a.open(&c, f, libc::O_RDONLY as u32).expect("open on a");
+    b.open(&c, f, libc::O_RDONLY as u32).expect("open on b");
+    assert_eq!(held(&mut r), vec![a.session_id(), b.session_id()]);
+    a.unlink(&c, ROOT_INO, b"f").expect("unlink on a");
+    assert!(matches!(
+        b.lookup(&c, ROOT_INO, b"f"),
+        Err(crate::Error::NotFound)
+    ));
+    for sid in [a.session_id(), b.session_id()] {
+        let kept: Vec<u64> = redis::cmd("SMEMBERS")
+            .arg(format!("session{sid}"))
+            .query(&mut r)
+            .expect("smembers");
+        assert_eq!(kept, vec![f], "session {sid} keeps the file");
+    }
+    // a closes first: b still holds it and reads it.
+    a.close(f).expect("close on a");
+    assert_eq!(b.getattr(f).expect("still there").nlink, 0);
+    assert_eq!(b.read_chunk(f, 0).expect("chunk").len(), 1);
+    // b's last close deletes it, and leaves no record behind.
+    b.close(f).expect("close on b");
+    assert!(matches!(a.getattr(f), Err(crate::Error::NotFound)));
+    let chunk: bool = redis::cmd("EXISTS")
+        .arg(format!("c{f}_0"))
+        .query(&mut r)
+        .expect("exists");
+    assert!(!chunk, "the file's slices went with it");
+    assert!(held(&mut r).is_empty());
+
+    // A host that dies with the file open: its session's cleanup deletes it.
+    let (g, _) = a.create(&c, ROOT_INO, b"g", 0o644, 0).expect("g");
+    write10(&a, g, 0);
+    a.close(g).expect("close");
+    b.open(&c, g, libc::O_RDONLY as u32).expect("open on b");
+    a.unlink(&c, ROOT_INO, b"g").expect("unlink on a");
+    assert_eq!(a.getattr(g).expect("kept for b").nlink, 0);
+    redis::cmd("ZADD")
+        .arg("allSessions")
+        .arg(1)
+        .arg(b.session_id())
+        .query::<()>(&mut r)
+        .expect("expire b");
+    b.inner.stop_heartbeat();
+    a.cleanup().expect("cleanup");
+    assert!(matches!(a.getattr(g), Err(crate::Error::NotFound)));
+}
+
+#[test]
 fn expired_trash_is_emptied() {
     let Some((_s, m, mut r)) = formatted(1) else {
         return;
