@@ -6,3 +6,5 @@ pub mod info;
 pub mod mount;
 pub mod objbench;
 pub mod serve;
+pub mod status;
+pub mod writeback_args;

@@ -671,6 +671,12 @@ impl Drop for WritebackStore {
     }
 }
 
+/// The directory of a volume under a cache directory: `CACHE_DIR/<uuid>`
+/// (as JuiceFS names it), holding `rawstaging` and `status`.
+pub fn volume_dir(cache_dir: &Path, uuid: &str) -> PathBuf {
+    cache_dir.join(uuid)
+}
+
 /// The status a running (or the last) writeback store wrote under the
 /// volume directory `dir` (`CACHE_DIR/<uuid>`); `None` if there is none.
 pub fn read_status(dir: &Path) -> Result<Option<WritebackStatus>> {
