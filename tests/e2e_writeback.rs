@@ -46,7 +46,10 @@ fn staged_blocks(staging: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
         .into_iter()
         .map(|p| {
             let data = std::fs::read(&p).expect("read a staged block");
-            (p.strip_prefix(staging).expect("under staging").to_owned(), data)
+            (
+                p.strip_prefix(staging).expect("under staging").to_owned(),
+                data,
+            )
         })
         .collect()
 }
@@ -61,7 +64,10 @@ fn mount_with(vol: &Volume, sub: &str, extra: &[&str]) -> Mount {
 fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?}: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -83,8 +89,14 @@ fn fsynced_staged_blocks_survive_a_sigkill_and_reach_the_bucket() {
     let mount = mount_with(&vol, "mnt", &held);
     let mnt = mount.path.clone();
     std::fs::create_dir(mnt.join("dir")).expect("mkdir");
-    // Sizes straddling 1 MiB blocks and a 64 MiB chunk edge case of one byte.
-    let sizes = [1usize, 700_000, (1 << 20) + 1, 3 * (1 << 20) + 12_345, 5 << 20];
+    // A one-byte file, and sizes around the 1 MiB block size.
+    let sizes = [
+        1usize,
+        700_000,
+        (1 << 20) + 1,
+        3 * (1 << 20) + 12_345,
+        5 << 20,
+    ];
     let mut files: Vec<(PathBuf, [u8; 32], usize)> = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
         let data = content(base + i as u64, len);
@@ -115,11 +127,15 @@ fn fsynced_staged_blocks_survive_a_sigkill_and_reach_the_bucket() {
         staged.keys().collect::<Vec<_>>()
     );
     // `sluice status` shows the backlog of the running mount.
-    wait_for("sluice status shows the backlog", Duration::from_secs(20), || {
-        let out = sluice(&["status", &vol.meta_url, "--cache-dir", &cache_s]);
-        assert!(out.status.success(), "sluice status: {}", text(&out));
-        text(&out).contains(&format!("backlog: {expected_blocks} blocks"))
-    });
+    wait_for(
+        "sluice status shows the backlog",
+        Duration::from_secs(20),
+        || {
+            let out = sluice(&["status", &vol.meta_url, "--cache-dir", &cache_s]);
+            assert!(out.status.success(), "sluice status: {}", text(&out));
+            text(&out).contains(&format!("backlog: {expected_blocks} blocks"))
+        },
+    );
     let out = text(&sluice(&["status", "--cache-dir", &cache_s]));
     assert!(out.contains("(running)"), "{out}");
 
@@ -129,7 +145,8 @@ fn fsynced_staged_blocks_survive_a_sigkill_and_reach_the_bucket() {
     assert_eq!(staged_blocks(&staging), staged);
     let out = text(&sluice(&["status", &vol.meta_url, "--cache-dir", &cache_s]));
     assert!(
-        out.contains("not running") && out.contains(&format!("staged on disk now: {expected_blocks} blocks")),
+        out.contains("not running")
+            && out.contains(&format!("staged on disk now: {expected_blocks} blocks")),
         "{out}"
     );
 
@@ -191,7 +208,13 @@ fn a_clean_unmount_uploads_delayed_blocks() {
     let mount = mount_with(
         &vol,
         "mnt",
-        &["--writeback", "--upload-delay", "3600", "--cache-dir", &cache_s],
+        &[
+            "--writeback",
+            "--upload-delay",
+            "3600",
+            "--cache-dir",
+            &cache_s,
+        ],
     );
     let data = content(base, (2 << 20) + 5);
     std::fs::write(mount.path.join("file"), &data).expect("write");

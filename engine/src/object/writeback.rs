@@ -26,8 +26,9 @@
 //!   could not finish uploading) is queued for upload at once.
 //!
 //! The backlog is counted ([`WritebackStats`]), logged every
-//! [`LOG_EVERY`] while it is not empty, and written once a second to
-//! `DIR/<uuid>/status` for `sluice status`.
+//! [`LOG_EVERY`] while it is not empty, and written once a second (while it
+//! changes) to `DIR/<uuid>/status` for `sluice status`. One process at a
+//! time stages in a volume directory (`DIR/<uuid>/lock`).
 //!
 //! Locking: a staged file is created (renamed into place) and removed only
 //! under the state lock, and each put gets a new generation number, so an
@@ -54,10 +55,14 @@ use crate::error::{Error, Result};
 pub const STAGING_DIR: &str = "rawstaging";
 /// The status file under a volume's directory.
 pub const STATUS_FILE: &str = "status";
+/// The lock file under a volume's directory, held by the process staging.
+pub const LOCK_FILE: &str = "lock";
 /// How often a non-empty backlog is logged.
 pub const LOG_EVERY: Duration = Duration::from_secs(30);
-/// How often the status file is rewritten.
+/// How often the status file is rewritten while the counters change.
 const STATUS_EVERY: Duration = Duration::from_secs(1);
+/// How often it is rewritten when nothing changes.
+const STATUS_REFRESH: Duration = Duration::from_secs(10);
 /// The first retry of a failed upload waits this long, doubling up to
 /// [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -175,6 +180,42 @@ pub struct WritebackStore {
     /// next `sync_all` must sync `inner` too.
     direct_puts: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The volume directory's lock, held while this store lives.
+    _lock: fs::File,
+}
+
+/// Takes the exclusive lock of a volume directory. Two processes staging
+/// in one folder would upload (and remove) each other's blocks and
+/// overwrite each other's status; the kernel drops the lock when its
+/// holder dies, so a crashed run never blocks the next one.
+fn lock_volume_dir(dir: &Path) -> Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join(LOCK_FILE);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::Object {
+            key: path.to_string_lossy().into_owned(),
+            source: e,
+        })?;
+    // SAFETY: flock(2) on a descriptor we own for the call's duration; no
+    // memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(Error::Invalid(format!(
+                "another sluice process stages blocks of this volume in {}; give each process its own cache directory",
+                dir.display()
+            )));
+        }
+        return Err(Error::Object {
+            key: path.to_string_lossy().into_owned(),
+            source: e,
+        });
+    }
+    Ok(file)
 }
 
 fn backoff(attempts: u32) -> Duration {
@@ -215,6 +256,7 @@ impl WritebackStore {
     pub fn open(inner: Arc<dyn ObjectStore>, opts: &WritebackOptions) -> Result<WritebackStore> {
         let staging_dir = opts.dir.join(STAGING_DIR);
         let staging = FileStore::durable(&staging_dir)?;
+        let lock = lock_volume_dir(&opts.dir)?;
         let dir_err = |e: io::Error| Error::Object {
             key: staging_dir.to_string_lossy().into_owned(),
             source: e,
@@ -291,6 +333,7 @@ impl WritebackStore {
             shared,
             direct_puts: AtomicBool::new(false),
             threads: Mutex::new(threads),
+            _lock: lock,
         })
     }
 
@@ -363,9 +406,11 @@ impl Shared {
         fs::rename(&tmp, &self.status_path)
     }
 
-    /// Rewrites the status file every second and logs a non-empty backlog.
+    /// Rewrites the status file every second while the counters change
+    /// (every [`STATUS_REFRESH`] when idle) and logs a non-empty backlog.
     fn reporter(&self) {
         let mut last_log = Instant::now();
+        let mut written: Option<(WritebackStats, Instant)> = None;
         let mut due = Instant::now() + STATUS_EVERY;
         let mut st = self.state.lock();
         loop {
@@ -380,11 +425,17 @@ impl Shared {
             due = Instant::now() + STATUS_EVERY;
             let s = st.stats.clone();
             drop(st);
-            if let Err(e) = self.write_status() {
-                log::warn!(
-                    "writeback: cannot write {}: {e}",
-                    self.status_path.display()
-                );
+            let fresh = written
+                .as_ref()
+                .is_some_and(|(w, at)| *w == s && at.elapsed() < STATUS_REFRESH);
+            if !fresh {
+                match self.write_status() {
+                    Ok(()) => written = Some((s.clone(), Instant::now())),
+                    Err(e) => log::warn!(
+                        "writeback: cannot write {}: {e}",
+                        self.status_path.display()
+                    ),
+                }
             }
             if s.pending_blocks > 0 && last_log.elapsed() >= LOG_EVERY {
                 last_log = Instant::now();
@@ -576,8 +627,11 @@ impl ObjectStore for WritebackStore {
     fn delete(&self, key: &str) -> Result<()> {
         {
             let mut st = self.shared.state.lock();
-            if st.unstage(key).is_some() {
+            if st.staged.contains_key(key) {
+                // Unstaged only once the file is gone: a failed delete is
+                // retried by the releaser, and the upload stays queued.
                 self.shared.staging.delete(key)?;
+                st.unstage(key);
             }
         }
         self.shared.inner.delete(key)

@@ -252,3 +252,13 @@ fn an_unwritable_staging_directory_is_refused() {
     };
     assert!(WritebackStore::open(bucket, &opts).is_err());
 }
+
+#[test]
+fn one_process_at_a_time_stages_in_a_directory() {
+    let s = setup(HOUR);
+    let wb = WritebackStore::open(s.bucket.clone(), &s.opts).unwrap();
+    let err = WritebackStore::open(s.bucket.clone(), &s.opts).unwrap_err();
+    assert!(err.to_string().contains("another sluice process"), "{err}");
+    drop(wb);
+    WritebackStore::open(s.bucket.clone(), &s.opts).unwrap();
+}
