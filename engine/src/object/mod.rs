@@ -74,6 +74,13 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         let _ = limit;
         0
     }
+    /// The counters of a store that uploads in the background (the
+    /// writeback staging backlog), for logs and metrics; `None` for stores
+    /// that write through. A store wrapping another forwards this and
+    /// [`ObjectStore::drain_uploads`].
+    fn upload_backlog(&self) -> Option<WritebackStats> {
+        None
+    }
 }
 
 /// Whether an error from a store means "no such object".

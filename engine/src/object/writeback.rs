@@ -664,6 +664,10 @@ impl ObjectStore for WritebackStore {
         Ok(())
     }
 
+    fn upload_backlog(&self) -> Option<WritebackStats> {
+        Some(self.stats())
+    }
+
     fn drain_uploads(&self, limit: Duration) -> usize {
         let sh = &self.shared;
         let deadline = Instant::now() + limit;

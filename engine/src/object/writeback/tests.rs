@@ -65,6 +65,9 @@ fn staged_blocks_read_back_before_their_upload() {
     let st = wb.stats();
     assert_eq!((st.pending_blocks, st.pending_bytes), (1, 5));
     assert_eq!(st.uploaded_blocks, 0);
+    // The same counters through the trait, for a metrics endpoint.
+    let dyn_store: &dyn ObjectStore = &wb;
+    assert_eq!(dyn_store.upload_backlog(), Some(st));
     // Staged files are private to the owner.
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -261,4 +264,75 @@ fn one_process_at_a_time_stages_in_a_directory() {
     assert!(err.to_string().contains("another sluice process"), "{err}");
     drop(wb);
     WritebackStore::open(s.bucket.clone(), &s.opts).unwrap();
+}
+
+/// The whole engine on a writeback volume: a committed file reads back from
+/// staging, a deleted file's blocks are never uploaded, and destroy (the
+/// unmount) uploads the rest.
+#[test]
+fn a_vfs_reads_staged_blocks_and_uploads_them_at_destroy() {
+    use crate::format::Compression;
+    use crate::meta::{Context, ROOT_INO, open_meta};
+    use crate::vfs::{Vfs, VfsConfig};
+    use crate::volume::{format_volume, open_volume};
+    use rand::{RngCore, SeedableRng};
+
+    let dir = tempfile::tempdir().unwrap();
+    let meta = open_meta(&format!("sqlite3://{}/meta.db", dir.path().display())).unwrap();
+    let bucket = dir.path().join("bucket");
+    format_volume(&*meta, "test", &bucket, 64, Compression::Lz4, 0).unwrap();
+    let vol = open_volume(meta).unwrap();
+    let opts = WritebackOptions {
+        dir: dir.path().join("cache").join(&vol.format.uuid),
+        upload_delay: HOUR,
+        max_uploads: 2,
+    };
+    let wb = WritebackStore::open(vol.store.clone(), &opts).unwrap();
+    let vol = vol.with_store(Arc::new(wb));
+    let vfs = Vfs::new(
+        vol.clone(),
+        VfsConfig {
+            cache_bytes: 1 << 20,
+            cleanup_interval: None,
+            compaction: false,
+            ..VfsConfig::default()
+        },
+    )
+    .unwrap();
+    let ctx = Context::default();
+    let flags = libc::O_RDWR as u32;
+    let mut data = vec![0u8; 300 << 10];
+    rand::rngs::StdRng::seed_from_u64(7).fill_bytes(&mut data);
+    let (a, fh) = vfs.create(&ctx, ROOT_INO, b"a", 0o644, 0, flags).unwrap();
+    vfs.write(&ctx, a.inode, fh.fh, 0, &data).unwrap();
+    vfs.fsync(&ctx, a.inode, fh.fh, false).unwrap();
+    vfs.release(&ctx, a.inode, fh.fh).unwrap();
+    let (t, fh) = vfs.create(&ctx, ROOT_INO, b"tmp", 0o644, 0, flags).unwrap();
+    vfs.write(&ctx, t.inode, fh.fh, 0, &data[..100 << 10])
+        .unwrap();
+    vfs.release(&ctx, t.inode, fh.fh).unwrap();
+    // 5 blocks of "a", 2 of "tmp"; none uploaded.
+    assert_eq!(staged_on_disk(&opts.dir).unwrap().0, 7);
+    let bucket_blocks = || {
+        FileStore::new(&bucket)
+            .unwrap()
+            .list("test/chunks/")
+            .unwrap()
+    };
+    assert!(bucket_blocks().is_empty());
+    vfs.unlink(&ctx, ROOT_INO, b"tmp").unwrap();
+    assert_eq!(staged_on_disk(&opts.dir).unwrap().0, 5);
+
+    let fh = vfs.open(&ctx, a.inode, libc::O_RDONLY as u32).unwrap();
+    let mut got = vec![0u8; data.len() + 10];
+    let n = vfs.read(&ctx, a.inode, fh.fh, 0, &mut got).unwrap();
+    assert!(
+        n == data.len() && got[..n] == data[..],
+        "read back from staging"
+    );
+    vfs.release(&ctx, a.inode, fh.fh).unwrap();
+
+    vfs.destroy();
+    assert_eq!(staged_on_disk(&opts.dir).unwrap(), (0, 0));
+    assert_eq!(bucket_blocks().len(), 5);
 }
