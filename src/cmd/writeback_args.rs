@@ -98,3 +98,34 @@ impl WritebackArgs {
         Ok(volume.with_store(Arc::new(store)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(writeback: bool, delay: f64, uploads: usize, dirs: &str) -> WritebackArgs {
+        WritebackArgs {
+            writeback,
+            upload_delay: delay,
+            max_uploads: uploads,
+            cache_dir: dirs.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_cache_dir_holds_staging_and_bad_values_are_refused() {
+        assert_eq!(
+            first_cache_dir("/a:/b").unwrap(),
+            PathBuf::from("/a"),
+            "the first of a colon list"
+        );
+        assert!(first_cache_dir(":/b").is_err());
+        assert!(args(true, 0.0, 4, "/x").validate().is_ok());
+        assert!(args(true, -1.0, 4, "/x").validate().is_err());
+        assert!(args(true, f64::NAN, 4, "/x").validate().is_err());
+        assert!(args(true, 0.0, 0, "/x").validate().is_err());
+        assert!(args(true, 0.0, 4, "").validate().is_err());
+        // Without --writeback the cache directory is not needed.
+        assert!(args(false, 0.0, 4, "").validate().is_ok());
+    }
+}
