@@ -651,9 +651,14 @@ impl ObjectStore for WritebackStore {
         Ok(all.into_values().collect())
     }
 
-    /// Staged blocks are durable when `put` returns; only puts that went
-    /// straight to the real store (staging failed) need its sync.
+    /// Staged blocks are durable when `put` returns. Like the `file` store,
+    /// this still syncs the whole file system holding staging (`syncfs`):
+    /// fsync then also makes durable what else lives there — the SQLite
+    /// database in the common one-disk setup — as it does without
+    /// writeback. Puts that went straight to the real store (staging
+    /// failed) get that store's sync too.
     fn sync_all(&self) -> Result<()> {
+        self.shared.staging.sync_all()?;
         if self.direct_puts.swap(false, Ordering::AcqRel) {
             let res = self.shared.inner.sync_all();
             if res.is_err() {
