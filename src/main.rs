@@ -32,6 +32,8 @@ enum Command {
     Umount(cmd::mount::UmountArgs),
     /// Show a volume's settings, or a file's chunks, slices and objects.
     Info(cmd::info::InfoArgs),
+    /// The writeback backlog: blocks staged on local disk, not yet uploaded.
+    Status(cmd::status::StatusArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
     /// Pull files into a running daemon's caches (or --evict, --check).
@@ -49,6 +51,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Umount(args) => cmd::mount::umount(args),
         Command::Info(args) => cmd::info::run(args),
+        Command::Status(args) => cmd::status::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Objbench(args) => cmd::objbench::run(args),
         Command::Warmup(args) => cmd::warmup::run(args),

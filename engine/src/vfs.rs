@@ -63,6 +63,11 @@ pub struct VfsConfig {
     /// Threads that fetch blocks in the background (0: no readahead or
     /// prefetch at all).
     pub prefetch_threads: usize,
+    /// How long `destroy` (unmount) waits for the object store's background
+    /// uploads (writeback staging) to finish; what is left stays staged and
+    /// is uploaded at the next start. `None`: do not wait (a server that
+    /// outlives this session keeps uploading anyway).
+    pub upload_drain: Option<Duration>,
 }
 
 impl Default for VfsConfig {
@@ -76,9 +81,15 @@ impl Default for VfsConfig {
             cleanup_interval: Some(Duration::from_secs(60)),
             readahead: ReadaheadConfig::default(),
             prefetch_threads: crate::reader::PREFETCH_THREADS,
+            upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
         }
     }
 }
+
+/// How long an unmount waits for writeback uploads by default: long enough
+/// for a backlog of a few GiB, short enough that a dead bucket does not hold
+/// the unmount for ever (the blocks stay staged and safe).
+pub const DEFAULT_UPLOAD_DRAIN: Duration = Duration::from_secs(600);
 
 /// The state of a regular file while some handle holds it open.
 #[derive(Debug)]
@@ -420,7 +431,8 @@ impl Vfs {
         Ok(())
     }
 
-    /// Flushes every open file, stops background work and closes the session.
+    /// Flushes every open file, stops background work, waits (bounded) for
+    /// writeback uploads and closes the session.
     pub fn destroy(&self) {
         let files: Vec<_> = self
             .files
@@ -440,6 +452,12 @@ impl Vfs {
         if let Some(j) = self.janitor.lock().take() {
             drop(j.stop);
             let _ = j.thread.join();
+        }
+        // After the flushes and the compactor: nothing stages blocks now.
+        // As JuiceFS does, a clean unmount leaves nothing staged when the
+        // bucket is reachable.
+        if let Some(limit) = self.cfg.upload_drain {
+            self.vol.store.drain_uploads(limit);
         }
         if let Err(e) = self.vol.meta.close_session() {
             log::warn!("closing the metadata session failed: {e}");
@@ -694,7 +712,9 @@ impl Vfs {
     pub fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
         self.flush(ctx, ino, fh)?;
         // Block objects are written without fsync (as JuiceFS writes them);
-        // fsync makes them, and everything else on their disk, durable.
+        // fsync makes them, and everything else on their disk, durable. In
+        // writeback mode they are already durable in local staging (each
+        // staged put is fsync'ed), not yet in the bucket.
         self.vol.store.sync_all()
     }
 

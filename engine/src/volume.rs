@@ -29,6 +29,18 @@ impl Volume {
     pub fn name(&self) -> &str {
         &self.format.name
     }
+
+    /// The same volume with its objects going through `store` (such as a
+    /// writeback stage wrapped around [`Volume::store`]).
+    pub fn with_store(&self, store: Arc<dyn ObjectStore>) -> Arc<Volume> {
+        Arc::new(Volume {
+            meta: self.meta.clone(),
+            format: self.format.clone(),
+            store,
+            compression: self.compression,
+            block_size: self.block_size,
+        })
+    }
 }
 
 /// The key of the object holding the volume UUID, as JuiceFS names it.

@@ -9,3 +9,5 @@ pub mod objbench;
 pub mod readahead_args;
 pub mod serve;
 pub mod warmup;
+pub mod status;
+pub mod writeback_args;

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use sluice_engine::vfs::{Vfs, VfsConfig};
-use sluice_engine::volume::open_volume_url;
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
+
+use super::writeback_args::WritebackArgs;
 
 /// Arguments of `sluice mount`.
 #[derive(Debug, clap::Args)]
@@ -47,6 +48,8 @@ pub struct MountArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
+    #[command(flatten)]
+    pub writeback: WritebackArgs,
 }
 
 /// Arguments of `sluice umount`.
@@ -75,8 +78,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.buffer_size == 0 {
         bail!("--threads and --buffer-size must be at least 1");
     }
-    let volume = open_volume_url(&args.meta_url)
-        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
+    let volume = args.writeback.open_volume(&args.meta_url)?;
     let name = volume.name().to_owned();
     if name.is_empty() {
         bail!("the volume at {} has no name", args.meta_url);

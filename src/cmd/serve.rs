@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use sluice_engine::meta::{Context, FileType, Ino, ROOT_INO};
-use sluice_engine::vfs::{Vfs, VfsConfig};
-use sluice_engine::volume::open_volume_url;
+use sluice_engine::vfs::{DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
+
+use super::writeback_args::WritebackArgs;
 
 /// Arguments of `sluice serve`.
 #[derive(Debug, clap::Args)]
@@ -53,6 +54,8 @@ pub struct ServeArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
+    #[command(flatten)]
+    pub writeback: WritebackArgs,
 }
 
 /// Runs `sluice serve`.
@@ -74,8 +77,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .chain((0..args.queues).map(|q| plan.worker_for(0, q).map(|w| w.cpu)))
             .collect();
     }
-    let volume = open_volume_url(&args.meta_url)
-        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
+    let volume = args.writeback.open_volume(&args.meta_url)?;
     let mut listener = sluice_vhost::listen(&args.socket)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
     log::info!(
@@ -108,6 +110,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.readahead.apply(VfsConfig {
                 cache_bytes: args.cache_size << 20,
                 buffer_bytes: args.buffer_size << 20,
+                // Between VMs the server lives on and keeps uploading; only
+                // its last session waits for the uploads.
+                upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
                 ..VfsConfig::default()
             })?,
         )

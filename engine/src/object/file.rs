@@ -44,6 +44,13 @@ pub struct FileStore {
     no_xattr: AtomicBool,
     /// Distinguishes temporary files of concurrent puts.
     tmp_seq: AtomicU64,
+    /// Mode of object files.
+    file_mode: u32,
+    /// Mode of the directories between the root and the objects.
+    dir_mode: u32,
+    /// Whether `put` makes the object durable (file and directory fsync'ed)
+    /// before it returns.
+    durable: bool,
 }
 
 fn obj_err(key: &str, source: io::Error) -> Error {
@@ -66,6 +73,29 @@ impl FileStore {
             root,
             no_xattr: AtomicBool::new(false),
             tmp_seq: AtomicU64::new(u64::from(std::process::id()) << 32),
+            file_mode: OBJECT_MODE,
+            dir_mode: DIR_MODE,
+            durable: false,
+        })
+    }
+
+    /// A store for objects that must survive a power loss as soon as `put`
+    /// returns (the writeback staging area): each put fsyncs the object and
+    /// the directories it changed. Objects hold file data that has not
+    /// reached the bucket yet, so they are private to the owner (0600 files,
+    /// 0700 directories) rather than JuiceFS's bucket modes.
+    pub fn durable(root: impl AsRef<Path>) -> Result<FileStore> {
+        let root = root.as_ref();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        Ok(FileStore {
+            file_mode: 0o600,
+            dir_mode: 0o700,
+            durable: true,
+            ..FileStore::new(root)?
         })
     }
 
@@ -86,7 +116,9 @@ impl FileStore {
         Ok(self.root.join(key))
     }
 
-    fn create_tmp(&self, path: &Path, key: &str) -> Result<(File, PathBuf)> {
+    /// Creates the temporary file of a put; the flag says whether
+    /// directories had to be created for it.
+    fn create_tmp(&self, path: &Path, key: &str) -> Result<(File, PathBuf, bool)> {
         let dir = path.parent().unwrap_or(&self.root);
         let name = path.file_name().map(|n| n.as_bytes()).unwrap_or(b"obj");
         let name = &name[..name.len().min(200)];
@@ -100,23 +132,37 @@ impl FileStore {
             OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(OBJECT_MODE)
+                .mode(self.file_mode)
                 .open(&tmp)
         };
-        let file = match open() {
-            Ok(f) => f,
+        let (file, created) = match open() {
+            Ok(f) => (f, false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::DirBuilder::new()
                     .recursive(true)
-                    .mode(DIR_MODE)
+                    .mode(self.dir_mode)
                     .create(dir)
                     .map_err(|e| obj_err(key, e))?;
-                fix_dir_modes(&self.root, dir);
-                open().map_err(|e| obj_err(key, e))?
+                fix_dir_modes(&self.root, dir, self.dir_mode);
+                (open().map_err(|e| obj_err(key, e))?, true)
             }
             Err(e) => return Err(obj_err(key, e)),
         };
-        Ok((file, tmp))
+        Ok((file, tmp, created))
+    }
+
+    /// fsyncs the directory holding `path`, and when `created`, every
+    /// directory up to the root (their new entries must survive too).
+    fn sync_dirs(&self, path: &Path, created: bool) -> io::Result<()> {
+        let mut dir = path.parent();
+        while let Some(d) = dir {
+            File::open(d)?.sync_all()?;
+            if !created || d == self.root || !d.starts_with(&self.root) {
+                break;
+            }
+            dir = d.parent();
+        }
+        Ok(())
     }
 
     fn set_crc(&self, file: &File, key: &str, crc: u32) {
@@ -150,6 +196,39 @@ impl FileStore {
         }
     }
 
+    /// The first half of a put: writes `data` (and its CRC32C, computed
+    /// when `None`) to a temporary file beside the object's place, synced
+    /// when the store is durable. Nothing is visible until
+    /// [`PreparedPut::rename`]; dropping the result removes the file. Split
+    /// so that a caller can publish the object under its own lock.
+    pub fn prepare_put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<PreparedPut<'_>> {
+        let path = self.path(key)?;
+        let crc = crc.unwrap_or_else(|| sluice_simd::crc32c(0, data));
+        let (mut file, tmp, created) = self.create_tmp(&path, key)?;
+        let put = PreparedPut {
+            store: self,
+            key: key.to_string(),
+            tmp,
+            path,
+            created,
+            renamed: false,
+        };
+        let written = (|| -> io::Result<()> {
+            file.write_all(data)?;
+            file.set_permissions(fs::Permissions::from_mode(self.file_mode))?;
+            Ok(())
+        })();
+        written.map_err(|e| obj_err(key, e))?;
+        self.set_crc(&file, key, crc);
+        // A bucket store has no fsync here (JuiceFS's file store has none
+        // either): a put is atomic, and `sync_all` — called by fsync — makes
+        // it durable. A durable store syncs the data (and the xattr) first.
+        if self.durable {
+            file.sync_all().map_err(|e| obj_err(key, e))?;
+        }
+        Ok(put)
+    }
+
     /// The stored CRC32C of an open object, if it has one.
     fn stored_crc(file: &File) -> Option<u32> {
         let name = CString::new(CRC_XATTR).ok()?;
@@ -177,15 +256,56 @@ impl FileStore {
     }
 }
 
-/// Gives the directories from `root` (exclusive) down to `dir` JuiceFS's
-/// mode, whatever our umask did to them.
-fn fix_dir_modes(root: &Path, dir: &Path) {
+/// An object written to its temporary file by [`FileStore::prepare_put`],
+/// not yet in place.
+#[derive(Debug)]
+pub struct PreparedPut<'a> {
+    store: &'a FileStore,
+    key: String,
+    tmp: PathBuf,
+    path: PathBuf,
+    /// Whether directories were created for it.
+    created: bool,
+    renamed: bool,
+}
+
+impl PreparedPut<'_> {
+    /// Renames the object into place: readers see it from now on.
+    pub fn rename(&mut self) -> Result<()> {
+        fs::rename(&self.tmp, &self.path).map_err(|e| obj_err(&self.key, e))?;
+        self.renamed = true;
+        Ok(())
+    }
+
+    /// For a durable store, fsyncs the directories the put changed, so
+    /// that the renamed object survives a power loss; a no-op otherwise.
+    pub fn sync_dirs(&self) -> Result<()> {
+        if !self.store.durable {
+            return Ok(());
+        }
+        self.store
+            .sync_dirs(&self.path, self.created)
+            .map_err(|e| obj_err(&self.key, e))
+    }
+}
+
+impl Drop for PreparedPut<'_> {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Gives the directories from `root` (exclusive) down to `dir` the store's
+/// mode (JuiceFS's for a bucket), whatever our umask did to them.
+fn fix_dir_modes(root: &Path, dir: &Path, mode: u32) {
     let mut d = Some(dir);
     while let Some(p) = d {
         if p == root || !p.starts_with(root) {
             break;
         }
-        let _ = fs::set_permissions(p, fs::Permissions::from_mode(DIR_MODE));
+        let _ = fs::set_permissions(p, fs::Permissions::from_mode(mode));
         d = p.parent();
     }
 }
@@ -196,26 +316,9 @@ impl ObjectStore for FileStore {
     }
 
     fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()> {
-        let path = self.path(key)?;
-        let crc = crc.unwrap_or_else(|| sluice_simd::crc32c(0, data));
-        let (mut file, tmp) = self.create_tmp(&path, key)?;
-        let written = (|| -> io::Result<()> {
-            file.write_all(data)?;
-            file.set_permissions(fs::Permissions::from_mode(OBJECT_MODE))?;
-            Ok(())
-        })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(obj_err(key, e));
-        }
-        self.set_crc(&file, key, crc);
-        // No fsync here (JuiceFS's file store has none either): a put is
-        // atomic, and `sync_all` — called by fsync — makes it durable.
-        if let Err(e) = fs::rename(&tmp, &path) {
-            let _ = fs::remove_file(&tmp);
-            return Err(obj_err(key, e));
-        }
-        Ok(())
+        let mut put = self.prepare_put(key, data, crc)?;
+        put.rename()?;
+        put.sync_dirs()
     }
 
     fn local_file(&self, key: &str) -> Option<Result<File>> {

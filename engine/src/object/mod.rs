@@ -6,15 +6,17 @@ pub mod file;
 pub mod s3;
 #[cfg(any(test, feature = "s3-test-server"))]
 pub mod s3_test_server;
+pub mod writeback;
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
 use crate::format::Credentials;
 
 pub use file::FileStore;
 pub use s3::{S3Options, S3Store};
+pub use writeback::{WritebackOptions, WritebackStats, WritebackStore};
 
 /// What a store knows about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +77,23 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// from the store itself); whether it was cached.
     fn evict_cached(&self, _key: &str) -> bool {
         false
+    }
+
+    /// Waits, at most `limit`, until every object `put` accepted has reached
+    /// its final store, and returns how many have not. Stores that write
+    /// through have nothing to wait for; the writeback store uploads its
+    /// staged blocks (delayed ones too) meanwhile. Called at unmount.
+    fn drain_uploads(&self, limit: Duration) -> usize {
+        let _ = limit;
+        0
+    }
+
+    /// The counters of a store that uploads in the background (the
+    /// writeback staging backlog), for logs and metrics; `None` for stores
+    /// that write through. A store wrapping another forwards this and
+    /// [`ObjectStore::drain_uploads`].
+    fn upload_backlog(&self) -> Option<WritebackStats> {
+        None
     }
 }
 

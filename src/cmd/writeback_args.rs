@@ -1,0 +1,131 @@
+//! `--writeback` and the flags that go with it, shared by `sluice mount` and
+//! `sluice serve`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use sluice_engine::object::writeback::volume_dir;
+use sluice_engine::object::{S3Options, WritebackOptions, WritebackStore};
+use sluice_engine::volume::{Volume, open_volume_with};
+
+/// Where cache and staging directories live when `--cache-dir` is not given
+/// (JuiceFS uses /var/jfsCache; ours is the FHS place for a cache).
+pub const DEFAULT_CACHE_DIR: &str = "/var/cache/sluice";
+
+/// Writeback and upload flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WritebackArgs {
+    /// Stage written blocks on local disk (under --cache-dir) and upload them
+    /// in the background: fsync returns once the data is durable on this
+    /// host's disk, before it reaches object storage.
+    #[arg(long)]
+    pub writeback: bool,
+    /// With --writeback, seconds a staged block waits before its upload
+    /// starts (a block deleted meanwhile is never uploaded).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    pub upload_delay: f64,
+    /// Uploads to object storage at once: the background uploads of
+    /// --writeback, and S3 requests.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub max_uploads: usize,
+    /// Local cache directories, colon-separated; --writeback stages blocks in
+    /// DIR/<volume uuid>/rawstaging of the first one.
+    #[arg(long, value_name = "DIR[:DIR...]", default_value = DEFAULT_CACHE_DIR)]
+    pub cache_dir: String,
+}
+
+/// The first directory of a `--cache-dir` list.
+pub fn first_cache_dir(list: &str) -> anyhow::Result<PathBuf> {
+    match list.split(':').next().map(str::trim) {
+        Some(d) if !d.is_empty() => Ok(PathBuf::from(d)),
+        _ => bail!(
+            "--cache-dir {list:?} names no directory; give one, e.g. --cache-dir /var/cache/sluice"
+        ),
+    }
+}
+
+impl WritebackArgs {
+    /// Checks the values before anything starts.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !self.upload_delay.is_finite() || self.upload_delay < 0.0 {
+            bail!("--upload-delay takes a number of seconds ≥ 0");
+        }
+        if self.max_uploads == 0 {
+            bail!("--max-uploads must be at least 1");
+        }
+        if self.writeback {
+            first_cache_dir(&self.cache_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Opens the volume at `meta_url`, its S3 client bounded by
+    /// `--max-uploads`, and with `--writeback` wraps its object store in the
+    /// staging store (which queues blocks an earlier run left staged).
+    pub fn open_volume(&self, meta_url: &str) -> anyhow::Result<Arc<Volume>> {
+        self.validate()?;
+        let meta = sluice_engine::meta::open_meta(meta_url)
+            .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+        let s3 = S3Options {
+            max_uploads: self.max_uploads,
+            ..S3Options::default()
+        };
+        let volume = open_volume_with(meta, &s3)
+            .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+        if !self.writeback {
+            return Ok(volume);
+        }
+        let root = first_cache_dir(&self.cache_dir)?;
+        let opts = WritebackOptions {
+            dir: volume_dir(&root, &volume.format.uuid),
+            upload_delay: Duration::from_secs_f64(self.upload_delay),
+            max_uploads: self.max_uploads,
+        };
+        let store = WritebackStore::open(volume.store.clone(), &opts).map_err(|e| {
+            anyhow::anyhow!(
+                "--writeback cannot stage blocks in {}: {e}; give a writable local directory with --cache-dir",
+                root.display()
+            )
+        })?;
+        log::info!(
+            "writeback: staging blocks in {} (upload delay {} s, {} uploads at once)",
+            store.staging_dir().display(),
+            self.upload_delay,
+            self.max_uploads
+        );
+        Ok(volume.with_store(Arc::new(store)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(writeback: bool, delay: f64, uploads: usize, dirs: &str) -> WritebackArgs {
+        WritebackArgs {
+            writeback,
+            upload_delay: delay,
+            max_uploads: uploads,
+            cache_dir: dirs.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_cache_dir_holds_staging_and_bad_values_are_refused() {
+        assert_eq!(
+            first_cache_dir("/a:/b").unwrap(),
+            PathBuf::from("/a"),
+            "the first of a colon list"
+        );
+        assert!(first_cache_dir(":/b").is_err());
+        assert!(args(true, 0.0, 4, "/x").validate().is_ok());
+        assert!(args(true, -1.0, 4, "/x").validate().is_err());
+        assert!(args(true, f64::NAN, 4, "/x").validate().is_err());
+        assert!(args(true, 0.0, 0, "/x").validate().is_err());
+        assert!(args(true, 0.0, 4, "").validate().is_err());
+        // Without --writeback the cache directory is not needed.
+        assert!(args(false, 0.0, 4, "").validate().is_ok());
+    }
+}
