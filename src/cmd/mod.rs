@@ -1,5 +1,6 @@
 //! One module per subcommand of the `sluice` program.
 
+pub mod cache_args;
 pub mod format;
 pub mod gc;
 pub mod info;

@@ -14,6 +14,8 @@ use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::open_volume_url;
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
+use super::cache_args::CacheArgs;
+
 /// Arguments of `sluice mount`.
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
@@ -45,6 +47,9 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// The disk block cache.
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 /// Arguments of `sluice umount`.
@@ -73,6 +78,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.buffer_size == 0 {
         bail!("--threads and --buffer-size must be at least 1");
     }
+    let disk_cache = args.cache.disk_cache()?;
     let volume = open_volume_url(&args.meta_url)
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let name = volume.name().to_owned();
@@ -84,6 +90,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         VfsConfig {
             cache_bytes: args.cache_size << 20,
             buffer_bytes: args.buffer_size << 20,
+            disk_cache,
             ..VfsConfig::default()
         },
     )

@@ -12,6 +12,8 @@ use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 
+use super::cache_args::CacheArgs;
+
 /// Arguments of `sluice serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -51,6 +53,9 @@ pub struct ServeArgs {
     /// Refuse every change from the guest (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// The disk block cache.
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 /// Runs `sluice serve`.
@@ -71,6 +76,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .chain((0..args.queues).map(|q| plan.worker_for(0, q).map(|w| w.cpu)))
             .collect();
     }
+    let disk_cache = args.cache.disk_cache()?;
     let volume = open_volume_url(&args.meta_url)
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let mut listener = sluice_vhost::listen(&args.socket)
@@ -97,6 +103,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             VfsConfig {
                 cache_bytes: args.cache_size << 20,
                 buffer_bytes: args.buffer_size << 20,
+                disk_cache: disk_cache.clone(),
                 ..VfsConfig::default()
             },
         )
