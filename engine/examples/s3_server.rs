@@ -7,7 +7,8 @@
 //!
 //! It accepts the key pair in `S3_ACCESS_KEY` / `S3_SECRET_KEY` (default
 //! `sluice` / `sluice-secret`), listens on 127.0.0.1 only, and runs until
-//! killed.
+//! killed. `S3_DELAY_MS=N` holds every answer N ms first, a stand-in for a
+//! remote store's time to first byte (benches/vs-juicefs-cache.sh).
 
 use std::net::SocketAddr;
 
@@ -30,6 +31,15 @@ fn main() -> std::io::Result<()> {
         &sk,
         threads,
     )?;
+    if let Ok(ms) = std::env::var("S3_DELAY_MS") {
+        let Ok(ms) = ms.parse::<u64>() else {
+            eprintln!("S3_DELAY_MS takes a number of milliseconds, not {ms:?}");
+            std::process::exit(2);
+        };
+        server
+            .faults()
+            .set(0, 1000, std::time::Duration::from_millis(ms), 0, 0);
+    }
     println!("http://{}", server.addr());
     loop {
         std::thread::park();

@@ -21,6 +21,8 @@ use crate::gc::slice_releaser;
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
 };
+use crate::object::ObjectStore;
+use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
 use crate::readahead::{Readahead, ReadaheadConfig};
 use crate::reader::{Fragment, Reader};
 use crate::volume::Volume;
@@ -68,6 +70,10 @@ pub struct VfsConfig {
     /// is uploaded at the next start. `None`: do not wait (a server that
     /// outlives this session keeps uploading anyway).
     pub upload_drain: Option<Duration>,
+    /// The disk block cache in front of the object store (None: no disk
+    /// cache). It caches raw objects, below the memory cache of
+    /// decompressed blocks.
+    pub disk_cache: Option<DiskCacheConfig>,
 }
 
 impl Default for VfsConfig {
@@ -82,6 +88,7 @@ impl Default for VfsConfig {
             readahead: ReadaheadConfig::default(),
             prefetch_threads: crate::reader::PREFETCH_THREADS,
             upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
+            disk_cache: None,
         }
     }
 }
@@ -136,6 +143,7 @@ pub struct Vfs {
     /// Bytes held by all write buffers.
     buffered: Arc<AtomicUsize>,
     janitor: Mutex<Option<Janitor>>,
+    disk_cache: Option<Arc<DiskCache>>,
 }
 
 fn enxio() -> Error {
@@ -146,6 +154,7 @@ impl Vfs {
     /// Serves `vol`: registers a session, installs the slice releaser and
     /// starts the background compactor and cleanup.
     pub fn new(vol: Arc<Volume>, cfg: VfsConfig) -> Result<Vfs> {
+        let (vol, disk_cache) = with_disk_cache(vol, cfg.disk_cache.clone())?;
         let cache = Arc::new(BlockCache::new(cfg.cache_bytes));
         vol.meta.set_slice_releaser(slice_releaser(
             vol.store.clone(),
@@ -197,7 +206,14 @@ impl Vfs {
             files: Mutex::new(HashMap::new()),
             buffered: Arc::new(AtomicUsize::new(0)),
             janitor: Mutex::new(janitor),
+            disk_cache,
         })
+    }
+
+    /// The disk cache's counters (None without a disk cache), for a metrics
+    /// endpoint.
+    pub fn disk_cache_stats(&self) -> Option<DiskCacheCounters> {
+        self.disk_cache.as_ref().map(|c| c.stats().snapshot())
     }
 
     /// The volume served.
@@ -461,6 +477,12 @@ impl Vfs {
         }
         if let Err(e) = self.vol.meta.close_session() {
             log::warn!("closing the metadata session failed: {e}");
+        }
+        if let Some(c) = &self.disk_cache {
+            // Blocks queued for the cache are written before the log line,
+            // so the next mount finds what this one counted.
+            c.shutdown();
+            log::info!("disk cache: {}", c.stats().snapshot());
         }
     }
 
@@ -901,6 +923,31 @@ impl Vfs {
         }
         Ok(length)
     }
+}
+
+/// `vol` with its object store behind a disk cache, when one is configured.
+fn with_disk_cache(
+    vol: Arc<Volume>,
+    cfg: Option<DiskCacheConfig>,
+) -> Result<(Arc<Volume>, Option<Arc<DiskCache>>)> {
+    let Some(cfg) = cfg else {
+        return Ok((vol, None));
+    };
+    let cache = DiskCache::open(vol.name(), &vol.format.uuid, cfg)?;
+    let store: Arc<dyn ObjectStore> = Arc::new(CachedStore::new(vol.store.clone(), cache.clone()));
+    log::info!(
+        "disk cache: {} MiB over {}",
+        cache.config().capacity >> 20,
+        store.describe()
+    );
+    let vol = Arc::new(Volume {
+        meta: vol.meta.clone(),
+        format: vol.format.clone(),
+        store,
+        compression: vol.compression,
+        block_size: vol.block_size,
+    });
+    Ok((vol, Some(cache)))
 }
 
 impl Drop for Vfs {

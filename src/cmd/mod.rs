@@ -1,5 +1,6 @@
 //! One module per subcommand of the `sluice` program.
 
+pub mod cache_args;
 pub mod control;
 pub mod format;
 pub mod gc;
@@ -8,6 +9,6 @@ pub mod mount;
 pub mod objbench;
 pub mod readahead_args;
 pub mod serve;
-pub mod warmup;
 pub mod status;
+pub mod warmup;
 pub mod writeback_args;

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
+use super::cache_args::CacheArgs;
 use super::writeback_args::WritebackArgs;
 
 /// Arguments of `sluice mount`.
@@ -50,6 +51,9 @@ pub struct MountArgs {
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
     pub writeback: WritebackArgs,
+    /// The disk block cache.
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 /// Arguments of `sluice umount`.
@@ -78,7 +82,10 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.buffer_size == 0 {
         bail!("--threads and --buffer-size must be at least 1");
     }
-    let volume = args.writeback.open_volume(&args.meta_url)?;
+    let disk_cache = args.cache.disk_cache()?;
+    let volume = args
+        .writeback
+        .open_volume(&args.meta_url, &args.cache.staging_root()?)?;
     let name = volume.name().to_owned();
     if name.is_empty() {
         bail!("the volume at {} has no name", args.meta_url);
@@ -88,6 +95,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         args.readahead.apply(VfsConfig {
             cache_bytes: args.cache_size << 20,
             buffer_bytes: args.buffer_size << 20,
+            disk_cache,
             ..VfsConfig::default()
         })?,
     )

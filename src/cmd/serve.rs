@@ -11,6 +11,7 @@ use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 
+use super::cache_args::CacheArgs;
 use super::writeback_args::WritebackArgs;
 
 /// Arguments of `sluice serve`.
@@ -56,6 +57,9 @@ pub struct ServeArgs {
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
     pub writeback: WritebackArgs,
+    /// The disk block cache.
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 /// Runs `sluice serve`.
@@ -77,7 +81,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .chain((0..args.queues).map(|q| plan.worker_for(0, q).map(|w| w.cpu)))
             .collect();
     }
-    let volume = args.writeback.open_volume(&args.meta_url)?;
+    let disk_cache = args.cache.disk_cache()?;
+    let volume = args
+        .writeback
+        .open_volume(&args.meta_url, &args.cache.staging_root()?)?;
     let mut listener = sluice_vhost::listen(&args.socket)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
     log::info!(
@@ -113,6 +120,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 // Between VMs the server lives on and keeps uploading; only
                 // its last session waits for the uploads.
                 upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
+                disk_cache: disk_cache.clone(),
                 ..VfsConfig::default()
             })?,
         )

@@ -1,7 +1,7 @@
 //! `--writeback` and the flags that go with it, shared by `sluice mount` and
 //! `sluice serve`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,20 +30,22 @@ pub struct WritebackArgs {
     /// --writeback, and S3 requests.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub max_uploads: usize,
-    /// Local cache directories, colon-separated; --writeback stages blocks in
-    /// DIR/<volume uuid>/rawstaging of the first one.
-    #[arg(long, value_name = "DIR[:DIR...]", default_value = DEFAULT_CACHE_DIR)]
-    pub cache_dir: String,
 }
 
-/// The first directory of a `--cache-dir` list.
+/// The first directory of a `--cache-dir` list (without its `@NODE`): the
+/// one that holds writeback staging.
 pub fn first_cache_dir(list: &str) -> anyhow::Result<PathBuf> {
-    match list.split(':').next().map(str::trim) {
-        Some(d) if !d.is_empty() => Ok(PathBuf::from(d)),
-        _ => bail!(
+    let first = list.split(':').next().map(str::trim).unwrap_or_default();
+    let path = match first.rsplit_once('@') {
+        Some((p, n)) if !p.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => p,
+        _ => first,
+    };
+    if path.is_empty() {
+        bail!(
             "--cache-dir {list:?} names no directory; give one, e.g. --cache-dir /var/cache/sluice"
-        ),
+        );
     }
+    Ok(PathBuf::from(path))
 }
 
 impl WritebackArgs {
@@ -55,16 +57,14 @@ impl WritebackArgs {
         if self.max_uploads == 0 {
             bail!("--max-uploads must be at least 1");
         }
-        if self.writeback {
-            first_cache_dir(&self.cache_dir)?;
-        }
         Ok(())
     }
 
     /// Opens the volume at `meta_url`, its S3 client bounded by
     /// `--max-uploads`, and with `--writeback` wraps its object store in the
-    /// staging store (which queues blocks an earlier run left staged).
-    pub fn open_volume(&self, meta_url: &str) -> anyhow::Result<Arc<Volume>> {
+    /// staging store under `root` (which queues blocks an earlier run left
+    /// staged).
+    pub fn open_volume(&self, meta_url: &str, root: &Path) -> anyhow::Result<Arc<Volume>> {
         self.validate()?;
         let meta = sluice_engine::meta::open_meta(meta_url)
             .with_context(|| format!("cannot open the volume at {meta_url}"))?;
@@ -77,9 +77,8 @@ impl WritebackArgs {
         if !self.writeback {
             return Ok(volume);
         }
-        let root = first_cache_dir(&self.cache_dir)?;
         let opts = WritebackOptions {
-            dir: volume_dir(&root, &volume.format.uuid),
+            dir: volume_dir(root, &volume.format.uuid),
             upload_delay: Duration::from_secs_f64(self.upload_delay),
             max_uploads: self.max_uploads,
         };
@@ -103,12 +102,11 @@ impl WritebackArgs {
 mod tests {
     use super::*;
 
-    fn args(writeback: bool, delay: f64, uploads: usize, dirs: &str) -> WritebackArgs {
+    fn args(writeback: bool, delay: f64, uploads: usize) -> WritebackArgs {
         WritebackArgs {
             writeback,
             upload_delay: delay,
             max_uploads: uploads,
-            cache_dir: dirs.into(),
         }
     }
 
@@ -119,13 +117,16 @@ mod tests {
             PathBuf::from("/a"),
             "the first of a colon list"
         );
+        assert_eq!(
+            first_cache_dir("/nvme0@1:/nvme1@0").unwrap(),
+            PathBuf::from("/nvme0"),
+            "the NUMA node is not part of the path"
+        );
         assert!(first_cache_dir(":/b").is_err());
-        assert!(args(true, 0.0, 4, "/x").validate().is_ok());
-        assert!(args(true, -1.0, 4, "/x").validate().is_err());
-        assert!(args(true, f64::NAN, 4, "/x").validate().is_err());
-        assert!(args(true, 0.0, 0, "/x").validate().is_err());
-        assert!(args(true, 0.0, 4, "").validate().is_err());
-        // Without --writeback the cache directory is not needed.
-        assert!(args(false, 0.0, 4, "").validate().is_ok());
+        assert!(first_cache_dir("@1").is_err());
+        assert!(args(true, 0.0, 4).validate().is_ok());
+        assert!(args(true, -1.0, 4).validate().is_err());
+        assert!(args(true, f64::NAN, 4).validate().is_err());
+        assert!(args(true, 0.0, 0).validate().is_err());
     }
 }

@@ -2,6 +2,7 @@
 //! bytes; each store keeps a block's CRC32C beside the object (never inside
 //! it), so JuiceFS reads what sluice writes unchanged.
 
+pub mod disk_cache;
 pub mod file;
 pub mod s3;
 #[cfg(any(test, feature = "s3-test-server"))]
