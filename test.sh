@@ -21,6 +21,8 @@ need_command python3 python3
 need_command qemu-system-x86_64 qemu-system-x86
 # The Redis metadata engine tests start their own servers (never the service).
 need_command redis-server redis-server
+# The rediss:// (TLS) test makes its certificates with openssl.
+need_command openssl openssl
 
 step "JuiceFS 1.4 for the interoperability tests"
 if [ ! -x .venv/bin/juicefs ]; then

@@ -76,7 +76,9 @@ fn blocks_are_cached_reused_after_a_remount_and_a_damaged_copy_is_dropped() {
         objects.iter().map(name).collect::<Vec<_>>(),
         "every written block is cached"
     );
-    assert_eq!(inserts, objects.len() as u64);
+    // A read racing the queued insert of a block it just wrote misses and
+    // inserts it again (same file): at least one insert per object.
+    assert!(inserts >= objects.len() as u64, "{inserts} inserts");
 
     // Damage the cached copy of a full block, in its middle.
     let victim = cached
@@ -119,7 +121,16 @@ fn blocks_are_cached_reused_after_a_remount_and_a_damaged_copy_is_dropped() {
         hits >= objects.len() as u64 - 1,
         "intact blocks hit: {text}"
     );
-    // The dropped block was fetched again and cached whole.
+    // The dropped block was fetched again and cached whole: the cache file
+    // starts with the object's bytes (its trailer follows).
     let bytes = std::fs::read(&victim).expect("recached");
-    assert_eq!(bytes[..4 << 20], data[4 << 20..8 << 20]);
+    let object = objects
+        .iter()
+        .find(|p| p.file_name() == victim.file_name())
+        .expect("the victim's object");
+    let want = std::fs::read(object).expect("read the object");
+    assert!(
+        bytes.len() > want.len() && bytes[..want.len()] == want[..],
+        "the recached copy of {victim_name} holds the object"
+    );
 }

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 use common::{Mount, Watchdog, lazy_unmount, mount_type, seed, sha256_file, text};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
+use sluice_engine::object::s3_test_server::TestS3Server;
+
+/// The key pair of the loopback S3 server of the Redis + S3 tests.
+const S3_AK: &str = "interop-access";
+const S3_SK: &str = "interop-secret";
 
 /// The `juicefs` binary, or `None` (with the reason printed) when unset.
 fn juicefs_bin(test: &str) -> Option<PathBuf> {
@@ -591,7 +596,8 @@ fn sluice_deletes_on_redis_without_trash_leak_no_objects() {
     deletes("0", true);
 }
 
-/// A volume JuiceFS formatted and filled on Redis reads back in sluice.
+/// A volume JuiceFS formatted and filled on Redis + S3 (the loopback server)
+/// reads back in sluice.
 #[test]
 fn juicefs_written_redis_volume_reads_back_in_sluice() {
     let test = "juicefs_written_redis_volume_reads_back_in_sluice";
@@ -602,7 +608,8 @@ fn juicefs_written_redis_volume_reads_back_in_sluice() {
     let _dog = Watchdog::new("juicefs_written_redis_volume", Duration::from_secs(900));
     let dir = tempfile::tempdir().expect("a temporary directory");
     let meta = redis.url(1);
-    let bucket = format!("{}/", dir.path().join("bucket").display());
+    let s3 = TestS3Server::start(&dir.path().join("s3"), S3_AK, S3_SK).expect("the S3 server");
+    std::fs::create_dir_all(s3.object_path("jfs", "")).expect("the bucket");
     juicefs_ok(
         &bin,
         &[
@@ -610,9 +617,13 @@ fn juicefs_written_redis_volume_reads_back_in_sluice() {
             &meta,
             "jfsredis",
             "--storage",
-            "file",
+            "s3",
             "--bucket",
-            &bucket,
+            &s3.bucket_url("jfs"),
+            "--access-key",
+            S3_AK,
+            "--secret-key",
+            S3_SK,
             "--trash-days",
             "1",
         ],
@@ -639,8 +650,9 @@ fn juicefs_written_redis_volume_reads_back_in_sluice() {
     sm.unmount();
 }
 
-/// A volume sluice formatted and filled on Redis reads back in JuiceFS and
-/// passes its fsck and gc.
+/// A volume sluice formatted and filled on Redis + S3 (the loopback server)
+/// reads back in JuiceFS and passes its fsck; its objects in the bucket are
+/// JuiceFS's (lz4 blocks with no checksum inside them).
 #[test]
 fn sluice_written_redis_volume_reads_back_in_juicefs_and_passes_fsck() {
     let test = "sluice_written_redis_volume_reads_back_in_juicefs";
@@ -651,16 +663,23 @@ fn sluice_written_redis_volume_reads_back_in_juicefs_and_passes_fsck() {
     let _dog = Watchdog::new("sluice_written_redis_volume", Duration::from_secs(900));
     let dir = tempfile::tempdir().expect("a temporary directory");
     let meta = redis.url(1);
-    let bucket = dir.path().join("bucket");
+    let s3 = TestS3Server::start(&dir.path().join("s3"), S3_AK, S3_SK).expect("the S3 server");
     common::sluice_ok(&[
         "format",
         &meta,
         "sluiceredis",
+        "--storage",
+        "s3",
         "--bucket",
-        bucket.to_str().expect("UTF-8"),
+        &s3.bucket_url("sluice"),
+        "--access-key",
+        S3_AK,
+        "--secret-key",
+        S3_SK,
         "--compress",
         "lz4",
     ]);
+    let bucket = s3.object_path("sluice", "");
     let sm = sluice_mount(dir.path(), &meta);
     fill(&sm.path, 70 << 20, seed(test));
     let want = manifest(&sm.path.join("data"));
@@ -690,9 +709,12 @@ fn sluice_written_redis_volume_reads_back_in_juicefs_and_passes_fsck() {
             "juicefs fsck reports {bad}:\n{report}"
         );
     }
-    let (scanned, leaked, skipped) = juicefs_gc(&bin, &meta, &bucket);
+    // No `juicefs gc` here: against s3s-fs it scans 0 objects, even on a
+    // volume JuiceFS wrote itself (its listing call and s3s-fs disagree), so
+    // it would prove nothing. The leak checks run on the file-bucket
+    // volumes above; fsck here found every block of every file.
     assert!(
-        scanned > 0 && leaked == 0 && skipped == 0,
-        "juicefs gc: {scanned} scanned, {leaked} leaked, {skipped} skipped"
+        bucket.join("sluiceredis/chunks").is_dir(),
+        "the blocks are in the S3 bucket"
     );
 }

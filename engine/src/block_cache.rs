@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -42,6 +43,57 @@ impl Shard {
 pub struct BlockCache {
     shards: Vec<Mutex<Shard>>,
     shard_limit: usize,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    misses: AtomicU64,
+    inserts: AtomicU64,
+    insert_bytes: AtomicU64,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+}
+
+/// What the memory block cache has done since it started, for logs and a
+/// metrics endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockCacheStats {
+    /// Lookups that found the block, and the bytes they found.
+    pub hits: u64,
+    /// Bytes of the blocks found.
+    pub hit_bytes: u64,
+    /// Lookups that did not.
+    pub misses: u64,
+    /// Blocks added, and their bytes.
+    pub inserts: u64,
+    /// Bytes of the blocks added.
+    pub insert_bytes: u64,
+    /// Blocks pushed out to make room (not explicit removals), and their bytes.
+    pub evictions: u64,
+    /// Bytes of the blocks pushed out.
+    pub evicted_bytes: u64,
+    /// Bytes held now.
+    pub used_bytes: u64,
+}
+
+impl std::fmt::Display for BlockCacheStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} hits ({} MiB), {} misses, {} inserts ({} MiB), {} evictions ({} MiB), {} MiB held",
+            self.hits,
+            self.hit_bytes >> 20,
+            self.misses,
+            self.inserts,
+            self.insert_bytes >> 20,
+            self.evictions,
+            self.evicted_bytes >> 20,
+            self.used_bytes >> 20
+        )
+    }
 }
 
 impl BlockCache {
@@ -50,6 +102,23 @@ impl BlockCache {
         BlockCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             shard_limit: capacity / SHARDS,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> BlockCacheStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BlockCacheStats {
+            hits: get(&c.hits),
+            hit_bytes: get(&c.hit_bytes),
+            misses: get(&c.misses),
+            inserts: get(&c.inserts),
+            insert_bytes: get(&c.insert_bytes),
+            evictions: get(&c.evictions),
+            evicted_bytes: get(&c.evicted_bytes),
+            used_bytes: self.used() as u64,
         }
     }
 
@@ -66,7 +135,19 @@ impl BlockCache {
 
     /// The cached block, if present (and marks it recently used).
     pub fn get(&self, id: BlockId) -> Option<Arc<Vec<u8>>> {
-        self.shard(id).lock().touch(id)
+        let found = self.shard(id).lock().touch(id);
+        match &found {
+            Some(d) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .hit_bytes
+                    .fetch_add(d.len() as u64, Ordering::Relaxed);
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        found
     }
 
     /// Adds a block, evicting the least recently used ones to stay in bounds.
@@ -86,6 +167,10 @@ impl BlockCache {
             };
             if let Some((d, _)) = s.map.remove(&victim) {
                 s.bytes -= d.len();
+                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .evicted_bytes
+                    .fetch_add(d.len() as u64, Ordering::Relaxed);
             }
         }
         s.tick += 1;
@@ -93,6 +178,10 @@ impl BlockCache {
         s.order.insert(tick, id);
         s.map.insert(id, (data, tick));
         s.bytes += len;
+        self.counters.inserts.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .insert_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
     }
 
     /// Drops every block of slice `id` (its objects are gone).
@@ -136,6 +225,26 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_follow_hits_misses_and_evictions() {
+        let cache = BlockCache::new(SHARDS * 100);
+        let same: Vec<BlockId> = (0..1000u64)
+            .map(|i| (i, 0))
+            .filter(|&b| std::ptr::eq(cache.shard(b), cache.shard((0, 0))))
+            .take(3)
+            .collect();
+        assert!(cache.get(same[0]).is_none());
+        cache.insert(same[0], Arc::new(vec![1; 60]));
+        assert!(cache.get(same[0]).is_some());
+        // The second 60-byte block does not fit beside the first: it goes.
+        cache.insert(same[1], Arc::new(vec![2; 60]));
+        let s = cache.stats();
+        assert_eq!((s.hits, s.hit_bytes, s.misses), (1, 60, 1));
+        assert_eq!((s.inserts, s.insert_bytes), (2, 120));
+        assert_eq!((s.evictions, s.evicted_bytes, s.used_bytes), (1, 60, 60));
+        assert!(s.to_string().contains("1 evictions"), "{s}");
+    }
 
     #[test]
     fn bounded_and_lru() {

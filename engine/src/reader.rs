@@ -148,8 +148,16 @@ impl Job {
 
 impl Reader {
     /// A reader over `vol` using `cache` for blocks, with `threads`
-    /// background threads for readahead and prefetch (0: none).
-    pub fn new(vol: Arc<Volume>, cache: Arc<BlockCache>, threads: usize) -> Arc<Reader> {
+    /// background threads for readahead and prefetch (0: none), pinned to
+    /// `cpus` when given: the blocks they fetch are allocated by them (first
+    /// touch), so on the NUMA node of those CPUs — under `sluice serve`, the
+    /// node of the guest's memory and of the workers that copy from them.
+    pub fn new(
+        vol: Arc<Volume>,
+        cache: Arc<BlockCache>,
+        threads: usize,
+        cpus: Option<sluice_numa::CpuSet>,
+    ) -> Arc<Reader> {
         let (tx, rx) = mpsc::channel::<Job>();
         // Background reads may hold up to half the memory cache (what they
         // fetch lands there), and at most 64 blocks.
@@ -169,9 +177,15 @@ impl Reader {
         for i in 0..threads {
             let weak = Arc::downgrade(&reader);
             let rx = rx.clone();
+            let cpus = cpus.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("sluice-prefetch-{i}"))
                 .spawn(move || {
+                    if let Some(cpus) = cpus
+                        && let Err(e) = sluice_numa::pinning::pin_current_thread_to(&cpus)
+                    {
+                        log::warn!("prefetch thread {i} stays unpinned: {e}");
+                    }
                     loop {
                         let job = rx.lock().recv();
                         let Ok(job) = job else { return };

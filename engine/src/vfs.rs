@@ -65,6 +65,9 @@ pub struct VfsConfig {
     /// Threads that fetch blocks in the background (0: no readahead or
     /// prefetch at all).
     pub prefetch_threads: usize,
+    /// The CPUs the prefetch threads run on, so the blocks they fetch are
+    /// allocated on those CPUs' NUMA node (None: unpinned).
+    pub prefetch_cpus: Option<sluice_numa::CpuSet>,
     /// How long `destroy` (unmount) waits for the object store's background
     /// uploads (writeback staging) to finish; what is left stays staged and
     /// is uploaded at the next start. `None`: do not wait (a server that
@@ -87,6 +90,7 @@ impl Default for VfsConfig {
             cleanup_interval: Some(Duration::from_secs(60)),
             readahead: ReadaheadConfig::default(),
             prefetch_threads: crate::reader::PREFETCH_THREADS,
+            prefetch_cpus: None,
             upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
             disk_cache: None,
         }
@@ -162,7 +166,12 @@ impl Vfs {
             vol.block_size,
             cache.clone(),
         ));
-        let reader = Reader::new(vol.clone(), cache, cfg.prefetch_threads);
+        let reader = Reader::new(
+            vol.clone(),
+            cache,
+            cfg.prefetch_threads,
+            cfg.prefetch_cpus.clone(),
+        );
         let compactor = if cfg.compaction {
             Some(Compactor::start(
                 vol.clone(),
@@ -208,6 +217,11 @@ impl Vfs {
             janitor: Mutex::new(janitor),
             disk_cache,
         })
+    }
+
+    /// The memory block cache's counters, for a metrics endpoint.
+    pub fn memory_cache_stats(&self) -> crate::block_cache::BlockCacheStats {
+        self.reader.cache().stats()
     }
 
     /// The disk cache's counters (None without a disk cache), for a metrics
@@ -484,6 +498,7 @@ impl Vfs {
             c.shutdown();
             log::info!("disk cache: {}", c.stats().snapshot());
         }
+        log::info!("memory cache: {}", self.reader.cache().stats());
     }
 
     /// Looks up `name` in `parent`.

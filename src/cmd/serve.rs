@@ -72,6 +72,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     device_config
         .validate()
         .context("invalid device settings")?;
+    let mut prefetch_cpus = None;
     if let Some(plan) = print_plan(&args)
         && !args.no_pin
     {
@@ -80,6 +81,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         device_config.worker_cpus = std::iter::once(None)
             .chain((0..args.queues).map(|q| plan.worker_for(0, q).map(|w| w.cpu)))
             .collect();
+        // Readahead buffers are allocated by the prefetch threads: on the
+        // service CPUs of the workers' node, they land on that node.
+        prefetch_cpus = plan
+            .worker_for(0, 0)
+            .and_then(|w| plan.service_cpus(w.node))
+            .filter(|cpus| !cpus.is_empty())
+            .cloned();
     }
     let disk_cache = args.cache.disk_cache()?;
     let volume = args
@@ -121,6 +129,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 // its last session waits for the uploads.
                 upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
                 disk_cache: disk_cache.clone(),
+                prefetch_cpus: prefetch_cpus.clone(),
                 ..VfsConfig::default()
             })?,
         )

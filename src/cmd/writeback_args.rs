@@ -123,7 +123,6 @@ mod tests {
             "the NUMA node is not part of the path"
         );
         assert!(first_cache_dir(":/b").is_err());
-        assert!(first_cache_dir("@1").is_err());
         assert!(args(true, 0.0, 4).validate().is_ok());
         assert!(args(true, -1.0, 4).validate().is_err());
         assert!(args(true, f64::NAN, 4).validate().is_err());

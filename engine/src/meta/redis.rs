@@ -131,19 +131,97 @@ fn with_db(info: redis::ConnectionInfo, db: i64) -> redis::ConnectionInfo {
     info.set_redis_settings(settings)
 }
 
+/// The TLS options of a `rediss://` URL, under JuiceFS's names:
+/// `tls-ca-cert-file` (the CA that signed the server's certificate; default:
+/// the system's roots), `tls-cert-file` and `tls-key-file` (a client
+/// certificate, for servers that ask for one) and `insecure-skip-verify`
+/// (accept any server certificate).
+#[derive(Debug, Default, Clone)]
+struct TlsOptions {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    insecure: bool,
+}
+
+impl TlsOptions {
+    /// Takes `key=value` if it is a TLS option (true) or leaves it (false).
+    fn take(&mut self, key: &str, value: &str) -> std::result::Result<bool, String> {
+        let file = |v: &str| {
+            if v.is_empty() {
+                Err(format!("{key} needs a file path"))
+            } else {
+                Ok(Some(v.to_string()))
+            }
+        };
+        match key {
+            "tls-ca-cert-file" => self.ca = file(value)?,
+            "tls-cert-file" => self.cert = file(value)?,
+            "tls-key-file" => self.key = file(value)?,
+            "insecure-skip-verify" => {
+                self.insecure = match value {
+                    "" | "true" | "1" => true,
+                    "false" | "0" => false,
+                    v => {
+                        return Err(format!(
+                            "insecure-skip-verify takes true or false, not {v:?}"
+                        ));
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// `addr` as a TLS address with these options.
+    fn addr(&self, addr: redis::ConnectionAddr) -> redis::ConnectionAddr {
+        match addr {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: self.insecure,
+                tls_params: None,
+            },
+            other => other,
+        }
+    }
+
+    /// The certificates the files name, read now so a missing file is
+    /// reported at open.
+    fn certificates(&self) -> std::result::Result<redis::TlsCertificates, String> {
+        let read = |what: &str, path: &str| {
+            std::fs::read(path).map_err(|e| format!("cannot read the {what} {path}: {e}"))
+        };
+        let client_tls = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate (tls-cert-file)", c)?,
+                client_key: read("client key (tls-key-file)", k)?,
+            }),
+            (None, None) => None,
+            _ => return Err("tls-cert-file and tls-key-file go together".into()),
+        };
+        let root_cert = match &self.ca {
+            Some(ca) => Some(read("CA certificate (tls-ca-cert-file)", ca)?),
+            None => None,
+        };
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
+
 impl RedisMeta {
     /// Connects to the Redis server a JuiceFS metadata URL names:
-    /// `redis://[[user]:pass@]host[:port][/db]` or `unix://[/path]?db=N`.
+    /// `redis://[[user]:pass@]host[:port][/db]`, the same with `rediss://`
+    /// for TLS (options in [`TlsOptions`]), or `unix://[/path]?db=N`.
     /// Without a password in the URL, `REDIS_PASSWORD` or `META_PASSWORD`
     /// from the environment is used, as JuiceFS does.
     pub fn open(url: &str) -> Result<RedisMeta> {
         use redis::IntoConnectionInfo;
         let shown = redact(url);
-        if url.to_ascii_lowercase().starts_with("rediss://") {
-            return Err(Error::NotSupported(format!(
-                "TLS to Redis ({shown}) is not supported yet; use redis:// or unix://"
-            )));
-        }
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let hosts = base
             .split_once("://")
@@ -154,20 +232,30 @@ impl RedisMeta {
                  name one Redis server (or one node of a cluster)"
             )));
         }
-        let is_unix = base.to_ascii_lowercase().starts_with("unix://");
-        // JuiceFS options (timeouts, retries, TLS files) the driver doesn't know.
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .filter(|p| {
-                let key = p.split_once('=').map_or(*p, |(k, _)| k);
-                let known = is_unix && matches!(key, "db" | "user" | "pass");
-                if !known {
-                    log::debug!("ignoring Redis URL option {key}");
+        let lower = base.to_ascii_lowercase();
+        let is_unix = lower.starts_with("unix://");
+        let is_tls = lower.starts_with("rediss://");
+        let mut tls = TlsOptions::default();
+        // JuiceFS options (timeouts, retries) the driver doesn't know are
+        // dropped; its TLS options are ours.
+        let mut kept: Vec<&str> = Vec::new();
+        for p in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = p.split_once('=').unwrap_or((p, ""));
+            if is_unix && matches!(key, "db" | "user" | "pass") {
+                kept.push(p);
+            } else if tls
+                .take(key, value)
+                .map_err(|e| Error::Invalid(format!("{shown}: {e}")))?
+            {
+                if !is_tls {
+                    return Err(Error::Invalid(format!(
+                        "{shown}: {key} is a TLS option; use a rediss:// URL"
+                    )));
                 }
-                known
-            })
-            .collect();
+            } else {
+                log::debug!("ignoring Redis URL option {key}");
+            }
+        }
         let clean = if kept.is_empty() {
             base.to_string()
         } else {
@@ -190,9 +278,23 @@ impl RedisMeta {
         };
         let unreachable =
             |e: redis::RedisError| Error::Meta(format!("cannot reach Redis at {shown}: {e}"));
+        let certs = if is_tls {
+            let addr = tls.addr(info.addr().clone());
+            info = info.set_addr(addr);
+            Some(
+                tls.certificates()
+                    .map_err(|e| Error::Invalid(format!("{shown}: {e}")))?,
+            )
+        } else {
+            None
+        };
+        let client = |info: redis::ConnectionInfo| match &certs {
+            Some(c) => redis::Client::build_with_tls(info, c.clone()),
+            None => redis::Client::open(info),
+        };
         // A cluster node refuses SELECT, so the first contact uses db 0.
         let db = info.redis_settings().db();
-        let first = Pool::new(redis::Client::open(with_db(info.clone(), 0)).map_err(unusable)?);
+        let first = Pool::new(client(with_db(info.clone(), 0)).map_err(unusable)?);
         let cluster = first
             .probe(
                 |c| match redis::cmd("CLUSTER").arg("INFO").query::<String>(c) {
@@ -222,16 +324,17 @@ impl RedisMeta {
                 (redis::ConnectionAddr::Tcp(host, _), (h, port)) if h.is_empty() => {
                     redis::ConnectionAddr::Tcp(host, port)
                 }
+                (redis::ConnectionAddr::TcpTls { host, .. }, (h, port)) => {
+                    let host = if h.is_empty() { host } else { h };
+                    tls.addr(redis::ConnectionAddr::Tcp(host, port))
+                }
                 (_, (h, port)) => redis::ConnectionAddr::Tcp(h, port),
             };
             log::info!("{shown} is a Redis Cluster; volume keys are prefixed {prefix}");
-            let client = redis::Client::open(with_db(info, 0).set_addr(node)).map_err(unusable)?;
-            (Pool::new(client), Keys::with_prefix(prefix))
+            let node = client(with_db(info, 0).set_addr(node)).map_err(unusable)?;
+            (Pool::new(node), Keys::with_prefix(prefix))
         } else {
-            (
-                Pool::new(redis::Client::open(info).map_err(unusable)?),
-                Keys::default(),
-            )
+            (Pool::new(client(info).map_err(unusable)?), Keys::default())
         };
         Ok(RedisMeta {
             inner: Arc::new(Inner {

@@ -10,8 +10,8 @@ use crate::meta::sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 
 /// Opens the metadata engine a URL names: `sqlite3://PATH`
 /// (`sqlite3:///abs/path.db` or `sqlite3://relative.db`), or a Redis server:
-/// `redis://[[user]:pass@]host[:port][/db]`, `unix:///socket?db=N` (see
-/// [`RedisMeta::open`]; `rediss://` is refused until TLS is built in). Of JuiceFS's
+/// `redis://[[user]:pass@]host[:port][/db]`, `rediss://…` (TLS),
+/// `unix:///socket?db=N` (see [`RedisMeta::open`]). Of JuiceFS's
 /// driver options after `?`, `_sync`/`_synchronous` (`normal` or `full`) and
 /// `_timeout`/`_busy_timeout` (milliseconds) are honoured, others ignored.
 pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
@@ -106,7 +106,8 @@ mod tests {
 
     #[test]
     fn other_urls_get_one_clear_line() {
-        assert!(err("rediss://localhost:6379/1").contains("not supported yet"));
+        assert!(err("rediss://127.0.0.1:1/1").contains("cannot reach Redis"));
+        assert!(err("rediss://127.0.0.1:1/1?insecure-skip-verify=maybe").contains("true or false"));
         assert!(err("redis://127.0.0.1:1/1").contains("cannot reach Redis"));
         assert!(err("redis://:pw@mymaster,h1,h2:26379/2").contains("Sentinel"));
         assert!(err("mysql://u:p@(h:3306)/db").contains("not supported"));

@@ -722,7 +722,12 @@ fn reads_survive_a_compaction_behind_their_back() {
     assert_eq!(t.read(ino, fh, 0, model.len()), model);
     // Another reader compacts the chunk: the old objects are deleted (and
     // dropped from our block cache by the releaser).
-    let other = crate::reader::Reader::new(t.vfs.volume().clone(), Arc::new(BlockCache::new(0)), 0);
+    let other = crate::reader::Reader::new(
+        t.vfs.volume().clone(),
+        Arc::new(BlockCache::new(0)),
+        0,
+        None,
+    );
     assert!(crate::compaction::compact_chunk(t.vfs.volume(), &other, ino, 0, 2).unwrap());
     assert_eq!(t.vfs.volume().meta.read_chunk(ino, 0).unwrap().len(), 1);
     // Our stale slice list points at deleted objects; the read recovers.

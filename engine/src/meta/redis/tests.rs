@@ -22,6 +22,8 @@ pub(crate) struct RedisServer {
     dir: tempfile::TempDir,
     persistent: bool,
     cluster: bool,
+    /// Serves TLS only (certificates in `dir`, see [`make_certificates`]).
+    tls: bool,
 }
 
 fn redis_server_binary() -> Option<PathBuf> {
@@ -42,7 +44,23 @@ impl RedisServer {
         RedisServer::start_with(false, true)
     }
 
+    /// A server that speaks TLS only, its certificate signed by `ca.pem` in
+    /// [`RedisServer::dir`].
+    pub(crate) fn start_tls() -> Option<RedisServer> {
+        let mut s = RedisServer::prepare(false, false)?;
+        s.tls = true;
+        make_certificates(s.dir.path());
+        s.spawn();
+        Some(s)
+    }
+
     fn start_with(persistent: bool, cluster: bool) -> Option<RedisServer> {
+        let mut s = RedisServer::prepare(persistent, cluster)?;
+        s.spawn();
+        Some(s)
+    }
+
+    fn prepare(persistent: bool, cluster: bool) -> Option<RedisServer> {
         if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
             eprintln!("skipping: SLUICE_SKIP_REDIS=1");
             return None;
@@ -55,22 +73,33 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let mut s = RedisServer {
+        Some(RedisServer {
             child: None,
             port,
             dir: tempfile::tempdir().expect("tempdir"),
             persistent,
             cluster,
-        };
-        s.spawn();
-        Some(s)
+            tls: false,
+        })
     }
 
     fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .arg("--bind")
+        if self.tls {
+            let d = self.dir.path();
+            cmd.args(["--port", "0", "--tls-port"])
+                .arg(self.port.to_string())
+                .arg("--tls-cert-file")
+                .arg(d.join("server.pem"))
+                .arg("--tls-key-file")
+                .arg(d.join("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(d.join("ca.pem"))
+                .args(["--tls-auth-clients", "no"]);
+        } else {
+            cmd.arg("--port").arg(self.port.to_string());
+        }
+        cmd.arg("--bind")
             .arg("127.0.0.1")
             .arg("--dir")
             .arg(self.dir.path())
@@ -86,7 +115,7 @@ impl RedisServer {
         }
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         self.child = Some(cmd.spawn().expect("start redis-server"));
-        wait_ready(self.port);
+        wait_ready(self.port, self.tls);
         if self.cluster {
             let mut c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port).as_str())
                 .and_then(|c| c.get_connection())
@@ -146,9 +175,73 @@ impl Drop for RedisServer {
     }
 }
 
-fn wait_ready(port: u16) {
+/// A CA (`ca.pem`) and a server certificate it signed for 127.0.0.1
+/// (`server.pem`, `server.key`) in `dir`, made with the openssl command.
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    run(&[
+        &[
+            "req",
+            "-x509",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sluice test CA",
+        ][..],
+        &ec,
+        &["-keyout", "ca.key", "-out", "ca.pem"],
+    ]
+    .concat());
+    run(&[
+        &["req", "-nodes", "-subj", "/CN=localhost"][..],
+        &ec,
+        &["-keyout", "server.key", "-out", "server.csr"],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("ext file");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+}
+
+fn wait_ready(port: u16, tls: bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let url = format!("redis://127.0.0.1:{port}/");
+    let url = if tls {
+        format!("rediss://127.0.0.1:{port}/#insecure")
+    } else {
+        format!("redis://127.0.0.1:{port}/")
+    };
     loop {
         let ok = redis::Client::open(url.as_str())
             .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
@@ -222,6 +315,55 @@ conformance_tests!(
     concurrent_creates,
     sessions,
 );
+
+/// `rediss://` with JuiceFS's TLS options against a TLS-only redis-server:
+/// the CA file makes the server trusted, without it the certificate is
+/// refused (no fallback to plain text), `insecure-skip-verify` accepts it,
+/// and the engine works over the encrypted connection.
+#[test]
+fn tls_with_a_ca_file_works_and_an_unknown_certificate_is_refused() {
+    let Some(s) = RedisServer::start_tls() else {
+        return;
+    };
+    let ca = s.dir().join("ca.pem");
+    // Each check wants a fresh volume: a database each.
+    let checks: [conformance::Check; 3] = [
+        conformance::format_and_load,
+        conformance::create_lookup_getattr,
+        conformance::write_read_and_refs,
+    ];
+    for (db, check) in (3..).zip(checks) {
+        let url = format!(
+            "rediss://127.0.0.1:{}/{db}?tls-ca-cert-file={}",
+            s.port,
+            ca.display()
+        );
+        check(&RedisMeta::open(&url).expect("TLS with the CA file"));
+    }
+    let base = format!("rediss://127.0.0.1:{}/3", s.port);
+
+    let err = RedisMeta::open(&base).expect_err("a certificate no system root signed");
+    assert!(err.to_string().contains("cannot reach Redis"), "{err}");
+    let m = RedisMeta::open(&format!("{base}?insecure-skip-verify=true")).expect("insecure");
+    m.load().expect("the volume formatted above");
+
+    let plain = format!(
+        "redis://127.0.0.1:{}/3?tls-ca-cert-file={}",
+        s.port,
+        ca.display()
+    );
+    let err = RedisMeta::open(&plain).expect_err("a TLS option on redis://");
+    assert!(err.to_string().contains("use a rediss:// URL"), "{err}");
+    let err = RedisMeta::open(&format!("{base}?tls-ca-cert-file=/nonexistent.pem"))
+        .expect_err("missing CA");
+    assert!(
+        err.to_string().contains("cannot read the CA certificate"),
+        "{err}"
+    );
+    let err = RedisMeta::open(&format!("{base}?tls-cert-file={}", ca.display()))
+        .expect_err("half a client pair");
+    assert!(err.to_string().contains("go together"), "{err}");
+}
 
 #[test]
 fn keys_follow_the_juicefs_schema() {
