@@ -9,7 +9,7 @@ use sluice_engine::vfs::{DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
-use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
+use sluice_vhost::{DeviceConfig, FuseHandler, GuestIoMode, VirtioFsDevice};
 
 use super::cache_args::CacheArgs;
 use super::writeback_args::WritebackArgs;
@@ -53,6 +53,14 @@ pub struct ServeArgs {
     /// Refuse every change from the guest (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// How READ data from local files (a file:// store's objects, disk-cache
+    /// files) reaches guest memory: `uring` reads it with io_uring into the
+    /// guest's memory registered as fixed buffers, O_DIRECT where aligned (no
+    /// CPU copy; registering pins the guest's memory); `pread` lets the kernel
+    /// copy it once from its page cache, without pinning (the default: it
+    /// measured faster here, see docs/tuning.md).
+    #[arg(long, value_name = "uring|pread", default_value = "pread")]
+    pub guest_io: GuestIoMode,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
@@ -69,6 +77,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     args.readahead.apply(VfsConfig::default())?;
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
+    device_config.guest_io = args.guest_io;
     device_config
         .validate()
         .context("invalid device settings")?;
@@ -96,7 +105,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut listener = sluice_vhost::listen(&args.socket)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
     log::info!(
-        "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} (simd {})",
+        "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
+         (simd {}, guest I/O {})",
         volume.name(),
         args.export
             .as_deref()
@@ -106,7 +116,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.tag,
         args.queues,
         args.socket.display(),
-        sluice_simd::selected()
+        sluice_simd::selected(),
+        args.guest_io
     );
     // `sluice warmup --serve-socket` reaches the current session's caches here.
     let slot: super::control::ReaderSlot = Default::default();
@@ -150,9 +161,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let served = device.serve(&mut listener);
         for (queue, q) in stats.iter().enumerate() {
             let (requests, bytes_in, bytes_out, batches) = q.snapshot();
+            let (fixed, direct, pread) = q.guest_io_snapshot();
             log::info!(
                 "queue {queue}: {requests} requests in {batches} batches, \
-                 {bytes_in} bytes in, {bytes_out} bytes out"
+                 {bytes_in} bytes in, {bytes_out} bytes out; file READ bytes: \
+                 {fixed} io_uring, {direct} io_uring O_DIRECT, {pread} pread"
             );
         }
         slot.lock().take();

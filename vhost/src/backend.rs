@@ -59,6 +59,7 @@ impl<H: RequestHandler + ?Sized> FsBackend<H> {
         Limits {
             max_request_size: self.config.max_request_size,
             batch: usize::from(self.config.queue_size),
+            guest_io: self.config.guest_io,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::frame::IN_HEADER_LEN;
+use crate::guest_io::GuestIoMode;
 
 /// Length of the `tag` field of the virtio-fs configuration space.
 pub const TAG_LEN: usize = 36;
@@ -31,6 +32,9 @@ pub struct DeviceConfig {
     /// (0 = hiprio); `None` or a missing entry leaves that worker unpinned.
     /// `sluice serve` fills it from the NUMA placement plan.
     pub worker_cpus: Vec<Option<usize>>,
+    /// How READ data from local files (`file://` objects, disk-cache files)
+    /// reaches guest memory: io_uring into registered guest memory, or pread.
+    pub guest_io: GuestIoMode,
 }
 
 impl DeviceConfig {
@@ -47,6 +51,7 @@ impl DeviceConfig {
             queue_size: Self::DEFAULT_QUEUE_SIZE,
             max_request_size: Self::DEFAULT_MAX_REQUEST_SIZE,
             worker_cpus: Vec::new(),
+            guest_io: GuestIoMode::default(),
         }
     }
 

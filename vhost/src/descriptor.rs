@@ -14,6 +14,8 @@ use virtio_queue::DescriptorChain;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+use crate::guest_io::{self, GuestIoMode, GuestIoRoute};
+
 /// What is wrong with a descriptor chain the guest made available.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
@@ -119,6 +121,23 @@ impl ChainBuffers {
         (buffers, error)
     }
 
+    /// Writable buffers at the given (guest address, length) pairs, which the
+    /// caller promises lie inside guest memory.
+    #[cfg(test)]
+    pub(crate) fn writable_for_test(writable: &[(u64, usize)]) -> Self {
+        ChainBuffers {
+            writable: writable
+                .iter()
+                .map(|&(addr, len)| GuestRegion {
+                    addr: GuestAddress(addr),
+                    len,
+                })
+                .collect(),
+            writable_len: writable.iter().map(|r| r.1).sum(),
+            ..ChainBuffers::default()
+        }
+    }
+
     /// Total bytes the device may read (the request).
     pub fn readable_len(&self) -> usize {
         self.readable_len
@@ -141,7 +160,8 @@ impl ChainBuffers {
         }
     }
 
-    /// A writer over the writable buffers.
+    /// A writer over the writable buffers. It reads files into guest memory
+    /// with `pread` ([`Writer::write_from_file`]).
     pub fn writer<'a>(&self, mem: &'a GuestMemoryMmap) -> Writer<'a> {
         Writer {
             mem,
@@ -150,6 +170,16 @@ impl ChainBuffers {
             offset: 0,
             bytes_written: 0,
             available: self.writable_len,
+            io: None,
+        }
+    }
+
+    /// A writer over the writable buffers that reads files into guest memory
+    /// the way `route` says (the worker's io_uring ring, or `pread`).
+    pub(crate) fn routed_writer<'a>(&self, route: GuestIoRoute<'a>) -> Writer<'a> {
+        Writer {
+            io: Some(route),
+            ..self.writer(route.table)
         }
     }
 }
@@ -234,6 +264,7 @@ pub struct Writer<'a> {
     offset: usize,
     bytes_written: usize,
     available: usize,
+    io: Option<GuestIoRoute<'a>>,
 }
 
 impl<'a> Writer<'a> {
@@ -285,6 +316,7 @@ impl<'a> Writer<'a> {
             offset: 0,
             bytes_written: 0,
             available: tail_len,
+            io: self.io,
         }
     }
 }
@@ -334,6 +366,7 @@ impl<'a> Writer<'a> {
             offset: mark.offset,
             bytes_written: 0,
             available: bytes.len(),
+            io: None,
         };
         at.regions.extend_from_slice(&self.regions[mark.index..]);
         io::Write::write_all(&mut at, bytes)
@@ -352,57 +385,90 @@ impl<'a> Writer<'a> {
     }
 
     /// Reads `len` bytes of `file` from offset `off` straight into the
-    /// guest's buffers (one pread per guest buffer piece: the kernel copies
-    /// the bytes once, from its page cache into guest memory). A file
-    /// shorter than asked for is an error.
+    /// guest's buffers. On a worker with `--guest-io uring` the worker's
+    /// io_uring ring reads them into the guest's memory registered as fixed
+    /// buffers (O_DIRECT where aligned: no CPU copy); otherwise, or where the
+    /// ring cannot be used, one pread per guest buffer piece (the kernel
+    /// copies the bytes once, from its page cache into guest memory). A file
+    /// shorter than asked for is an `UnexpectedEof` error.
     pub fn write_from_file(
         &mut self,
         file: &std::fs::File,
         off: u64,
         len: usize,
     ) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let fd = file.as_raw_fd();
+        if let Some(route) = self.io
+            && route.mode == GuestIoMode::Uring
+            && len > 0
+            && len <= self.available
+        {
+            let pieces = self.next_pieces(len);
+            if guest_io::read_into(route, file, off, &pieces)? {
+                self.skip(len);
+                return Ok(());
+            }
+        }
         let mut failed: Option<io::Error> = None;
         self.put(len, |dst, done, n| {
             if failed.is_some() {
                 return;
             }
-            let mut got = 0;
-            while got < n {
-                // SAFETY: `dst` is valid for `n` bytes of writes (see
-                // `write_copy`); pread writes at most `n - got` bytes there.
-                let r = unsafe {
-                    libc::pread(
-                        fd,
-                        dst.add(got).cast(),
-                        n - got,
-                        (off + (done + got) as u64) as libc::off_t,
-                    )
-                };
-                match r {
-                    0 => {
-                        failed = Some(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the object is shorter than the slice says",
-                        ));
-                        return;
-                    }
-                    r if r < 0 => {
-                        let e = io::Error::last_os_error();
-                        if e.kind() != io::ErrorKind::Interrupted {
-                            failed = Some(e);
-                            return;
-                        }
-                    }
-                    r => got += r as usize,
-                }
+            // SAFETY: `dst` is valid for `n` bytes of writes (see
+            // `write_copy`), with no Rust reference to them.
+            if let Err(e) = unsafe { guest_io::pread_exact(file, dst, n, off + done as u64) } {
+                failed = Some(e);
             }
         })?;
         match failed {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => {
+                if let Some(route) = self.io {
+                    route
+                        .stats
+                        .guest_io_pread_bytes
+                        .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// The guest buffer pieces (address, length) holding the next `len`
+    /// bytes of room, which must be available.
+    fn next_pieces(&self, len: usize) -> Vec<(GuestAddress, usize)> {
+        let mut pieces = Vec::new();
+        let mut left = len;
+        let mut offset = self.offset;
+        for region in self.regions.iter().skip(self.index) {
+            if left == 0 {
+                break;
+            }
+            let n = (region.len - offset).min(left);
+            // As in `put`: `offset < region.len`, inside checked guest memory.
+            pieces.push((GuestAddress(region.addr.0 + offset as u64), n));
+            left -= n;
+            offset = 0;
+        }
+        pieces
+    }
+
+    /// Moves past the next `len` bytes of room, which must be available.
+    fn skip(&mut self, len: usize) {
+        let mut left = len;
+        while left > 0 {
+            let Some(region) = self.regions.get(self.index) else {
+                break;
+            };
+            let n = (region.len - self.offset).min(left);
+            left -= n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        self.bytes_written += len;
+        self.available -= len;
     }
 
     /// Writes `len` zero bytes into the guest's buffers.

@@ -19,6 +19,7 @@ pub mod descriptor;
 mod error;
 pub mod frame;
 mod fuse_handler;
+pub mod guest_io;
 mod worker;
 
 use std::io;
@@ -27,6 +28,7 @@ pub use backend::{DEVICE_FEATURES, VirtioFsDevice, listen, protocol_features};
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
+pub use guest_io::{GuestIoMode, ParseGuestIoModeError};
 
 /// The device's errors must convert into `anyhow::Error` at the binary.
 const _: fn() = || {

@@ -13,6 +13,7 @@ use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use crate::RequestHandler;
 use crate::descriptor::{ChainBuffers, ChainError, Writer};
 use crate::frame::{IN_HEADER_LEN, InHeader, OUT_HEADER_LEN, error_reply};
+use crate::guest_io::{self, GuestIoMode, GuestIoRoute};
 
 /// The guest memory as the backend shares it with its vrings.
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -29,6 +30,15 @@ pub struct QueueStats {
     pub bytes_out: AtomicU64,
     /// Batches, i.e. guest notifications considered.
     pub batches: AtomicU64,
+    /// READ bytes the worker's io_uring ring read from local files through
+    /// the page cache into guest memory registered as fixed buffers.
+    pub guest_io_fixed_bytes: AtomicU64,
+    /// READ bytes the worker's io_uring ring read from local files with
+    /// O_DIRECT into registered guest memory (no CPU copy).
+    pub guest_io_direct_bytes: AtomicU64,
+    /// READ bytes read from local files into guest memory with pread
+    /// (`--guest-io pread`, or where io_uring could not serve).
+    pub guest_io_pread_bytes: AtomicU64,
 }
 
 impl QueueStats {
@@ -39,6 +49,16 @@ impl QueueStats {
             self.bytes_in.load(Ordering::Relaxed),
             self.bytes_out.load(Ordering::Relaxed),
             self.batches.load(Ordering::Relaxed),
+        )
+    }
+
+    /// READ bytes from local files by path: (io_uring through the page
+    /// cache, io_uring O_DIRECT, pread) at this moment.
+    pub fn guest_io_snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.guest_io_fixed_bytes.load(Ordering::Relaxed),
+            self.guest_io_direct_bytes.load(Ordering::Relaxed),
+            self.guest_io_pread_bytes.load(Ordering::Relaxed),
         )
     }
 }
@@ -61,6 +81,8 @@ pub(crate) struct Limits {
     pub max_request_size: usize,
     /// At most this many chains are popped before the guest is signalled.
     pub batch: usize,
+    /// How READ data from local files reaches guest memory.
+    pub guest_io: GuestIoMode,
 }
 
 /// Serves `vring` until it has no more available chains.
@@ -102,7 +124,10 @@ fn process_batch<H: RequestHandler + ?Sized>(
     // One snapshot of the memory table for the whole batch: a concurrent
     // SET_MEM_TABLE or REM_MEM_REG swaps in a new table but leaves these
     // mappings alive until the snapshot is dropped.
-    let mem = atomic.memory();
+    let mem = atomic.memory().into_inner();
+    if limits.guest_io == GuestIoMode::Uring {
+        guest_io::release_stale(&mem);
+    }
     let chains: Vec<_> = {
         let mut guard = vring.get_mut();
         let queue_state = guard.get_queue_mut();
@@ -126,9 +151,14 @@ fn process_batch<H: RequestHandler + ?Sized>(
         stats
             .bytes_in
             .fetch_add(buffers.readable_len() as u64, Ordering::Relaxed);
+        let route = GuestIoRoute {
+            table: &mem,
+            mode: limits.guest_io,
+            stats,
+        };
         let used = handle_chain(
             queue,
-            &mem,
+            route,
             &buffers,
             problem,
             limits,
@@ -160,16 +190,16 @@ fn process_batch<H: RequestHandler + ?Sized>(
 /// Answers one chain; returns the number of bytes written into it.
 fn handle_chain<H: RequestHandler + ?Sized>(
     queue: u16,
-    mem: &GuestMemoryMmap,
+    route: GuestIoRoute<'_>,
     buffers: &ChainBuffers,
     problem: Option<ChainError>,
     limits: Limits,
     handler: &H,
     request: &mut Vec<u8>,
 ) -> u32 {
-    let mut reply = buffers.writer(mem);
+    let mut reply = buffers.routed_writer(route);
     request.clear();
-    let mut reader = buffers.reader(mem);
+    let mut reader = buffers.reader(route.table);
     let readable = buffers.readable_len();
     // Read at most the header when the request is oversized or malformed: the
     // unique id is all an error reply needs.

@@ -1,0 +1,977 @@
+//! READ data from local files read by the kernel straight into guest memory
+//! through the queue worker's io_uring ring.
+//!
+//! When the engine answers a READ from a local file (a block object of a
+//! `file://` store, a disk-cache file), the [`Writer`](crate::Writer) asks
+//! this module to read it into the guest's buffers. Each worker thread keeps
+//! one context in a thread local (a [`Reactor`] is not `Send` and must live on
+//! the thread that submits to it), created at its first such READ:
+//!
+//! * the guest's memory regions are registered with the ring as fixed buffers
+//!   (the kernel pins them; pieces of at most 1 GiB);
+//! * the file is registered in the ring's file table, once per (device, inode)
+//!   for the last [`FILE_CACHE`] files;
+//! * each guest buffer piece becomes one `READ_FIXED` (split where it crosses
+//!   a 1 GiB fixed-buffer boundary); a piece whose file offset, length and
+//!   guest address meet the file system's O_DIRECT alignment is read through a
+//!   second, O_DIRECT descriptor of the same file (the device writes into
+//!   guest memory, no CPU copy), any other piece through the page cache (one
+//!   kernel copy);
+//! * all pieces are submitted together and waited for before the writer
+//!   returns, so no I/O is ever in flight outside a READ. A piece that comes
+//!   back short (an O_DIRECT read stops at end of file) or fails is finished
+//!   with `pread`, which also reports a file that is really too short.
+//!
+//! The context keeps the `Arc` of the memory table it registered: while it is
+//! registered, its mappings cannot go away. A READ on a different table (after
+//! SET_MEM_TABLE, ADD_MEM_REG or REM_MEM_REG) re-registers first, and the
+//! worker drops a stale registration at the start of its next batch
+//! ([`release_stale`]), so a removed region stays mapped at most until then.
+//!
+//! Where the ring cannot be used — `--guest-io pread`, `SLUICE_IO_BACKEND=threads`,
+//! io_uring unavailable (old kernel, `io_uring_disabled`, qemu-user), guest
+//! memory the kernel refuses to pin — the writer falls back to one `pread` per
+//! guest buffer piece, and the reason is logged once.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use log::{debug, info, warn};
+use sluice_numa::reactor::{
+    BackendChoice, BufferId, DirectAlign, Event, FileSlot, MAX_BUFFERS, RegionHandle, direct_align,
+    open_direct,
+};
+use sluice_numa::{BackendKind, Reactor, ReactorConfig};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
+};
+
+use crate::worker::QueueStats;
+
+/// Files kept registered per worker, most recently read last.
+pub const FILE_CACHE: usize = 16;
+
+/// How READ data from local files reaches guest memory (`sluice serve
+/// --guest-io`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GuestIoMode {
+    /// io_uring reads into the guest's memory registered as fixed buffers,
+    /// O_DIRECT where the request is aligned; `pread` where io_uring cannot
+    /// be used. Registering pins the guest's memory.
+    Uring,
+    /// One `pread` per guest buffer piece (one kernel copy, as virtiofsd
+    /// does); guest memory is never pinned. The default: measured faster for
+    /// the small reads that reach local files (see docs/tuning.md).
+    #[default]
+    Pread,
+}
+
+impl fmt::Display for GuestIoMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GuestIoMode::Uring => "uring",
+            GuestIoMode::Pread => "pread",
+        })
+    }
+}
+
+/// The guest I/O path must be "uring" or "pread".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the guest I/O path must be \"uring\" or \"pread\", not {0:?}")]
+pub struct ParseGuestIoModeError(pub String);
+
+impl FromStr for GuestIoMode {
+    type Err = ParseGuestIoModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "uring" | "io_uring" => Ok(GuestIoMode::Uring),
+            "pread" => Ok(GuestIoMode::Pread),
+            other => Err(ParseGuestIoModeError(other.to_string())),
+        }
+    }
+}
+
+/// What a [`Writer`](crate::Writer) needs to read files into guest memory
+/// through the worker's ring: the memory table it writes into (as an `Arc`,
+/// so that a registration can keep it alive), the mode and the counters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GuestIoRoute<'a> {
+    pub table: &'a Arc<GuestMemoryMmap>,
+    pub mode: GuestIoMode,
+    pub stats: &'a QueueStats,
+}
+
+thread_local! {
+    static CONTEXT: RefCell<Context> = const { RefCell::new(Context::Unstarted) };
+}
+
+enum Context {
+    Unstarted,
+    Ready(Box<GuestIo>),
+    /// This thread has no io_uring ring; every READ goes through `pread`.
+    Unavailable,
+}
+
+/// Logged once per process, not once per worker or per READ.
+static SAID_UNAVAILABLE: AtomicBool = AtomicBool::new(false);
+static SAID_UNREGISTRABLE: AtomicBool = AtomicBool::new(false);
+static SAID_FILE_REFUSED: AtomicBool = AtomicBool::new(false);
+static SAID_QUEUE_FAILED: AtomicBool = AtomicBool::new(false);
+
+fn say_once(flag: &AtomicBool, message: impl FnOnce() -> String) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        warn!(
+            "{}; guest READs of local files fall back to pread",
+            message()
+        );
+    }
+}
+
+/// Reads the bytes of `file` from `offset` into the guest buffers `pieces`,
+/// in order, through this thread's ring.
+///
+/// Returns `Ok(false)` without having read anything the caller relies on
+/// when this path cannot serve (no ring, memory the kernel would not register,
+/// a piece straddling two memory regions): the caller then reads with
+/// `pread`, overwriting whatever was placed. A file shorter than asked for is
+/// an `UnexpectedEof` error.
+pub(crate) fn read_into(
+    route: GuestIoRoute<'_>,
+    file: &File,
+    offset: u64,
+    pieces: &[(GuestAddress, usize)],
+) -> io::Result<bool> {
+    CONTEXT.with(|cell| {
+        // A READ never runs inside another on the same thread; a busy cell
+        // would be a bug, and pread is still correct.
+        let Ok(mut context) = cell.try_borrow_mut() else {
+            return Ok(false);
+        };
+        if let Context::Unstarted = *context {
+            *context = GuestIo::start().map_or(Context::Unavailable, Context::Ready);
+        }
+        match &mut *context {
+            Context::Ready(io) => io.read(route, file, offset, pieces),
+            _ => Ok(false),
+        }
+    })
+}
+
+/// Drops this thread's registration of guest memory if it is not `current`:
+/// the frontend changed the memory table, and the old mappings should go as
+/// soon as no batch uses them any more.
+pub(crate) fn release_stale(current: &Arc<GuestMemoryMmap>) {
+    CONTEXT.with(|cell| {
+        if let Ok(mut context) = cell.try_borrow_mut()
+            && let Context::Ready(io) = &mut *context
+            && io
+                .registered
+                .as_ref()
+                .is_some_and(|r| !Arc::ptr_eq(&r.table, current))
+        {
+            io.unregister_memory();
+        }
+    });
+}
+
+/// One worker thread's ring with the guest memory and recent files registered.
+///
+/// Field order is drop order: the ring goes (and waits for anything in
+/// flight) before the memory table whose mappings it points into.
+struct GuestIo {
+    reactor: Reactor,
+    files: Vec<CachedFile>,
+    events: Vec<Event<()>>,
+    ops: Vec<Op>,
+    registered: Option<Registered>,
+}
+
+/// The memory table registered with the ring.
+struct Registered {
+    /// (host address, length, fixed buffers) of each region, or `None` when
+    /// the kernel refused to register this table (pread for it, no retry).
+    regions: Option<Vec<(usize, usize, RegionHandle)>>,
+    /// Kept alive so that the registered mappings stay mapped.
+    table: Arc<GuestMemoryMmap>,
+}
+
+struct CachedFile {
+    dev: u64,
+    ino: u64,
+    buffered: FileSlot,
+    direct: Direct,
+}
+
+#[derive(Clone, Copy)]
+enum Direct {
+    Untried,
+    Unsupported,
+    Open { slot: FileSlot, align: DirectAlign },
+}
+
+/// One READ_FIXED of a guest buffer piece.
+struct Op {
+    ptr: *mut u8,
+    len: usize,
+    file_offset: u64,
+    buffer: BufferId,
+    buffer_offset: usize,
+    direct: bool,
+    result: Option<io::Result<usize>>,
+}
+
+impl GuestIo {
+    fn start() -> Option<Box<GuestIo>> {
+        let backend = match BackendChoice::from_env() {
+            Ok(BackendChoice::Threads) => {
+                say_once(&SAID_UNAVAILABLE, || {
+                    "SLUICE_IO_BACKEND=threads asks for no io_uring".to_string()
+                });
+                return None;
+            }
+            Ok(choice) => choice,
+            Err(e) => {
+                say_once(&SAID_UNAVAILABLE, || e.to_string());
+                return None;
+            }
+        };
+        let config = ReactorConfig {
+            backend,
+            max_files: 2 * FILE_CACHE as u32,
+            max_buffers: MAX_BUFFERS,
+            pool_threads: 1,
+            ..ReactorConfig::default()
+        };
+        let reactor = match Reactor::new(&config) {
+            Ok(reactor) => reactor,
+            Err(e) => {
+                say_once(&SAID_UNAVAILABLE, || format!("no io_uring ring: {e}"));
+                return None;
+            }
+        };
+        if reactor.backend() != BackendKind::Uring {
+            say_once(&SAID_UNAVAILABLE, || {
+                format!("the reactor runs a {}", reactor.describe_backend())
+            });
+            return None;
+        }
+        debug!("guest I/O ring ready: {}", reactor.describe_backend());
+        Some(Box::new(GuestIo {
+            reactor,
+            files: Vec::with_capacity(FILE_CACHE),
+            events: Vec::new(),
+            ops: Vec::new(),
+            registered: None,
+        }))
+    }
+
+    fn read(
+        &mut self,
+        route: GuestIoRoute<'_>,
+        file: &File,
+        offset: u64,
+        pieces: &[(GuestAddress, usize)],
+    ) -> io::Result<bool> {
+        if !self.register_memory(route.table) || !self.plan(route.table, offset, pieces) {
+            return Ok(false);
+        }
+        let (buffered, direct) = match self.file(file) {
+            Ok(found) => found,
+            Err(e) => {
+                say_once(&SAID_FILE_REFUSED, || {
+                    format!("io_uring refused to register a file: {e}")
+                });
+                return Ok(false);
+            }
+        };
+        let direct = self.direct_for(file, direct);
+        for op in &mut self.ops {
+            op.direct = direct.is_some_and(|(_, align)| {
+                (op.ptr as usize).is_multiple_of(align.memory as usize)
+                    && op.file_offset.is_multiple_of(u64::from(align.offset))
+                    && op.len.is_multiple_of(align.offset as usize)
+            });
+        }
+        if !self.submit_and_wait(buffered, direct.map(|(slot, _)| slot))? {
+            return Ok(false);
+        }
+        self.finish(route.stats, file)?;
+        Ok(true)
+    }
+
+    /// Makes `table` the registered memory; false when it cannot be.
+    fn register_memory(&mut self, table: &Arc<GuestMemoryMmap>) -> bool {
+        if let Some(registered) = &self.registered
+            && Arc::ptr_eq(&registered.table, table)
+        {
+            return registered.regions.is_some();
+        }
+        let ranges: Vec<(*mut u8, usize)> = table
+            .iter()
+            .filter_map(|region| {
+                let host = region.get_host_address(MemoryRegionAddress(0)).ok()?;
+                Some((host, usize::try_from(region.len()).ok()?))
+            })
+            .collect();
+        // SAFETY: every range is a whole mapping of `table` (read/write guest
+        // RAM), which stays mapped while `self.registered` holds its `Arc`:
+        // until the regions are replaced or unregistered, which happens only
+        // with no I/O in flight (every READ waits for its I/O), or until the
+        // ring is dropped first (field order of `GuestIo`). Guest memory is
+        // only ever accessed through raw pointers and volatile slices, never
+        // through Rust references.
+        let replaced = unsafe { self.reactor.replace_regions(&ranges, &mut self.events) };
+        self.events.clear();
+        let regions = match replaced {
+            Ok(handles) => Some(
+                ranges
+                    .iter()
+                    .zip(handles)
+                    .map(|(&(host, len), handle)| (host as usize, len, handle))
+                    .collect(),
+            ),
+            Err(e) => {
+                say_once(&SAID_UNREGISTRABLE, || {
+                    format!("guest memory cannot be registered with io_uring: {e}")
+                });
+                if !self.clear_regions() {
+                    // Some region of either table may still be registered.
+                    std::mem::forget(Arc::clone(table));
+                    if let Some(old) = &self.registered {
+                        std::mem::forget(Arc::clone(&old.table));
+                    }
+                }
+                None
+            }
+        };
+        info!(
+            "guest memory table of {} region(s) {} with the worker's io_uring ring",
+            ranges.len(),
+            if regions.is_some() {
+                "registered"
+            } else {
+                "not registered"
+            }
+        );
+        let usable = regions.is_some();
+        // The previous table's `Arc` goes only now, after its regions were
+        // replaced.
+        self.registered = Some(Registered {
+            regions,
+            table: Arc::clone(table),
+        });
+        usable
+    }
+
+    fn unregister_memory(&mut self) {
+        let cleared = self.clear_regions();
+        if let Some(old) = self.registered.take()
+            && !cleared
+        {
+            // Its regions may still be registered: keep them mapped for good.
+            std::mem::forget(old.table);
+        }
+    }
+
+    /// Unregisters every region; false when the ring could not.
+    fn clear_regions(&mut self) -> bool {
+        // SAFETY: no new region is registered.
+        let cleared = unsafe { self.reactor.replace_regions(&[], &mut self.events) };
+        self.events.clear();
+        match cleared {
+            Ok(_) => true,
+            Err(e) => {
+                warn!("cannot unregister guest memory from the io_uring ring: {e}");
+                false
+            }
+        }
+    }
+
+    /// Turns the guest pieces into fixed-buffer reads in `self.ops`; false
+    /// when a piece is not inside one registered region.
+    fn plan(
+        &mut self,
+        table: &GuestMemoryMmap,
+        offset: u64,
+        pieces: &[(GuestAddress, usize)],
+    ) -> bool {
+        self.ops.clear();
+        let Some(regions) = self.registered.as_ref().and_then(|r| r.regions.as_ref()) else {
+            return false;
+        };
+        let mut file_offset = offset;
+        for &(addr, len) in pieces {
+            // `get_slice` refuses a piece that straddles two memory regions.
+            let Ok(slice) = table.get_slice(addr, len) else {
+                return false;
+            };
+            let host = slice.ptr_guard_mut().as_ptr();
+            let Some((start, handle)) = regions
+                .iter()
+                .find(|&&(start, size, _)| {
+                    (host as usize) >= start && (host as usize) - start + len <= size
+                })
+                .map(|(start, _, handle)| (*start, handle))
+            else {
+                return false;
+            };
+            let mut done = 0;
+            while done < len {
+                let at = host as usize - start + done;
+                let Some(piece) = handle
+                    .pieces()
+                    .iter()
+                    .find(|p| p.region_offset <= at && at < p.region_offset + p.len)
+                else {
+                    return false;
+                };
+                let n = (len - done).min(piece.region_offset + piece.len - at);
+                let Some((buffer, buffer_offset)) = handle.locate(at, n) else {
+                    return false;
+                };
+                self.ops.push(Op {
+                    ptr: host.wrapping_add(done),
+                    len: n,
+                    file_offset: file_offset + done as u64,
+                    buffer,
+                    buffer_offset,
+                    direct: false,
+                    result: None,
+                });
+                done += n;
+            }
+            file_offset += len as u64;
+        }
+        true
+    }
+
+    /// The registered slot of `file` and what is known about its O_DIRECT
+    /// twin, registering it (and evicting the least recent file) on a miss.
+    fn file(&mut self, file: &File) -> io::Result<(FileSlot, Direct)> {
+        let meta = file.metadata()?;
+        let (dev, ino) = (meta.dev(), meta.ino());
+        if let Some(at) = self.files.iter().position(|f| f.dev == dev && f.ino == ino) {
+            let entry = self.files.remove(at);
+            let found = (entry.buffered, entry.direct);
+            self.files.push(entry);
+            return Ok(found);
+        }
+        if self.files.len() >= FILE_CACHE {
+            let old = self.files.remove(0);
+            self.forget_file(&old);
+        }
+        let slot = self
+            .reactor
+            .register_file(file.try_clone()?)
+            .map_err(io::Error::other)?;
+        self.files.push(CachedFile {
+            dev,
+            ino,
+            buffered: slot,
+            direct: Direct::Untried,
+        });
+        Ok((slot, Direct::Untried))
+    }
+
+    fn forget_file(&mut self, entry: &CachedFile) {
+        let mut slots = vec![entry.buffered];
+        if let Direct::Open { slot, .. } = entry.direct {
+            slots.push(slot);
+        }
+        for slot in slots {
+            if let Err(e) = self.reactor.unregister_file(slot) {
+                warn!("cannot unregister a file from the io_uring ring: {e}");
+            }
+        }
+    }
+
+    /// The O_DIRECT descriptor of `file` when some planned read could use
+    /// it, opening it through `/proc/self/fd` the first time.
+    fn direct_for(&mut self, file: &File, known: Direct) -> Option<(FileSlot, DirectAlign)> {
+        match known {
+            Direct::Open { slot, align } => return Some((slot, align)),
+            Direct::Unsupported => return None,
+            Direct::Untried => {}
+        }
+        let guess = direct_align(file);
+        let worth_it = self.ops.iter().any(|op| {
+            (op.ptr as usize).is_multiple_of(guess.memory as usize)
+                && op.file_offset.is_multiple_of(u64::from(guess.offset))
+                && op.len.is_multiple_of(guess.offset as usize)
+        });
+        if !worth_it {
+            return None;
+        }
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let opened = open_direct(path.as_ref(), false)
+            .map_err(|e| e.to_string())
+            .and_then(|direct| {
+                let slot = self
+                    .reactor
+                    .register_file(direct)
+                    .map_err(|e| e.to_string())?;
+                match self.reactor.file_direct_align(slot) {
+                    Ok(Some(align)) => Ok((slot, align)),
+                    _ => {
+                        let _ = self.reactor.unregister_file(slot);
+                        Err("the reopened file is not O_DIRECT".to_string())
+                    }
+                }
+            });
+        let state = match &opened {
+            Ok((slot, align)) => Direct::Open {
+                slot: *slot,
+                align: *align,
+            },
+            Err(e) => {
+                debug!("READs of this file go through the page cache: {e}");
+                Direct::Unsupported
+            }
+        };
+        if let Some(entry) = self.files.last_mut() {
+            entry.direct = state;
+        }
+        opened.ok()
+    }
+
+    /// Queues every planned read, submits them and waits for all; false
+    /// (after waiting for whatever was queued) when the ring refused one.
+    fn submit_and_wait(
+        &mut self,
+        buffered: FileSlot,
+        direct: Option<FileSlot>,
+    ) -> io::Result<bool> {
+        let mut queued = true;
+        for (token, op) in self.ops.iter().enumerate() {
+            let slot = match (op.direct, direct) {
+                (true, Some(slot)) => slot,
+                _ => buffered,
+            };
+            if let Err(e) = self.reactor.read_fixed(
+                token as u64,
+                slot,
+                op.file_offset,
+                op.buffer,
+                op.buffer_offset,
+                op.len,
+            ) {
+                say_once(&SAID_QUEUE_FAILED, || {
+                    format!("io_uring refused a read into guest memory: {e}")
+                });
+                queued = false;
+                break;
+            }
+        }
+        self.events.clear();
+        if let Err(e) = self.reactor.drain(&mut self.events) {
+            // The ring cannot be waited on: the reads may still land in guest
+            // memory later. Keep the registered table mapped for good rather
+            // than free anything they point into.
+            warn!("cannot wait for reads into guest memory: {e}");
+            if let Some(registered) = &self.registered {
+                std::mem::forget(Arc::clone(&registered.table));
+            }
+            return Err(io::Error::other(format!(
+                "cannot wait for reads into guest memory: {e}"
+            )));
+        }
+        for event in self.events.drain(..) {
+            if let Event::Io(done) = event
+                && let Some(op) = usize::try_from(done.token)
+                    .ok()
+                    .and_then(|i| self.ops.get_mut(i))
+            {
+                op.result = Some(done.result);
+            }
+        }
+        Ok(queued)
+    }
+
+    /// Checks every read, finishes short or failed ones with pread and counts
+    /// the bytes by path.
+    fn finish(&mut self, stats: &QueueStats, file: &File) -> io::Result<()> {
+        let (mut fixed, mut direct, mut pread) = (0u64, 0u64, 0u64);
+        let mut outcome = Ok(());
+        for op in &self.ops {
+            let got = match &op.result {
+                Some(Ok(n)) => (*n).min(op.len),
+                _ => 0,
+            };
+            if op.direct {
+                direct += got as u64;
+            } else {
+                fixed += got as u64;
+            }
+            if got < op.len {
+                // SAFETY: `op.ptr .. op.ptr + op.len` lies inside a region of
+                // the registered table (checked in `plan`), which is mapped
+                // while `self.registered` holds it; no read is in flight.
+                let rest = unsafe {
+                    pread_exact(
+                        file,
+                        op.ptr.wrapping_add(got),
+                        op.len - got,
+                        op.file_offset + got as u64,
+                    )
+                };
+                match rest {
+                    Ok(()) => pread += (op.len - got) as u64,
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        stats
+            .guest_io_fixed_bytes
+            .fetch_add(fixed, Ordering::Relaxed);
+        stats
+            .guest_io_direct_bytes
+            .fetch_add(direct, Ordering::Relaxed);
+        stats
+            .guest_io_pread_bytes
+            .fetch_add(pread, Ordering::Relaxed);
+        outcome
+    }
+}
+
+/// Reads exactly `len` bytes of `file` at `offset` into `dst`.
+///
+/// # Safety
+///
+/// `dst` must be valid for `len` bytes of writes, with no Rust reference to
+/// those bytes alive.
+pub(crate) unsafe fn pread_exact(
+    file: &File,
+    dst: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<()> {
+    let mut got = 0;
+    while got < len {
+        let at = offset
+            .checked_add(got as u64)
+            .and_then(|at| libc::off_t::try_from(at).ok())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `dst + got .. dst + len` is valid for writes (this
+        // function's contract); pread writes at most `len - got` bytes there.
+        let r = unsafe { libc::pread(file.as_raw_fd(), dst.add(got).cast(), len - got, at) };
+        match r {
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the object is shorter than the slice says",
+                ));
+            }
+            r if r < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            r => got += r as usize,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sluice_numa::reactor::{BackendChoice, ReactorConfig};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+    use crate::descriptor::ChainBuffers;
+
+    const BASE: u64 = 0x10_0000;
+    const REGION: usize = 1 << 20;
+    /// The second region starts here, leaving a hole after the first.
+    const SECOND: u64 = BASE + 2 * REGION as u64;
+
+    fn table() -> Arc<GuestMemoryMmap> {
+        Arc::new(
+            GuestMemoryMmap::from_ranges(&[
+                (GuestAddress(BASE), REGION),
+                (GuestAddress(SECOND), REGION),
+            ])
+            .expect("guest memory"),
+        )
+    }
+
+    /// Whether this machine gives the worker an io_uring ring: where it does
+    /// not (qemu-user, io_uring_disabled), only the bytes are checked.
+    fn uring_available() -> bool {
+        let config = ReactorConfig {
+            backend: BackendChoice::Uring,
+            ..ReactorConfig::default()
+        };
+        std::env::var("SLUICE_IO_BACKEND").as_deref() != Ok("threads")
+            && Reactor::<()>::new(&config).is_ok()
+    }
+
+    /// A file of `len` bytes, each a function of its offset.
+    fn object(dir: &tempfile::TempDir, len: usize) -> (File, Vec<u8>) {
+        let data: Vec<u8> = (0..len)
+            .map(|i| (i % 251) as u8 ^ (i >> 12) as u8)
+            .collect();
+        let path = dir.path().join("object");
+        std::fs::write(&path, &data).expect("write object");
+        (File::open(&path).expect("open object"), data)
+    }
+
+    /// Reads `len` bytes at `off` of `file` into `writable`, then gathers them
+    /// back from guest memory.
+    fn read_through(
+        table: &Arc<GuestMemoryMmap>,
+        mode: GuestIoMode,
+        stats: &QueueStats,
+        writable: &[(u64, usize)],
+        file: &File,
+        off: u64,
+        len: usize,
+    ) -> io::Result<Vec<u8>> {
+        // Stale bytes must not pass for data.
+        for &(addr, n) in writable {
+            table
+                .write_slice(&vec![0xEE; n], GuestAddress(addr))
+                .expect("scribble");
+        }
+        let chain = ChainBuffers::writable_for_test(writable);
+        let route = GuestIoRoute { table, mode, stats };
+        let mut writer = chain.routed_writer(route);
+        writer.write_from_file(file, off, len)?;
+        assert_eq!(writer.bytes_written(), len);
+        let mut got = Vec::with_capacity(len);
+        let mut left = len;
+        for &(addr, n) in writable {
+            let n = n.min(left);
+            let mut part = vec![0u8; n];
+            table
+                .read_slice(&mut part, GuestAddress(addr))
+                .expect("gather");
+            got.extend_from_slice(&part);
+            left -= n;
+        }
+        Ok(got)
+    }
+
+    /// Pieces that cross guest buffers, both memory regions, odd lengths
+    /// and page-aligned ones.
+    fn scattered() -> Vec<(u64, usize)> {
+        vec![
+            (BASE + 0x1000, 7),
+            (BASE + 0x2003, 4093),
+            (BASE + 0x10_000, 64 << 10),
+            (SECOND + 0x3000, 128 << 10),
+            (BASE + REGION as u64 - 100, 100),
+            (SECOND + 0x40_000, 300_000),
+        ]
+    }
+
+    #[test]
+    fn uring_and_pread_place_the_same_bytes_as_the_file_holds() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (file, data) = object(&dir, (1 << 20) + 1234);
+        let table = table();
+        let pieces = scattered();
+        let total: usize = pieces.iter().map(|p| p.1).sum();
+        for off in [0u64, 4096, 77] {
+            let uring = QueueStats::default();
+            let got = read_through(
+                &table,
+                GuestIoMode::Uring,
+                &uring,
+                &pieces,
+                &file,
+                off,
+                total,
+            )
+            .expect("uring read");
+            assert!(
+                got == data[off as usize..off as usize + total],
+                "uring bytes at {off}"
+            );
+            let pread = QueueStats::default();
+            let got = read_through(
+                &table,
+                GuestIoMode::Pread,
+                &pread,
+                &pieces,
+                &file,
+                off,
+                total,
+            )
+            .expect("pread read");
+            assert!(
+                got == data[off as usize..off as usize + total],
+                "pread bytes at {off}"
+            );
+            assert_eq!(pread.guest_io_snapshot(), (0, 0, total as u64));
+            let (fixed, direct, by_pread) = uring.guest_io_snapshot();
+            assert_eq!(fixed + direct + by_pread, total as u64);
+            if uring_available() {
+                assert_eq!(by_pread, 0, "io_uring served every byte at {off}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_short_tail_of_an_object_is_read_and_reading_past_it_fails() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let len = (256 << 10) + 1000;
+        let (file, data) = object(&dir, len);
+        let table = table();
+        for mode in [GuestIoMode::Uring, GuestIoMode::Pread] {
+            let stats = QueueStats::default();
+            // Aligned head, unaligned tail up to the very last byte.
+            let pieces = [
+                (BASE + 0x8000, 128 << 10),
+                (SECOND, 128 << 10),
+                (SECOND + 0x2_0000, 1000),
+            ];
+            let got = read_through(&table, mode, &stats, &pieces, &file, 0, len).expect("whole");
+            assert!(got == data, "{mode}: whole object");
+            // An aligned 4 KiB piece that reaches past the end: O_DIRECT comes
+            // back short there; the rest must be an error, never stale bytes.
+            let err = read_through(
+                &table,
+                mode,
+                &stats,
+                &[(BASE + 0x1000, 4096)],
+                &file,
+                (256 << 10) as u64,
+                4096,
+            )
+            .expect_err("past the end");
+            assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{mode}");
+        }
+    }
+
+    #[test]
+    fn aligned_pieces_are_read_with_o_direct_where_the_file_system_allows() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (file, data) = object(&dir, 1 << 20);
+        let path = dir.path().join("object");
+        let direct_ok = open_direct(&path, false).is_ok();
+        let table = table();
+        let stats = QueueStats::default();
+        let pieces = [(BASE + 0x1_0000, 64 << 10), (SECOND + 0x4_0000, 192 << 10)];
+        let got = read_through(
+            &table,
+            GuestIoMode::Uring,
+            &stats,
+            &pieces,
+            &file,
+            8192,
+            256 << 10,
+        )
+        .expect("aligned read");
+        assert!(got == data[8192..8192 + (256 << 10)]);
+        let (fixed, direct, pread) = stats.guest_io_snapshot();
+        if uring_available() && direct_ok {
+            assert_eq!((fixed, direct, pread), (0, 256 << 10, 0));
+        }
+        // The same file, unaligned: through the page cache.
+        let stats = QueueStats::default();
+        let got = read_through(
+            &table,
+            GuestIoMode::Uring,
+            &stats,
+            &[(BASE + 0x1_0001, 5000)],
+            &file,
+            3,
+            5000,
+        )
+        .expect("unaligned read");
+        assert!(got == data[3..5003]);
+        if uring_available() {
+            assert_eq!(stats.guest_io_snapshot(), (5000, 0, 0));
+        }
+    }
+
+    #[test]
+    fn a_new_memory_table_is_registered_and_the_old_one_let_go() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (file, data) = object(&dir, 64 << 10);
+        let first = table();
+        let stats = QueueStats::default();
+        let pieces = [(BASE + 0x100, 10_000), (SECOND + 0x200, 20_000)];
+        let got = read_through(
+            &first,
+            GuestIoMode::Uring,
+            &stats,
+            &pieces,
+            &file,
+            5,
+            30_000,
+        )
+        .expect("first");
+        assert!(got == data[5..30_005]);
+        if uring_available() {
+            assert_eq!(
+                Arc::strong_count(&first),
+                2,
+                "the registration holds the table"
+            );
+        }
+        // A new table (another mapping of the same guest addresses), as after
+        // SET_MEM_TABLE: the worker lets the old one go at its next batch.
+        let second = table();
+        release_stale(&second);
+        assert_eq!(Arc::strong_count(&first), 1, "the old table is released");
+        let got = read_through(
+            &second,
+            GuestIoMode::Uring,
+            &stats,
+            &pieces,
+            &file,
+            17,
+            30_000,
+        )
+        .expect("second");
+        assert!(got == data[17..30_017]);
+        // The old mapping got nothing of the second read.
+        let mut old = vec![0u8; 10_000];
+        first
+            .read_slice(&mut old, GuestAddress(BASE + 0x100))
+            .expect("old");
+        assert!(old == data[5..10_005]);
+        // Without a batch in between, a read on yet another table re-registers too.
+        let third = table();
+        let got = read_through(
+            &third,
+            GuestIoMode::Uring,
+            &stats,
+            &pieces,
+            &file,
+            0,
+            30_000,
+        )
+        .expect("third");
+        assert!(got == data[..30_000]);
+        if uring_available() {
+            assert_eq!(Arc::strong_count(&second), 1);
+            assert_eq!(stats.guest_io_snapshot().2, 0, "no pread fallback");
+        }
+    }
+
+    #[test]
+    fn mode_names_parse() {
+        assert_eq!("uring".parse(), Ok(GuestIoMode::Uring));
+        assert_eq!("pread".parse(), Ok(GuestIoMode::Pread));
+        let err = "mmap".parse::<GuestIoMode>().unwrap_err();
+        assert!(err.to_string().contains("\"uring\" or \"pread\""), "{err}");
+        assert_eq!(GuestIoMode::default().to_string(), "uring");
+    }
+}
