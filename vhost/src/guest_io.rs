@@ -972,6 +972,6 @@ mod tests {
         assert_eq!("pread".parse(), Ok(GuestIoMode::Pread));
         let err = "mmap".parse::<GuestIoMode>().unwrap_err();
         assert!(err.to_string().contains("\"uring\" or \"pread\""), "{err}");
-        assert_eq!(GuestIoMode::default().to_string(), "uring");
+        assert_eq!(GuestIoMode::default().to_string(), "pread");
     }
 }
