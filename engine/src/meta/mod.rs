@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 #[cfg(test)]
 pub(crate) mod conformance;
+mod open_files;
 pub mod redis;
 pub mod sqlite;
 pub mod url;

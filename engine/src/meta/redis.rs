@@ -32,7 +32,6 @@ pub(crate) mod tests;
 mod tx;
 mod xattr;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -66,14 +65,6 @@ struct IdRange {
     end: u64,
 }
 
-/// How this client holds an inode open.
-#[derive(Debug, Default, Clone, Copy)]
-struct OpenFile {
-    count: u32,
-    /// Unlinked while open: kept in `session{sid}` until the last close.
-    removed: bool,
-}
-
 /// The background heartbeat of a session.
 #[derive(Debug)]
 struct Heartbeat {
@@ -96,7 +87,9 @@ struct Inner {
     inodes: Mutex<IdRange>,
     slices: Mutex<IdRange>,
     sid: AtomicU64,
-    open_files: Mutex<HashMap<Ino, OpenFile>>,
+    /// Files this client holds open; one unlinked while open is kept in
+    /// `session{sid}` until the last close.
+    open_files: Mutex<super::open_files::OpenFiles>,
     releaser: RwLock<Option<SliceReleaser>>,
     heartbeat: Mutex<Option<Heartbeat>>,
     trash_dir: Mutex<Option<(String, Ino)>>,
@@ -346,7 +339,7 @@ impl RedisMeta {
                 inodes: Mutex::new(IdRange::default()),
                 slices: Mutex::new(IdRange::default()),
                 sid: AtomicU64::new(0),
-                open_files: Mutex::new(HashMap::new()),
+                open_files: Mutex::default(),
                 releaser: RwLock::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),

@@ -24,7 +24,6 @@ mod tests;
 pub(crate) mod volume;
 mod xattr;
 
-use std::collections::HashMap;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -152,15 +151,6 @@ struct IdRange {
     end: u64,
 }
 
-/// How this client holds an inode open.
-#[derive(Debug, Default, Clone, Copy)]
-struct OpenFile {
-    /// Open handles.
-    count: u32,
-    /// Unlinked while open: kept in `jfs_sustained` until the last close.
-    removed: bool,
-}
-
 /// The background heartbeat of a session.
 #[derive(Debug)]
 struct Heartbeat {
@@ -182,7 +172,9 @@ struct Inner {
     inodes: Mutex<IdRange>,
     slices: Mutex<IdRange>,
     sid: AtomicU64,
-    open_files: Mutex<HashMap<Ino, OpenFile>>,
+    /// Files this client holds open; one unlinked while open is kept in
+    /// `jfs_sustained` until the last close.
+    open_files: Mutex<super::open_files::OpenFiles>,
     releaser: RwLock<Option<SliceReleaser>>,
     heartbeat: Mutex<Option<Heartbeat>>,
     /// The hourly trash directory in use: (name, inode).
@@ -260,7 +252,7 @@ impl SqliteMeta {
                 inodes: Mutex::new(IdRange::default()),
                 slices: Mutex::new(IdRange::default()),
                 sid: AtomicU64::new(0),
-                open_files: Mutex::new(HashMap::new()),
+                open_files: Mutex::default(),
                 releaser: RwLock::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),

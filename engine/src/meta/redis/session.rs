@@ -129,17 +129,7 @@ pub(super) fn close_session(inner: &Inner) -> Result<()> {
     if sid == 0 {
         return Ok(());
     }
-    let (removed, open): (Vec<Ino>, Vec<Ino>) = {
-        let mut open = inner.open_files.lock();
-        let removed = open
-            .iter()
-            .filter(|(_, f)| f.removed)
-            .map(|(i, _)| *i)
-            .collect();
-        let all = open.keys().copied().collect();
-        open.clear();
-        (removed, all)
-    };
+    let (removed, open) = inner.open_files.lock().take_all();
     for ino in removed {
         delete_sustained(inner, sid, ino)?;
     }
@@ -240,25 +230,15 @@ pub(super) fn opened(inner: &Inner, ino: Ino) -> Result<()> {
     // Serialises this session's first open and last close of `ino`, so that
     // their records in Redis land in the order the counts changed.
     let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
-    let first = {
-        let mut open = inner.open_files.lock();
-        let f = open.entry(ino).or_default();
-        f.count += 1;
-        f.count == 1
-    };
+    let first = inner.open_files.lock().open(ino);
     if first && sid > 0 {
         let key = inner.keys.opened(ino);
         let r = inner
             .pool
             .with_conn(|c| redis::cmd("HSET").arg(&key).arg(sid).arg(1).query::<()>(c));
         if let Err(e) = r {
-            let mut open = inner.open_files.lock();
-            if let Some(f) = open.get_mut(&ino) {
-                f.count = f.count.saturating_sub(1);
-                if f.count == 0 {
-                    open.remove(&ino);
-                }
-            }
+            // Undo the count; the open failed, so nothing is deleted.
+            let _ = inner.open_files.lock().close(ino);
             return Err(e);
         }
     }
@@ -271,18 +251,8 @@ pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
     let sid = inner.sid.load(Ordering::Relaxed);
     let (removed, sustained) = {
         let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
-        let removed = {
-            let mut open = inner.open_files.lock();
-            let Some(f) = open.get_mut(&ino) else {
-                return Err(Error::BadHandle);
-            };
-            f.count = f.count.saturating_sub(1);
-            if f.count > 0 {
-                return Ok(());
-            }
-            let removed = f.removed;
-            open.remove(&ino);
-            removed
+        let Some(removed) = inner.open_files.lock().close(ino)? else {
+            return Ok(());
         };
         let sustained = if sid > 0 {
             let (opened, kept) = (inner.keys.opened(ino), inner.keys.sustained(sid));
@@ -338,14 +308,7 @@ pub(super) fn other_holders(tx: &mut Tx<'_>, sid: u64, ino: Ino) -> TxResult<Vec
 /// Called inside the transaction that drops a file's last link: if this
 /// client holds it open, it is marked to go on the last close instead.
 pub(super) fn mark_removed_if_open(inner: &Inner, ino: Ino) -> bool {
-    let mut open = inner.open_files.lock();
-    match open.get_mut(&ino) {
-        Some(f) if f.count > 0 => {
-            f.removed = true;
-            true
-        }
-        _ => false,
-    }
+    inner.open_files.lock().mark_removed(ino)
 }
 
 /// Background maintenance (JuiceFS's periodic jobs, run when called).

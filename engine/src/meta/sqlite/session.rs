@@ -147,16 +147,7 @@ pub(super) fn close_session(inner: &Inner) -> Result<()> {
     if sid == 0 {
         return Ok(());
     }
-    let removed: Vec<Ino> = {
-        let mut open = inner.open_files.lock();
-        let ids = open
-            .iter()
-            .filter(|(_, f)| f.removed)
-            .map(|(i, _)| *i)
-            .collect();
-        open.clear();
-        ids
-    };
+    let (removed, _) = inner.open_files.lock().take_all();
     for ino in removed {
         delete_sustained(inner, sid, ino)?;
     }
@@ -212,23 +203,13 @@ fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
 
 /// Records one more open handle on `ino`.
 pub(super) fn opened(inner: &Inner, ino: Ino) {
-    inner.open_files.lock().entry(ino).or_default().count += 1;
+    inner.open_files.lock().open(ino);
 }
 
 /// Records a close; the last close of a file unlinked while open deletes it.
 pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
-    let delete = {
-        let mut open = inner.open_files.lock();
-        let Some(f) = open.get_mut(&ino) else {
-            return Err(Error::BadHandle);
-        };
-        f.count = f.count.saturating_sub(1);
-        if f.count > 0 {
-            return Ok(());
-        }
-        let removed = f.removed;
-        open.remove(&ino);
-        removed
+    let Some(delete) = inner.open_files.lock().close(ino)? else {
+        return Ok(());
     };
     if delete {
         delete_sustained(inner, inner.sid.load(Ordering::Relaxed), ino)?;
@@ -239,14 +220,7 @@ pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
 /// Called inside the transaction that drops a file's last link: if this
 /// client holds it open, it is marked to go on the last close instead.
 pub(super) fn mark_removed_if_open(inner: &Inner, ino: Ino) -> bool {
-    let mut open = inner.open_files.lock();
-    match open.get_mut(&ino) {
-        Some(f) if f.count > 0 => {
-            f.removed = true;
-            true
-        }
-        _ => false,
-    }
+    inner.open_files.lock().mark_removed(ino)
 }
 
 /// Background maintenance (JuiceFS's hourly jobs, run when called).
