@@ -225,6 +225,8 @@ impl FileStore {
         // it durable. A durable store syncs the data (and the xattr) first.
         if self.durable {
             file.sync_all().map_err(|e| obj_err(key, e))?;
+        } else {
+            start_writeback(&file);
         }
         Ok(put)
     }
@@ -295,6 +297,17 @@ impl Drop for PreparedPut<'_> {
             let _ = fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// Asks the kernel to start writing a new object's pages to disk now,
+/// without waiting. Puts run on upload threads while the application keeps
+/// writing, so the disk works in parallel with it, and the `syncfs` that an
+/// fsync ends with finds little left to do (measured: the fsync after a
+/// 256 MiB write otherwise waits ~0.2 s for the disk). A hint: a failure
+/// only means the data is written back later, as without it.
+fn start_writeback(file: &File) {
+    // SAFETY: sync_file_range(2) on a descriptor we own; no memory is passed.
+    let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
 /// Gives the directories from `root` (exclusive) down to `dir` the store's
