@@ -26,7 +26,7 @@ use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCac
 use crate::readahead::{Readahead, ReadaheadConfig};
 use crate::reader::{Fragment, Reader};
 use crate::volume::Volume;
-use crate::writer::FileWriter;
+use crate::writer::{BlockUploader, FileWriter};
 
 /// A file handle the Vfs hands out; 0 is never a valid handle.
 pub type Fh = u64;
@@ -146,6 +146,8 @@ pub struct Vfs {
     files: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     /// Bytes held by all write buffers.
     buffered: Arc<AtomicUsize>,
+    /// Stores the blocks write buffers fill, while their files are written.
+    uploader: Arc<BlockUploader>,
     janitor: Mutex<Option<Janitor>>,
     disk_cache: Option<Arc<DiskCache>>,
 }
@@ -205,6 +207,7 @@ impl Vfs {
             }
             None => None,
         };
+        let uploader = Arc::new(BlockUploader::start(vol.clone(), cfg.upload_threads)?);
         Ok(Vfs {
             vol,
             reader,
@@ -214,6 +217,7 @@ impl Vfs {
             next_fh: AtomicU64::new(1),
             files: Mutex::new(HashMap::new()),
             buffered: Arc::new(AtomicUsize::new(0)),
+            uploader,
             janitor: Mutex::new(janitor),
             disk_cache,
         })
@@ -271,7 +275,7 @@ impl Vfs {
         let mut files = self.files.lock();
         let f = files.entry(ino).or_insert_with(|| {
             Arc::new(OpenFile {
-                writer: FileWriter::with_budget(self.buffered.clone()),
+                writer: FileWriter::with_uploader(self.buffered.clone(), self.uploader.clone()),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
             })
@@ -305,7 +309,7 @@ impl Vfs {
     /// Commits the buffered writes of an open file and schedules compaction
     /// of chunks that grew fragmented.
     fn flush_file(&self, ino: Ino, file: &OpenFile) -> Result<()> {
-        let res = file.writer.flush(&self.vol, ino, self.cfg.upload_threads);
+        let res = file.writer.flush(&self.vol, ino);
         self.after_commit(ino, res)
     }
 
@@ -715,9 +719,7 @@ impl Vfs {
             // Memory is short: write this file's buffer back before going on.
             self.flush_file(ino, &file)?;
         } else if buffered >= self.cfg.buffer_bytes {
-            let committed = file
-                .writer
-                .flush_behind(&self.vol, ino, self.cfg.upload_threads);
+            let committed = file.writer.flush_behind(&self.vol, ino);
             self.after_commit(ino, committed)?;
         }
         Ok(data.len())

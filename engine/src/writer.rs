@@ -4,16 +4,22 @@
 //! contiguous writes inside a chunk (a write that lands inside or right after
 //! the newest pending slice it touches extends that slice; anything that
 //! would need an older slice to win over a newer one starts a new slice).
-//! On flush, fsync, release — or early, once the buffer passes its limit —
-//! each pending slice gets an id, its blocks are compressed and uploaded in
-//! parallel, and it is committed with `Meta::write_chunk`, in write order.
+//! A pending slice keeps its bytes one buffer per block. As soon as a block
+//! is full it is sealed: the slice gets its id and the [`BlockUploader`]
+//! stores the block in the background while the application keeps writing
+//! (a later write into a sealed block starts a new slice instead). On flush,
+//! fsync, release — or early, once the buffer passes its limit — the rest of
+//! each slice is stored, its uploads are waited for, and it is committed with
+//! `Meta::write_chunk`, in write order. So a sequential writer's fsync waits
+//! for about one block, not for the whole buffer.
 
 use std::collections::BTreeMap;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use crossbeam_channel::Sender;
+use parking_lot::{Condvar, Mutex};
 
 use crate::block_key::{block_count, block_key, block_len};
 use crate::compress::compress;
@@ -32,11 +38,12 @@ pub fn upload_slice(vol: &Volume, data: &[u8], pos: u32, threads: usize) -> Resu
     let n = block_count(size, bs);
     let put = |indx: u32| -> Result<()> {
         let start = indx as usize * bs as usize;
-        let raw = &data[start..start + block_len(size, bs, indx) as usize];
-        let key = block_key(vol.name(), id, indx, raw.len() as u32);
-        let stored = compress(vol.compression, raw)?;
-        let crc = sluice_simd::crc32c(0, &stored);
-        vol.store.put(&key, &stored, Some(crc))
+        store_block(
+            vol,
+            id,
+            indx,
+            &data[start..start + block_len(size, bs, indx) as usize],
+        )
     };
     let threads = threads.clamp(1, n.max(1) as usize);
     if threads == 1 {
@@ -77,19 +84,240 @@ pub fn upload_slice(vol: &Volume, data: &[u8], pos: u32, threads: usize) -> Resu
     })
 }
 
-/// A slice being written, not yet stored.
+/// Compresses and stores block `indx` of slice `id`.
+fn store_block(vol: &Volume, id: u64, indx: u32, raw: &[u8]) -> Result<()> {
+    let key = block_key(vol.name(), id, indx, raw.len() as u32);
+    let stored = compress(vol.compression, raw)?;
+    let crc = sluice_simd::crc32c(0, &stored);
+    vol.store.put(&key, &stored, Some(crc))
+}
+
+/// The uploads of one slice's sealed blocks: how many still run, and the
+/// first failure.
+#[derive(Debug, Default)]
+struct Uploads {
+    state: Mutex<(usize, Option<Error>)>,
+    done: Condvar,
+}
+
+impl Uploads {
+    fn start(&self) {
+        self.state.lock().0 += 1;
+    }
+
+    fn finish(&self, res: Result<()>) {
+        let mut st = self.state.lock();
+        st.0 -= 1;
+        if let Err(e) = res
+            && st.1.is_none()
+        {
+            st.1 = Some(e);
+        }
+        if st.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until every upload ended; the first failure, if any.
+    fn wait(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        while st.0 > 0 {
+            self.done.wait(&mut st);
+        }
+        st.1.take().map_or(Ok(()), Err)
+    }
+}
+
+/// One sealed block to store.
+struct Job {
+    id: u64,
+    indx: u32,
+    data: Vec<u8>,
+    uploads: Arc<Uploads>,
+}
+
+/// Threads that store sealed blocks of slices still being written, shared
+/// by the write buffers of one file system.
+#[derive(Debug)]
+pub struct BlockUploader {
+    vol: Arc<Volume>,
+    jobs: Option<Sender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Job({}_{}, {} bytes)",
+            self.id,
+            self.indx,
+            self.data.len()
+        )
+    }
+}
+
+impl BlockUploader {
+    /// Starts `threads` upload threads (at least one) for `vol`.
+    pub fn start(vol: Arc<Volume>, threads: usize) -> Result<BlockUploader> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let threads = (0..threads.max(1))
+            .map(|i| {
+                let rx = rx.clone();
+                let vol = vol.clone();
+                std::thread::Builder::new()
+                    .name(format!("sluice-upload-{i}"))
+                    .spawn(move || {
+                        for job in rx {
+                            let res = store_block(&vol, job.id, job.indx, &job.data);
+                            job.uploads.finish(res);
+                        }
+                    })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(BlockUploader {
+            vol,
+            jobs: Some(tx),
+            threads,
+        })
+    }
+
+    fn submit(&self, job: Job) {
+        job.uploads.start();
+        if let Some(tx) = &self.jobs
+            && let Err(crossbeam_channel::SendError(job)) = tx.send(job)
+        {
+            // Only after shutdown, which needs every writer gone: store it here.
+            let res = store_block(&self.vol, job.id, job.indx, &job.data);
+            job.uploads.finish(res);
+        }
+    }
+}
+
+impl Drop for BlockUploader {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A slice being written, not yet committed.
 #[derive(Debug)]
 struct Pending {
     /// Chunk offset of the first byte.
     pos: u32,
-    data: Vec<u8>,
+    /// The slice's bytes, one buffer per block; sealed blocks are handed to
+    /// the uploader and left empty here.
+    blocks: Vec<Vec<u8>>,
+    /// The slice's length in bytes.
+    len: usize,
+    /// Leading blocks sealed (being or been stored; never written again).
+    sealed: usize,
+    /// The slice id, taken when the first block is sealed.
+    id: Option<u64>,
+    uploads: Arc<Uploads>,
 }
 
 impl Pending {
+    fn new(pos: u32) -> Pending {
+        Pending {
+            pos,
+            blocks: Vec::new(),
+            len: 0,
+            sealed: 0,
+            id: None,
+            uploads: Arc::default(),
+        }
+    }
+
     fn end(&self) -> u64 {
-        u64::from(self.pos) + self.data.len() as u64
+        u64::from(self.pos) + self.len as u64
+    }
+
+    /// Writes `data` at slice offset `start` (at most the slice's length, and
+    /// past its sealed blocks), growing the slice as needed.
+    fn put(&mut self, bs: usize, mut start: usize, mut data: &[u8]) {
+        debug_assert!(start <= self.len && start >= self.sealed * bs);
+        while !data.is_empty() {
+            let (i, o) = (start / bs, start % bs);
+            if i == self.blocks.len() {
+                // A big write fills whole blocks: give the buffer its full
+                // size at once rather than growing it by copies.
+                let cap = if data.len() >= BIG_WRITE { bs } else { 0 };
+                self.blocks.push(Vec::with_capacity(cap));
+            }
+            let b = &mut self.blocks[i];
+            let n = (bs - o).min(data.len());
+            let overlap = b.len().saturating_sub(o).min(n);
+            sluice_simd::copy(&mut b[o..o + overlap], &data[..overlap]);
+            b.extend_from_slice(&data[overlap..n]);
+            start += n;
+            data = &data[n..];
+        }
+        self.len = self.len.max(start);
+    }
+
+    /// Hands every full block not yet sealed to the uploader.
+    fn seal_full(&mut self, vol: &Volume, up: &BlockUploader, bs: usize) -> Result<()> {
+        while self.sealed < self.blocks.len() && self.blocks[self.sealed].len() == bs {
+            let id = match self.id {
+                Some(id) => id,
+                None => *self.id.insert(vol.meta.new_slice_id()?),
+            };
+            up.submit(Job {
+                id,
+                indx: self.sealed as u32,
+                data: std::mem::take(&mut self.blocks[self.sealed]),
+                uploads: self.uploads.clone(),
+            });
+            self.sealed += 1;
+        }
+        Ok(())
+    }
+
+    /// Stores the blocks not yet sealed (all but the last through the
+    /// uploader when there is one, the last on this thread), waits for every
+    /// upload of the slice and returns its record.
+    fn finish(mut self, vol: &Volume, up: Option<&BlockUploader>) -> Result<Slice> {
+        let size = u32::try_from(self.len)
+            .map_err(|_| Error::Invalid("a slice cannot exceed 4 GiB".into()))?;
+        let id = match self.id {
+            Some(id) => id,
+            None => vol.meta.new_slice_id()?,
+        };
+        let last = self.blocks.len().saturating_sub(1);
+        let mut inline = Ok(());
+        for (i, data) in self.blocks.drain(..).enumerate().skip(self.sealed) {
+            match up {
+                Some(up) if i < last => up.submit(Job {
+                    id,
+                    indx: i as u32,
+                    data,
+                    uploads: self.uploads.clone(),
+                }),
+                _ => {
+                    if inline.is_ok() {
+                        inline = store_block(vol, id, i as u32, &data);
+                    }
+                }
+            }
+        }
+        let uploaded = self.uploads.wait();
+        inline.and(uploaded)?;
+        Ok(Slice {
+            pos: self.pos,
+            id,
+            size,
+            off: 0,
+            len: size,
+        })
     }
 }
+
+/// A write at least this big into a new block gets the block's whole buffer.
+const BIG_WRITE: usize = 64 << 10;
 
 #[derive(Debug, Default)]
 struct Buffer {
@@ -122,28 +350,36 @@ pub struct FileWriter {
     /// Bytes buffered by every writer sharing this counter (one per Vfs),
     /// until their commit ends.
     budget: Arc<AtomicUsize>,
+    /// Stores full blocks while the file is written (None: every block is
+    /// stored at commit, on the committing thread).
+    uploader: Option<Arc<BlockUploader>>,
 }
 
 /// Stores and commits the slices of a taken buffer, in write order.
 fn commit_buffer(
     vol: &Volume,
+    up: Option<&BlockUploader>,
     ino: Ino,
-    threads: usize,
     taken: Buffer,
     budget: &AtomicUsize,
 ) -> Result<Vec<Committed>> {
     let bytes = taken.bytes;
-    let res = commit_slices(vol, ino, threads, taken);
+    let res = commit_slices(vol, up, ino, taken);
     // The memory is given back whether the commit worked or not.
     budget.fetch_sub(bytes, Ordering::AcqRel);
     res
 }
 
-fn commit_slices(vol: &Volume, ino: Ino, threads: usize, taken: Buffer) -> Result<Vec<Committed>> {
+fn commit_slices(
+    vol: &Volume,
+    up: Option<&BlockUploader>,
+    ino: Ino,
+    taken: Buffer,
+) -> Result<Vec<Committed>> {
     let mut done: Vec<Committed> = Vec::new();
     for (indx, slices) in taken.chunks {
         for p in slices {
-            let slice = upload_slice(vol, &p.data, p.pos, threads)?;
+            let slice = p.finish(vol, up)?;
             let count = vol.meta.write_chunk(ino, indx, slice, Timestamp::now())?;
             match done.last_mut() {
                 Some(c) if c.indx == indx => c.slices = count,
@@ -168,26 +404,34 @@ fn join(bg: Option<Background>) -> Result<Vec<Committed>> {
 }
 
 impl FileWriter {
-    /// An empty write buffer.
+    /// An empty write buffer that stores every block at commit.
     pub fn new() -> FileWriter {
         FileWriter::default()
     }
 
     /// An empty write buffer that counts its bytes in `budget`, a counter
-    /// shared by the writers of one file system.
-    pub fn with_budget(budget: Arc<AtomicUsize>) -> FileWriter {
+    /// shared by the writers of one file system, and hands full blocks to
+    /// `uploader` as they fill.
+    pub fn with_uploader(budget: Arc<AtomicUsize>, uploader: Arc<BlockUploader>) -> FileWriter {
         FileWriter {
             budget,
+            uploader: Some(uploader),
             ..FileWriter::default()
         }
     }
 
     /// Buffers `data` at file offset `off`; returns the bytes now buffered.
+    /// Blocks it fills start uploading (which may fail here only for want
+    /// of a slice id; an upload's own failure reaches the commit).
     pub fn write(&self, off: u64, data: &[u8]) -> Result<usize> {
         let end = off
             .checked_add(data.len() as u64)
             .filter(|e| *e / CHUNK_SIZE <= u64::from(u32::MAX))
             .ok_or(Error::FileTooBig)?;
+        let bs = self
+            .uploader
+            .as_ref()
+            .map_or(DEFAULT_BLOCK, |u| u.vol.block_size as usize);
         let mut b = self.buf.lock();
         let mut at = off;
         let mut rest = data;
@@ -196,7 +440,10 @@ impl FileWriter {
             let coff = at % CHUNK_SIZE;
             let n = ((CHUNK_SIZE - coff) as usize).min(rest.len());
             let (part, tail) = rest.split_at(n);
-            add(b.chunks.entry(indx).or_default(), coff, part);
+            let p = add(b.chunks.entry(indx).or_default(), bs, coff, part);
+            if let Some(up) = &self.uploader {
+                p.seal_full(&up.vol, up, bs)?;
+            }
             b.bytes += n;
             at += n as u64;
             rest = tail;
@@ -220,23 +467,19 @@ impl FileWriter {
     /// commit running in the background. Returns the chunks changed. On
     /// failure the remaining writes of that flush are dropped (the error
     /// reaches the caller of flush/fsync/close).
-    pub fn flush(&self, vol: &Volume, ino: Ino, threads: usize) -> Result<Vec<Committed>> {
+    pub fn flush(&self, vol: &Volume, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
         let mut done = join(bg.take())?;
         let taken = std::mem::take(&mut *self.buf.lock());
-        done.extend(commit_buffer(vol, ino, threads, taken, &self.budget)?);
+        let up = self.uploader.as_deref();
+        done.extend(commit_buffer(vol, up, ino, taken, &self.budget)?);
         Ok(done)
     }
 
     /// Starts committing the buffered writes in the background, so the
     /// writer can keep filling the buffer meanwhile (at most one commit runs
     /// per file). Returns what the previous background commit committed.
-    pub fn flush_behind(
-        &self,
-        vol: &Arc<Volume>,
-        ino: Ino,
-        threads: usize,
-    ) -> Result<Vec<Committed>> {
+    pub fn flush_behind(&self, vol: &Arc<Volume>, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
         let done = join(bg.take());
         // Keep `end` so the file length still counts these writes until the
@@ -251,38 +494,45 @@ impl FileWriter {
         };
         let vol = vol.clone();
         let budget = self.budget.clone();
+        let up = self.uploader.clone();
         *bg = Some(
             std::thread::Builder::new()
                 .name("sluice-writeback".into())
-                .spawn(move || commit_buffer(&vol, ino, threads, taken, &budget))?,
+                .spawn(move || commit_buffer(&vol, up.as_deref(), ino, taken, &budget))?,
         );
         done
     }
 }
 
-/// Adds a write at chunk offset `coff` to a chunk's pending slices.
-fn add(slices: &mut Vec<Pending>, coff: u64, data: &[u8]) {
+/// The block size a writer without an uploader splits slices by (JuiceFS's
+/// default; such a writer only serves tests of the buffer layout).
+const DEFAULT_BLOCK: usize = 4 << 20;
+
+/// Adds a write at chunk offset `coff` to a chunk's pending slices and
+/// returns the slice that took it.
+fn add<'a>(slices: &'a mut Vec<Pending>, bs: usize, coff: u64, data: &[u8]) -> &'a mut Pending {
     let (a, b) = (coff, coff + data.len() as u64);
     // Newest first: the first slice the write overlaps or touches decides.
-    for p in slices.iter_mut().rev() {
+    let mut into = None;
+    for (i, p) in slices.iter().enumerate().rev() {
         let (pa, pb) = (u64::from(p.pos), p.end());
-        if a >= pa && a <= pb {
-            let start = (a - pa) as usize;
-            let overlap = (pb.min(b) - a) as usize;
-            sluice_simd::copy(&mut p.data[start..start + overlap], &data[..overlap]);
-            p.data.extend_from_slice(&data[overlap..]);
-            return;
+        if a >= pa && a <= pb && a - pa >= (p.sealed * bs) as u64 {
+            into = Some(i);
+            break;
         }
         if a < pb && b > pa {
-            // Overlaps an older region without starting inside it: a new
-            // slice must win over this one.
+            // Overlaps an older region without starting inside it, or starts
+            // in a sealed block: a new slice must win over this one.
             break;
         }
     }
-    slices.push(Pending {
-        pos: coff as u32,
-        data: data.to_vec(),
+    let i = into.unwrap_or_else(|| {
+        slices.push(Pending::new(coff as u32));
+        slices.len() - 1
     });
+    let p = &mut slices[i];
+    p.put(bs, (a - u64::from(p.pos)) as usize, data);
+    p
 }
 
 #[cfg(test)]
@@ -293,7 +543,7 @@ mod tests {
         let b = w.buf.lock();
         b.chunks
             .iter()
-            .flat_map(|(i, v)| v.iter().map(move |p| (*i, p.pos, p.data.clone())))
+            .flat_map(|(i, v)| v.iter().map(move |p| (*i, p.pos, p.blocks.concat())))
             .collect()
     }
 

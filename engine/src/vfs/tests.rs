@@ -675,6 +675,42 @@ fn write_behind_keeps_length_and_order() {
 }
 
 #[test]
+fn full_blocks_upload_while_writing_and_sealed_blocks_are_never_rewritten() {
+    let t = setup();
+    let (ino, fh) = t.create("seal");
+    let mut model = random(2 * MIB as usize + 300_000, 50);
+    t.write(ino, fh, 0, &model);
+    // The two full 1 MiB blocks are stored before any flush; the partial
+    // third waits for the commit.
+    wait_for(|| t.objects().len() == 2);
+    let chunks = |t: &TestVol| {
+        let len = t.vfs.getattr(&ctx(), ino).unwrap().length;
+        crate::info::file_chunks(t.vfs.volume(), ino, len).unwrap()
+    };
+    assert!(chunks(&t).is_empty(), "nothing is committed before a flush");
+    // Rewriting a sealed block starts a newer slice; rewriting the unsealed
+    // tail changes the first slice in place.
+    t.vfs.write(&ctx(), ino, fh, 1000, b"sealed-block").unwrap();
+    model[1000..1012].copy_from_slice(b"sealed-block");
+    let tail = 2 * MIB as usize + 10;
+    t.vfs
+        .write(&ctx(), ino, fh, tail as u64, b"open-block")
+        .unwrap();
+    model[tail..tail + 10].copy_from_slice(b"open-block");
+    assert_eq!(t.read(ino, fh, 0, model.len()), model);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let info = chunks(&t);
+    assert_eq!(info[0].slices.len(), 2);
+    assert_eq!(
+        (info[0].slices[0].size, info[0].slices[1].size),
+        (model.len() as u32, 12)
+    );
+    let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(t.read(ino, out.fh, 0, model.len()), model);
+    t.vfs.release(&ctx(), ino, out.fh).unwrap();
+}
+
+#[test]
 fn info_lists_chunks_slices_and_objects() {
     let t = setup();
     let (ino, fh) = t.create("i");
