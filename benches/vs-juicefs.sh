@@ -16,10 +16,14 @@
 #   - default write buffers (sluice 64 MiB per file, JuiceFS 300 MiB), no compression;
 #   - the kernel page cache is dropped between each write phase and the reads after it
 #     (`echo 3 > /proc/sys/vm/drop_caches`), so reads go through FUSE. The daemons' own
-#     memory caches are not dropped (same for both).
+#     memory caches are not dropped (same for both);
+#   - dirty pages are synced before each side's runs, so neither inherits the other's
+#     writeback; the sides take turns going first, round after round, and each line
+#     reports the median over the rounds (a shared disk drifts a lot between runs).
 #
-# Usage: benches/vs-juicefs.sh [--quick] [--dir DIR] [--cache-mib N] [--keep]
+# Usage: benches/vs-juicefs.sh [--quick] [--rounds N] [--dir DIR] [--cache-mib N] [--keep]
 #   --quick      small sizes (a check that everything runs, not a measurement)
+#   --rounds N   rounds of both sides (default 3; 1 with --quick)
 #   --dir DIR    work directory on the disk to test (default /var/tmp/sluice-vs-juicefs)
 #   --cache-mib  block cache of each daemon in MiB (default 1024)
 #   --keep       leave the work directory behind
@@ -28,15 +32,17 @@ set -euo pipefail
 
 work=/var/tmp/sluice-vs-juicefs
 quick=0
+rounds=
 keep=0
 cache_mib=1024
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
+        --rounds) rounds="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --cache-mib) cache_mib="$2"; shift ;;
         --keep) keep=1 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -52,6 +58,12 @@ if [ "$quick" = 1 ]; then
 else
     big=1G; small_count=100; fio_size=4G; fio_time=30; threads=4
 fi
+if [ -z "$rounds" ]; then
+    if [ "$quick" = 1 ]; then rounds=1; else rounds=3; fi
+fi
+case "$rounds" in
+    ''|*[!0-9]*|0) echo "--rounds takes a positive number, not '$rounds'" >&2; exit 2 ;;
+esac
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(realpath -m "$work")"
@@ -92,6 +104,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 cleanup
+rm -rf "$work/results"
 mkdir -p "$sl/mnt" "$jfs/mnt" "$work/results"
 
 echo "== formatting and mounting (work dir $work, on $fstype)"
@@ -113,45 +126,54 @@ drop_caches() {
 
 # fio: write the file once, then read it sequentially (1 MiB) and randomly (4 KiB), with
 # the page cache dropped before each read.
-run_fio() { # name mountpoint
-    local name="$1" dir="$2/fio"
+run_fio() { # name mountpoint round
+    local name="$1" dir="$2/fio" r="$3"
     mkdir -p "$dir"
     fio --name=prep --directory="$dir" --filename=data --rw=write --bs=1M \
         --size="$fio_size" --ioengine=psync --end_fsync=1 \
-        --output-format=json --output="$work/results/$name-fio-write.json"
+        --output-format=json --output="$work/results/$name-fio-write-$r.json"
     drop_caches
     fio --name=seqread --directory="$dir" --filename=data --rw=read --bs=1M \
         --size="$fio_size" --ioengine=psync \
-        --output-format=json --output="$work/results/$name-fio-seqread.json"
+        --output-format=json --output="$work/results/$name-fio-seqread-$r.json"
     drop_caches
     fio --name=randread --directory="$dir" --filename=data --rw=randread --bs=4k \
         --size="$fio_size" --ioengine=psync --numjobs="$threads" --group_reporting \
         --time_based --runtime="$fio_time" \
-        --output-format=json --output="$work/results/$name-fio-randread.json"
+        --output-format=json --output="$work/results/$name-fio-randread-$r.json"
     rm -rf "$dir"
 }
 
-for name in sluice juicefs; do
+run_side() { # name round
+    local name="$1" r="$2" mnt
     if [ "$name" = sluice ]; then mnt="$sl/mnt"; else mnt="$jfs/mnt"; fi
-    echo "== sluice bench on $name ($mnt)"
+    echo "== round $r: sluice bench on $name ($mnt)"
+    drop_caches
     mkdir -p "$mnt/bench"
     "$sluice" bench "$mnt/bench" -p "$threads" --big-file-size "$big" \
-        --small-file-count "$small_count" | tee "$work/results/$name-bench.txt"
+        --small-file-count "$small_count" | tee "$work/results/$name-bench-$r.txt"
     rm -rf "$mnt/bench"
-    echo "== fio on $name"
-    run_fio "$name" "$mnt"
+    echo "== round $r: fio on $name"
+    drop_caches
+    run_fio "$name" "$mnt" "$r"
+}
+
+for r in $(seq 1 "$rounds"); do
+    if [ $((r % 2)) = 1 ]; then order="sluice juicefs"; else order="juicefs sluice"; fi
+    for name in $order; do run_side "$name" "$r"; done
 done
 
 echo
 echo "sluice (--cache-size $cache_mib) vs JuiceFS $("$juicefs" version | awk '{print $3}') (--cache-dir memory --cache-size $cache_mib), both on $fstype at $work"
 echo "threads $threads, big file $big, $small_count small files, fio file $fio_size; page cache dropped before reads"
-python3 - "$work/results" <<'EOF'
-import json, re, sys
-res = sys.argv[1]
+echo "median of $rounds round(s); the sides alternate going first"
+python3 - "$work/results" "$rounds" <<'EOF'
+import json, statistics, sys
+res, rounds = sys.argv[1], int(sys.argv[2])
 
-def bench(name):
+def bench_round(name, r):
     out = {}
-    for line in open(f"{res}/{name}-bench.txt"):
+    for line in open(f"{res}/{name}-bench-{r}.txt"):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0].endswith("file"):
             if cells[0] == "Stat file":
@@ -160,12 +182,17 @@ def bench(name):
                 out[cells[0]] = (float(cells[1].split()[0]), "MiB/s")
     return out
 
+def bench(name):
+    runs = [bench_round(name, r) for r in range(1, rounds + 1)]
+    return {k: (statistics.median(run[k][0] for run in runs), runs[0][k][1]) for k in runs[0]}
+
 def fio(name, phase, what):
-    job = json.load(open(f"{res}/{name}-fio-{phase}.json"))["jobs"][0]
-    side = job["write"] if phase == "write" else job["read"]
-    if what == "MiB/s":
-        return side["bw_bytes"] / 2**20
-    return side["iops"]
+    vals = []
+    for r in range(1, rounds + 1):
+        job = json.load(open(f"{res}/{name}-fio-{phase}-{r}.json"))["jobs"][0]
+        side = job["write"] if phase == "write" else job["read"]
+        vals.append(side["bw_bytes"] / 2**20 if what == "MiB/s" else side["iops"])
+    return statistics.median(vals)
 
 s, j = bench("sluice"), bench("juicefs")
 rows = [(k, s[k][1], s[k][0], j[k][0]) for k in s if k in j]

@@ -7,9 +7,10 @@
 //! workers share nothing but the dispatcher.
 //!
 //! Read errors: ENOENT (the request was interrupted and withdrawn before we
-//! read it), EINTR and EAGAIN are retried; ENODEV means the file system was
-//! unmounted and ends the worker cleanly. A reply write failing with ENOENT
-//! (the kernel no longer waits for that request) is ignored. When the last
+//! read it), EINTR and EAGAIN are retried; ENODEV (unmounted) and
+//! ECONNABORTED (the connection was aborted) end the worker cleanly. A
+//! reply write failing with ENOENT (the kernel no longer waits for that
+//! request) is ignored. When the last
 //! worker ends — by DESTROY or by unmount — `Filesystem::destroy` runs once.
 
 use std::io;
@@ -19,18 +20,71 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::dev::{self, DevError, Mount};
-use crate::dispatch::{Config, Dispatcher, Outcome, ReplySink, Scratch, page_size};
+use sluice_engine::Result as EngineResult;
+use sluice_engine::reader::{Fragment, read_file_exact};
+
+use crate::dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch, page_size};
 use crate::filesystem::Filesystem;
 use crate::reply::ReplyHead;
 
 /// Replies written to one `/dev/fuse` file.
 struct DevSink<'a> {
     fd: &'a OwnedFd,
+    /// Gathers the fragments of a READ that is not one piece of a block.
+    gather: Vec<u8>,
 }
 
 impl ReplySink for DevSink<'_> {
     fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()> {
         dev::write_reply(self.fd.as_fd(), head, payload)
+    }
+
+    /// The usual READ — one piece of one cached block — is written to the
+    /// kernel straight from the block, so the kernel's copy into the
+    /// reader's pages is the only one. Other reads (several fragments,
+    /// holes, local object ranges) are gathered into one buffer first.
+    fn send_read(
+        &mut self,
+        unique: u64,
+        size: usize,
+        fill: &mut ReadFill<'_>,
+    ) -> io::Result<Option<EngineResult<usize>>> {
+        let fd = self.fd.as_fd();
+        let gather = &mut self.gather;
+        gather.clear();
+        let mut direct: Option<io::Result<()>> = None;
+        let mut first = true;
+        let walked = fill(&mut |frag| {
+            let was_first = std::mem::replace(&mut first, false);
+            match frag {
+                Fragment::Data(d) if was_first && d.len() == size => {
+                    direct = Some(dev::write_reply(fd, &ReplyHead::data(unique, d.len()), d));
+                }
+                Fragment::Data(d) => gather.extend_from_slice(d),
+                Fragment::Zeros(n) => gather.resize(gather.len() + n, 0),
+                Fragment::File { file, off, len } => {
+                    let at = gather.len();
+                    gather.resize(at + len, 0);
+                    read_file_exact(file, off, &mut gather[at..])?;
+                }
+            }
+            Ok(())
+        });
+        match (walked, direct) {
+            (Ok(n), Some(sent)) => sent.map(|()| Some(Ok(n))),
+            // The whole reply is out; the walk failing after it cannot
+            // take it back.
+            (Err(e), Some(sent)) => {
+                log::warn!("read {unique} failed after its data was sent: {e}");
+                sent.map(|()| Some(Ok(size)))
+            }
+            (Err(e), None) => Ok(Some(Err(e))),
+            (Ok(n), None) => {
+                let n = n.min(gather.len());
+                dev::write_reply(fd, &ReplyHead::data(unique, n), &gather[..n])?;
+                Ok(Some(Ok(n)))
+            }
+        }
     }
 }
 
@@ -159,13 +213,23 @@ fn serve<F: Filesystem>(
 ) -> Result<(), DevError> {
     let mut buf = vec![0u8; buf_size.max(crate::abi::MIN_READ_BUFFER)];
     let mut scratch = Scratch::new();
-    let mut sink = DevSink { fd };
+    let mut sink = DevSink {
+        fd,
+        gather: Vec::new(),
+    };
     loop {
         let n = match dev::read_request(fd.as_fd(), &mut buf) {
             Ok(n) => n,
             Err(e) => match e.raw_os_error() {
                 Some(libc::ENOENT | libc::EINTR | libc::EAGAIN) => continue,
                 Some(libc::ENODEV) => return Ok(()),
+                // The kernel tore the connection down (an unmount racing
+                // this read, or an abort through fusectl): nothing more
+                // will come, the same as ENODEV.
+                Some(libc::ECONNABORTED) => {
+                    log::info!("the kernel aborted the FUSE connection; the worker stops");
+                    return Ok(());
+                }
                 _ => return Err(DevError::Read(e)),
             },
         };
