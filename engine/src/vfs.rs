@@ -207,7 +207,11 @@ impl Vfs {
             }
             None => None,
         };
-        let uploader = Arc::new(BlockUploader::start(vol.clone(), cfg.upload_threads)?);
+        let uploader = Arc::new(BlockUploader::start(
+            vol.clone(),
+            cfg.upload_threads,
+            Some(reader.cache().clone()),
+        )?);
         Ok(Vfs {
             vol,
             reader,

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
 
+use crate::block_cache::BlockCache;
 use crate::block_key::{block_count, block_key, block_len};
 use crate::compress::compress;
 use crate::error::{Error, Result};
@@ -141,6 +142,10 @@ struct Job {
 #[derive(Debug)]
 pub struct BlockUploader {
     vol: Arc<Volume>,
+    /// Where the last, partial block of a committed slice is kept (as
+    /// JuiceFS keeps blocks smaller than a block): a small file just
+    /// written is read from memory.
+    cache: Option<Arc<BlockCache>>,
     jobs: Option<Sender<Job>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -158,8 +163,13 @@ impl std::fmt::Debug for Job {
 }
 
 impl BlockUploader {
-    /// Starts `threads` upload threads (at least one) for `vol`.
-    pub fn start(vol: Arc<Volume>, threads: usize) -> Result<BlockUploader> {
+    /// Starts `threads` upload threads (at least one) for `vol`; committed
+    /// partial blocks go into `cache` when there is one.
+    pub fn start(
+        vol: Arc<Volume>,
+        threads: usize,
+        cache: Option<Arc<BlockCache>>,
+    ) -> Result<BlockUploader> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let threads = (0..threads.max(1))
             .map(|i| {
@@ -177,6 +187,7 @@ impl BlockUploader {
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(BlockUploader {
             vol,
+            cache,
             jobs: Some(tx),
             threads,
         })
@@ -300,6 +311,12 @@ impl Pending {
                 _ => {
                     if inline.is_ok() {
                         inline = store_block(vol, id, i as u32, &data);
+                    }
+                    if inline.is_ok()
+                        && data.len() < vol.block_size as usize
+                        && let Some(cache) = up.and_then(|u| u.cache.as_ref())
+                    {
+                        cache.insert((id, i as u32), Arc::new(data));
                     }
                 }
             }

@@ -711,6 +711,22 @@ fn full_blocks_upload_while_writing_and_sealed_blocks_are_never_rewritten() {
 }
 
 #[test]
+fn a_small_file_just_written_reads_from_memory() {
+    let t = setup();
+    let (ino, fh) = t.create("small");
+    let data = random(300_000, 51);
+    t.write(ino, fh, 0, &data);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let before = t.vfs.memory_cache_stats();
+    let out = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(t.read(ino, out.fh, 0, data.len()), data);
+    t.vfs.release(&ctx(), ino, out.fh).unwrap();
+    let after = t.vfs.memory_cache_stats();
+    assert!(after.hits > before.hits);
+    assert_eq!(after.misses, before.misses, "the read went to the bucket");
+}
+
+#[test]
 fn info_lists_chunks_slices_and_objects() {
     let t = setup();
     let (ino, fh) = t.create("i");
