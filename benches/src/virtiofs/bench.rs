@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::device::{Device, DeviceOptions};
 use super::error::{HarnessError, Result};
 use super::session::{FuseQueue, REQUEST_TIMEOUT};
-use super::virtqueue::SplitQueue;
+use super::virtqueue::{NUDGE_AFTER, SplitQueue};
 use super::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN, ROOT_ID, opcode};
 
 /// Command-line arguments of `sluice bench virtiofs`.
@@ -404,6 +404,7 @@ fn drive_queue(
     let expected = (OUT_HEADER_LEN as u32) + plan.block;
     let mut idle_polls = 0u64;
     let mut last_progress: Option<Instant> = None;
+    let mut last_nudge: Option<Instant> = None;
     while in_flight > 0 {
         let stopping = stop.load(Ordering::Relaxed);
         let mut completed = 0;
@@ -462,12 +463,20 @@ fn drive_queue(
         if idle_polls.is_multiple_of(4096) {
             let now = Instant::now();
             let since = *last_progress.get_or_insert(now);
-            if now.duration_since(since) > REQUEST_TIMEOUT {
+            let quiet = now.duration_since(since);
+            if quiet > REQUEST_TIMEOUT {
                 return Err(HarnessError::Timeout(REQUEST_TIMEOUT));
+            }
+            if quiet > NUDGE_AFTER
+                && now.duration_since(*last_nudge.get_or_insert(since)) > NUDGE_AFTER
+            {
+                queue.nudge()?;
+                last_nudge = Some(now);
             }
         }
         if idle_polls == 1 {
             last_progress = None;
+            last_nudge = None;
         }
     }
     Ok(stats)
