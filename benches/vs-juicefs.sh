@@ -13,6 +13,8 @@
 #     1024 MiB): sluice `--cache-size N`, JuiceFS `--cache-dir memory --cache-size N`.
 #     JuiceFS's default local *disk* cache (100 GiB under /var/jfsCache) is off, so
 #     neither side reads from a cache on disk;
+#   - sluice faults its memory cache in at mount (`--cache-prefault`, its setting for a
+#     dedicated host); JuiceFS has no such setting and grows its cache with use;
 #   - default write buffers (sluice 64 MiB per file, JuiceFS 300 MiB), no compression;
 #   - the kernel page cache is dropped between each write phase and the reads after it
 #     (`echo 3 > /proc/sys/vm/drop_caches`), so reads go through FUSE. The daemons' own
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
         --dir) work="$2"; shift ;;
         --cache-mib) cache_mib="$2"; shift ;;
         --keep) keep=1 ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -110,7 +112,7 @@ mkdir -p "$sl/mnt" "$jfs/mnt" "$work/results"
 echo "== formatting and mounting (work dir $work, on $fstype)"
 "$sluice" format "sqlite3://$sl/meta.db" bench --bucket "$sl/bucket" --compress none
 "$sluice" mount "sqlite3://$sl/meta.db" "$sl/mnt" -d --log "$sl/mount.log" \
-    --cache-size "$cache_mib"
+    --cache-size "$cache_mib" --cache-prefault
 "$juicefs" format "sqlite3://$jfs/meta.db" bench --storage file --bucket "$jfs/bucket" \
     --trash-days 0 >"$jfs/format.log" 2>&1
 "$juicefs" mount "sqlite3://$jfs/meta.db" "$jfs/mnt" -d --log "$jfs/mount.log" \
@@ -164,7 +166,7 @@ for r in $(seq 1 "$rounds"); do
 done
 
 echo
-echo "sluice (--cache-size $cache_mib) vs JuiceFS $("$juicefs" version | awk '{print $3}') (--cache-dir memory --cache-size $cache_mib), both on $fstype at $work"
+echo "sluice (--cache-size $cache_mib --cache-prefault) vs JuiceFS $("$juicefs" version | awk '{print $3}') (--cache-dir memory --cache-size $cache_mib), both on $fstype at $work"
 echo "threads $threads, big file $big, $small_count small files, fio file $fio_size; page cache dropped before reads"
 echo "median of $rounds round(s); the sides alternate going first"
 python3 - "$work/results" "$rounds" <<'EOF'

@@ -26,6 +26,7 @@ use crate::block_key::{block_key, block_len};
 use crate::chunk::{Piece, visible};
 use crate::compress::decompress;
 use crate::error::{Error, Result};
+use crate::format::Compression;
 use crate::meta::{CHUNK_SIZE, Ino};
 use crate::volume::Volume;
 
@@ -369,7 +370,13 @@ impl Reader {
         let bs = self.vol.block_size;
         let raw_len = block_len(size, bs, indx);
         let key = block_key(self.vol.name(), id, indx, raw_len);
-        let stored = match self.vol.store.get(&key) {
+        // An uncompressed block is read straight into a spare buffer of the
+        // cache (warm memory) when there is one.
+        let buf = match self.vol.compression {
+            Compression::None => self.cache.take_buffer().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let stored = match self.vol.store.get_into(&key, buf) {
             Err(e @ Error::Corrupt(_)) => {
                 self.damaged.lock().insert((id, indx));
                 return Err(e);

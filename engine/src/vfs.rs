@@ -49,6 +49,9 @@ pub struct OpenOut {
 pub struct VfsConfig {
     /// Bytes of decompressed blocks kept in memory.
     pub cache_bytes: usize,
+    /// Whether the memory cache faults in all its memory at start (in the
+    /// background), so fetched blocks land in warm pages.
+    pub cache_prefault: bool,
     /// Buffered bytes per file that start a background commit.
     pub buffer_bytes: usize,
     /// Buffered bytes over all files (commits in flight included) past
@@ -83,6 +86,7 @@ impl Default for VfsConfig {
     fn default() -> Self {
         VfsConfig {
             cache_bytes: 1 << 30,
+            cache_prefault: false,
             buffer_bytes: 64 << 20,
             total_buffer_bytes: 1 << 30,
             upload_threads: 8,
@@ -161,7 +165,13 @@ impl Vfs {
     /// starts the background compactor and cleanup.
     pub fn new(vol: Arc<Volume>, cfg: VfsConfig) -> Result<Vfs> {
         let (vol, disk_cache) = with_disk_cache(vol, cfg.disk_cache.clone())?;
-        let cache = Arc::new(BlockCache::new(cfg.cache_bytes));
+        let cache = Arc::new(BlockCache::with_block_size(
+            cfg.cache_bytes,
+            vol.block_size as usize,
+        ));
+        if cfg.cache_prefault {
+            cache.prefault();
+        }
         vol.meta.set_slice_releaser(slice_releaser(
             vol.store.clone(),
             vol.name().to_string(),

@@ -175,12 +175,16 @@ impl BlockUploader {
             .map(|i| {
                 let rx = rx.clone();
                 let vol = vol.clone();
+                let cache = cache.clone();
                 std::thread::Builder::new()
                     .name(format!("sluice-upload-{i}"))
                     .spawn(move || {
                         for job in rx {
                             let res = store_block(&vol, job.id, job.indx, &job.data);
                             job.uploads.finish(res);
+                            if let Some(cache) = &cache {
+                                cache.give_buffer(job.data);
+                            }
                         }
                     })
             })
@@ -249,15 +253,23 @@ impl Pending {
 
     /// Writes `data` at slice offset `start` (at most the slice's length, and
     /// past its sealed blocks), growing the slice as needed.
-    fn put(&mut self, bs: usize, mut start: usize, mut data: &[u8]) {
+    /// Whole-block buffers come from `spares` when it has one (warm memory).
+    fn put(&mut self, bs: usize, mut start: usize, mut data: &[u8], spares: Option<&BlockCache>) {
         debug_assert!(start <= self.len && start >= self.sealed * bs);
         while !data.is_empty() {
             let (i, o) = (start / bs, start % bs);
             if i == self.blocks.len() {
                 // A big write fills whole blocks: give the buffer its full
                 // size at once rather than growing it by copies.
-                let cap = if data.len() >= BIG_WRITE { bs } else { 0 };
-                self.blocks.push(Vec::with_capacity(cap));
+                let buf = if data.len() >= BIG_WRITE {
+                    spares
+                        .and_then(BlockCache::take_buffer)
+                        .filter(|b| b.capacity() >= bs)
+                        .unwrap_or_else(|| Vec::with_capacity(bs))
+                } else {
+                    Vec::new()
+                };
+                self.blocks.push(buf);
             }
             let b = &mut self.blocks[i];
             let n = (bs - o).min(data.len());
@@ -457,7 +469,8 @@ impl FileWriter {
             let coff = at % CHUNK_SIZE;
             let n = ((CHUNK_SIZE - coff) as usize).min(rest.len());
             let (part, tail) = rest.split_at(n);
-            let p = add(b.chunks.entry(indx).or_default(), bs, coff, part);
+            let spares = self.uploader.as_ref().and_then(|u| u.cache.as_deref());
+            let p = add(b.chunks.entry(indx).or_default(), bs, coff, part, spares);
             if let Some(up) = &self.uploader {
                 p.seal_full(&up.vol, up, bs)?;
             }
@@ -527,7 +540,13 @@ const DEFAULT_BLOCK: usize = 4 << 20;
 
 /// Adds a write at chunk offset `coff` to a chunk's pending slices and
 /// returns the slice that took it.
-fn add<'a>(slices: &'a mut Vec<Pending>, bs: usize, coff: u64, data: &[u8]) -> &'a mut Pending {
+fn add<'a>(
+    slices: &'a mut Vec<Pending>,
+    bs: usize,
+    coff: u64,
+    data: &[u8],
+    spares: Option<&BlockCache>,
+) -> &'a mut Pending {
     let (a, b) = (coff, coff + data.len() as u64);
     // Newest first: the first slice the write overlaps or touches decides.
     let mut into = None;
@@ -548,7 +567,7 @@ fn add<'a>(slices: &'a mut Vec<Pending>, bs: usize, coff: u64, data: &[u8]) -> &
         slices.len() - 1
     });
     let p = &mut slices[i];
-    p.put(bs, (a - u64::from(p.pos)) as usize, data);
+    p.put(bs, (a - u64::from(p.pos)) as usize, data, spares);
     p
 }
 

@@ -41,6 +41,11 @@ pub struct MountArgs {
     /// Memory block cache, in MiB.
     #[arg(long, default_value_t = 1024)]
     pub cache_size: usize,
+    /// Fault in the whole memory cache at start (in the background), so
+    /// blocks are read into warm memory: the cache's memory is then resident
+    /// from the start instead of growing with use.
+    #[arg(long)]
+    pub cache_prefault: bool,
     /// Threads serving the mount (each with its own /dev/fuse clone).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -94,6 +99,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         volume,
         args.readahead.apply(VfsConfig {
             cache_bytes: args.cache_size << 20,
+            cache_prefault: args.cache_prefault,
             buffer_bytes: args.buffer_size << 20,
             disk_cache,
             ..VfsConfig::default()

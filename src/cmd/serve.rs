@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Memory block cache, in MiB.
     #[arg(long, default_value_t = 1024)]
     pub cache_size: usize,
+    /// Fault in the whole memory cache at start (in the background), so
+    /// blocks are read into warm memory: the cache's memory is then resident
+    /// from the start instead of growing with use.
+    #[arg(long)]
+    pub cache_prefault: bool,
     /// Write buffer per file, in MiB.
     #[arg(long, default_value_t = 64)]
     pub buffer_size: usize,
@@ -135,6 +140,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             volume.clone(),
             args.readahead.apply(VfsConfig {
                 cache_bytes: args.cache_size << 20,
+                cache_prefault: args.cache_prefault,
                 buffer_bytes: args.buffer_size << 20,
                 // Between VMs the server lives on and keeps uploading; only
                 // its last session waits for the uploads.

@@ -248,11 +248,15 @@ impl FileStore {
         (n == 4).then(|| u32::from_be_bytes(value))
     }
 
-    fn read_whole(&self, key: &str) -> Result<(Vec<u8>, Option<u32>)> {
+    fn read_whole(&self, key: &str, mut buf: Vec<u8>) -> Result<(Vec<u8>, Option<u32>)> {
         let path = self.path(key)?;
         let mut file = File::open(&path).map_err(|e| obj_err(key, e))?;
         let len = file.metadata().map_err(|e| obj_err(key, e))?.len() as usize;
-        let mut buf = Vec::with_capacity(len.next_multiple_of(DIRECT_ALIGN));
+        let want = len.next_multiple_of(DIRECT_ALIGN);
+        buf.clear();
+        if buf.capacity() < want {
+            buf = Vec::with_capacity(want);
+        }
         if !read_direct(&file, &mut buf, len) {
             buf.clear();
             file.read_to_end(&mut buf).map_err(|e| obj_err(key, e))?;
@@ -459,7 +463,11 @@ impl ObjectStore for FileStore {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let (buf, stored) = self.read_whole(key)?;
+        self.get_into(key, Vec::new())
+    }
+
+    fn get_into(&self, key: &str, buf: Vec<u8>) -> Result<Vec<u8>> {
+        let (buf, stored) = self.read_whole(key, buf)?;
         let Some(stored) = stored else {
             return Ok(buf);
         };
@@ -467,7 +475,7 @@ impl ObjectStore for FileStore {
             return Ok(buf);
         }
         // A torn read (or a flaky disk) may pass on a second try.
-        let (buf, stored) = self.read_whole(key)?;
+        let (buf, stored) = self.read_whole(key, buf)?;
         let actual = sluice_simd::crc32c(0, &buf);
         if stored.is_none_or(|s| s == actual) {
             return Ok(buf);

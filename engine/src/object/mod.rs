@@ -44,6 +44,12 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()>;
     /// The whole object, checked against its CRC32C when one is stored.
     fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// [`ObjectStore::get`] into `buf` (an empty buffer the caller no longer
+    /// needs) where the store can use it; stores that cannot drop it.
+    fn get_into(&self, key: &str, buf: Vec<u8>) -> Result<Vec<u8>> {
+        drop(buf);
+        self.get(key)
+    }
     /// `len` bytes from offset `off` (fewer at the end of the object). A
     /// range cannot be checked against the whole-object CRC.
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>>;
