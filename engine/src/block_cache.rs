@@ -93,13 +93,15 @@ pub struct BlockCacheStats {
     pub evicted_bytes: u64,
     /// Bytes held now.
     pub used_bytes: u64,
+    /// Spare whole-block buffers kept for reuse now.
+    pub spare_buffers: u64,
 }
 
 impl std::fmt::Display for BlockCacheStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} hits ({} MiB), {} misses, {} inserts ({} MiB), {} evictions ({} MiB), {} MiB held",
+            "{} hits ({} MiB), {} misses, {} inserts ({} MiB), {} evictions ({} MiB), {} MiB held, {} spare buffers",
             self.hits,
             self.hit_bytes >> 20,
             self.misses,
@@ -107,7 +109,8 @@ impl std::fmt::Display for BlockCacheStats {
             self.insert_bytes >> 20,
             self.evictions,
             self.evicted_bytes >> 20,
-            self.used_bytes >> 20
+            self.used_bytes >> 20,
+            self.spare_buffers
         )
     }
 }
@@ -215,6 +218,7 @@ impl BlockCache {
             evictions: get(&c.evictions),
             evicted_bytes: get(&c.evicted_bytes),
             used_bytes: self.used() as u64,
+            spare_buffers: self.spare_buffers() as u64,
         }
     }
 

@@ -324,11 +324,24 @@ impl Pending {
                     if inline.is_ok() {
                         inline = store_block(vol, id, i as u32, &data);
                     }
-                    if inline.is_ok()
-                        && data.len() < vol.block_size as usize
-                        && let Some(cache) = up.and_then(|u| u.cache.as_ref())
-                    {
-                        cache.insert((id, i as u32), Arc::new(data));
+                    let Some(cache) = up.and_then(|u| u.cache.as_ref()) else {
+                        continue;
+                    };
+                    if inline.is_ok() && data.len() < vol.block_size as usize {
+                        // The cache counts bytes, not capacity: a partial
+                        // block keeps a buffer of its own size, and the
+                        // block-sized one goes back to the spares (else every
+                        // small file would pin, and freshly fault, 4 MiB).
+                        let kept = if data.capacity() > 2 * data.len() {
+                            let exact = data.to_vec();
+                            cache.give_buffer(data);
+                            exact
+                        } else {
+                            data
+                        };
+                        cache.insert((id, i as u32), Arc::new(kept));
+                    } else {
+                        cache.give_buffer(data);
                     }
                 }
             }

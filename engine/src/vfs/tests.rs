@@ -724,6 +724,10 @@ fn a_small_file_just_written_reads_from_memory() {
     let after = t.vfs.memory_cache_stats();
     assert!(after.hits > before.hits);
     assert_eq!(after.misses, before.misses, "the read went to the bucket");
+    // The cache holds the bytes in a buffer of their size; the block-sized
+    // write buffer became a spare for the next writer or fetch.
+    assert_eq!(after.used_bytes, data.len() as u64);
+    assert_eq!(after.spare_buffers, 1);
 }
 
 #[test]
