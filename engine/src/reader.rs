@@ -370,10 +370,13 @@ impl Reader {
         let bs = self.vol.block_size;
         let raw_len = block_len(size, bs, indx);
         let key = block_key(self.vol.name(), id, indx, raw_len);
-        // An uncompressed block is read straight into a spare buffer of the
-        // cache (warm memory) when there is one.
+        // An uncompressed block that fills most of a block is read straight
+        // into a spare buffer of the cache (warm memory) when there is one;
+        // a smaller one gets a buffer of its size (the cache counts bytes).
         let buf = match self.vol.compression {
-            Compression::None => self.cache.take_buffer().unwrap_or_default(),
+            Compression::None if 2 * u64::from(raw_len) > u64::from(bs) => {
+                self.cache.take_buffer().unwrap_or_default()
+            }
             _ => Vec::new(),
         };
         let stored = match self.vol.store.get_into(&key, buf) {
