@@ -15,7 +15,8 @@
 #     neither side reads from a cache on disk;
 #   - sluice faults its memory cache in at mount (`--cache-prefault`, its setting for a
 #     dedicated host); JuiceFS has no such setting and grows its cache with use;
-#   - default write buffers (sluice 64 MiB per file, JuiceFS 300 MiB), no compression;
+#   - default write buffers (sluice 64 MiB per file, JuiceFS 300 MiB), no compression, no
+#     trash (deleted files release their objects at once, in the background, on both);
 #   - the kernel page cache is dropped between each write phase and the reads after it
 #     (`echo 3 > /proc/sys/vm/drop_caches`), so reads go through FUSE. The daemons' own
 #     memory caches are not dropped (same for both);
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
         --dir) work="$2"; shift ;;
         --cache-mib) cache_mib="$2"; shift ;;
         --keep) keep=1 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -110,7 +111,8 @@ rm -rf "$work/results"
 mkdir -p "$sl/mnt" "$jfs/mnt" "$work/results"
 
 echo "== formatting and mounting (work dir $work, on $fstype)"
-"$sluice" format "sqlite3://$sl/meta.db" bench --bucket "$sl/bucket" --compress none
+"$sluice" format "sqlite3://$sl/meta.db" bench --bucket "$sl/bucket" --compress none \
+    --trash-days 0
 "$sluice" mount "sqlite3://$sl/meta.db" "$sl/mnt" -d --log "$sl/mount.log" \
     --cache-size "$cache_mib" --cache-prefault
 "$juicefs" format "sqlite3://$jfs/meta.db" bench --storage file --bucket "$jfs/bucket" \
