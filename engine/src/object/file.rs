@@ -474,6 +474,21 @@ fn fix_dir_modes(root: &Path, dir: &Path, mode: u32) {
     }
 }
 
+impl FileStore {
+    /// Opens an object for reads of parts of it. Those are the random-read
+    /// path (sequential readers fetch whole blocks), so the kernel is told
+    /// not to read ahead: its readahead on the object would read 4 times or
+    /// more the bytes asked for from the disk (cold 4 KiB random reads here
+    /// ran at a third of the disk's rate).
+    fn open_for_range(&self, key: &str) -> Result<File> {
+        let path = self.path(key)?;
+        let file = File::open(&path).map_err(|e| obj_err(key, e))?;
+        // SAFETY: posix_fadvise(2) on a descriptor we own; it is only advice.
+        let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        Ok(file)
+    }
+}
+
 impl ObjectStore for FileStore {
     fn describe(&self) -> String {
         format!("file://{}", self.root.display())
@@ -486,10 +501,7 @@ impl ObjectStore for FileStore {
     }
 
     fn local_file(&self, key: &str) -> Option<Result<File>> {
-        Some(
-            self.path(key)
-                .and_then(|path| File::open(&path).map_err(|e| obj_err(key, e))),
-        )
+        Some(self.open_for_range(key))
     }
 
     fn sync_all(&self) -> Result<()> {
@@ -534,8 +546,7 @@ impl ObjectStore for FileStore {
     }
 
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
-        let path = self.path(key)?;
-        let file = File::open(&path).map_err(|e| obj_err(key, e))?;
+        let file = self.open_for_range(key)?;
         let mut buf = vec![0u8; len];
         let mut done = 0;
         while done < len {
