@@ -182,8 +182,20 @@ impl BlockCache {
         let spawned = std::thread::Builder::new()
             .name("sluice-prefault".into())
             .spawn(move || {
+                let mut made = 0usize;
                 while let Some(cache) = cache.upgrade() {
                     let len = cache.spare_len;
+                    // A cache larger than the machine can spare stops
+                    // prefaulting rather than wake the OOM killer.
+                    if made.is_multiple_of(16) && !memory_to_spare() {
+                        log::warn!(
+                            "memory cache prefault stopped after {} MiB: the machine is low on \
+                             free memory (lower --cache-size)",
+                            (made * len) >> 20
+                        );
+                        return;
+                    }
+                    made += 1;
                     let full = cache.held.load(Ordering::Relaxed)
                         + (cache.spare_buffers() + 1) * len
                         > cache.capacity();
@@ -349,6 +361,31 @@ impl BlockCache {
 /// x86_64 and aarch64): faults a range in without touching it from user space.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 
+/// Whether the machine has memory to spare for more prefaulting: at least
+/// a tenth of it (and 512 MiB) still available. Unknown counts as yes.
+fn memory_to_spare() -> bool {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| meminfo_spare(&m))
+        .unwrap_or(true)
+}
+
+/// [`memory_to_spare`] on the text of /proc/meminfo.
+fn meminfo_spare(meminfo: &str) -> Option<bool> {
+    let field = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    let total = field("MemTotal:")?;
+    let available = field("MemAvailable:")?;
+    Some(available > (total / 10).max(512 << 10))
+}
+
 /// An empty buffer of `len` bytes' capacity whose pages are faulted in.
 fn faulted_buffer(len: usize) -> Vec<u8> {
     let mut buf = Vec::<u8>::with_capacity(len);
@@ -439,6 +476,19 @@ mod tests {
         let cache = BlockCache::new(SHARDS * 2 * 8192);
         cache.give_buffer(Vec::with_capacity(8192));
         assert_eq!(cache.spare_buffers(), 0);
+    }
+
+    #[test]
+    fn prefault_leaves_a_tenth_of_memory_free() {
+        let info = |avail: u64| {
+            format!("MemTotal:       16000000 kB\nMemFree: 1 kB\nMemAvailable:   {avail} kB\n")
+        };
+        assert_eq!(meminfo_spare(&info(8_000_000)), Some(true));
+        assert_eq!(meminfo_spare(&info(1_500_000)), Some(false));
+        // A small machine keeps at least 512 MiB.
+        let small = "MemTotal: 2000000 kB\nMemAvailable: 500000 kB\n";
+        assert_eq!(meminfo_spare(small), Some(false));
+        assert_eq!(meminfo_spare("garbage"), None);
     }
 
     #[test]
