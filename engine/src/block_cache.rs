@@ -146,6 +146,24 @@ impl BlockCache {
         self.spares.lock().len()
     }
 
+    /// The cache counts bytes, not capacity: a block in a buffer more than
+    /// twice its size (a small file's bytes in a block-sized write buffer)
+    /// moves into a buffer of its own size, and the big buffer becomes a
+    /// spare. Else every small file would pin, and freshly fault, a block.
+    fn fit(&self, data: Arc<Vec<u8>>) -> Arc<Vec<u8>> {
+        if data.capacity() <= 2 * data.len() {
+            return data;
+        }
+        match Arc::try_unwrap(data) {
+            Ok(buf) => {
+                let exact = Arc::new(buf.to_vec());
+                self.give_buffer(buf);
+                exact
+            }
+            Err(shared) => shared,
+        }
+    }
+
     /// Keeps the buffer of a block that left the cache, if nothing else
     /// holds it, it is a whole block's, and cache plus spares stay within
     /// the capacity.
@@ -269,6 +287,7 @@ impl BlockCache {
         if len > self.shard_limit {
             return;
         }
+        let data = self.fit(data);
         let mut evicted = Vec::new();
         {
             let mut s = self.shard(id).lock();

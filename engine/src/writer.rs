@@ -328,18 +328,9 @@ impl Pending {
                         continue;
                     };
                     if inline.is_ok() && data.len() < vol.block_size as usize {
-                        // The cache counts bytes, not capacity: a partial
-                        // block keeps a buffer of its own size, and the
-                        // block-sized one goes back to the spares (else every
-                        // small file would pin, and freshly fault, 4 MiB).
-                        let kept = if data.capacity() > 2 * data.len() {
-                            let exact = data.to_vec();
-                            cache.give_buffer(data);
-                            exact
-                        } else {
-                            data
-                        };
-                        cache.insert((id, i as u32), Arc::new(kept));
+                        // The cache moves the bytes into a buffer of their
+                        // size and keeps the block-sized one as a spare.
+                        cache.insert((id, i as u32), Arc::new(data));
                     } else {
                         cache.give_buffer(data);
                     }
