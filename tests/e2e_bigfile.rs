@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use common::{Mount, Volume, Watchdog, seed, sha256_file};
@@ -22,6 +23,21 @@ fn a_300_mib_file_reads_back_equal_before_and_after_remount() {
     let vol = Volume::format("big", &[]);
     let mount = vol.mount("mnt");
     let path = mount.path.join("big.bin");
+    // The mount widens the kernel's readahead window to 4 MiB.
+    let dev = std::fs::metadata(&mount.path)
+        .expect("stat the mount")
+        .dev();
+    let knob = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&knob)
+            .expect("read read_ahead_kb")
+            .trim(),
+        "4096"
+    );
     let mut want = sha2::Sha256::new();
     {
         let mut f = std::fs::File::create(&path).expect("create through the mount");

@@ -201,6 +201,14 @@ impl BlockCache {
             .name("sluice-prefault".into())
             .spawn(move || {
                 let mut made = 0usize;
+                let started = std::time::Instant::now();
+                let done = |made: usize, len: usize| {
+                    log::info!(
+                        "memory cache prefaulted: {} MiB in {:.1} s",
+                        (made * len) >> 20,
+                        started.elapsed().as_secs_f64()
+                    );
+                };
                 while let Some(cache) = cache.upgrade() {
                     let len = cache.spare_len;
                     // A cache larger than the machine can spare stops
@@ -218,6 +226,7 @@ impl BlockCache {
                         + (cache.spare_buffers() + 1) * len
                         > cache.capacity();
                     if full {
+                        done(made - 1, len);
                         return;
                     }
                     let buf = faulted_buffer(len);
@@ -225,6 +234,8 @@ impl BlockCache {
                     if cache.held.load(Ordering::Relaxed) + (spares.len() + 1) * len
                         > cache.capacity()
                     {
+                        drop(spares);
+                        done(made - 1, len);
                         return;
                     }
                     spares.push(buf);

@@ -250,6 +250,24 @@ pub fn unmount(path: &Path) -> Result<(), DevError> {
     }
 }
 
+/// Sets how far the kernel reads ahead of sequential readers of the mount
+/// at `path`, in KiB (its backing device's `read_ahead_kb` in sysfs).
+///
+/// A FUSE mount starts with the kernel's default of 128 KiB, and the INIT
+/// reply can only lower it. With 128 KiB a reader's 1 MiB `read` waits
+/// for each FUSE round trip in turn; a window of a few MiB keeps several
+/// 1 MiB requests in flight. Call it after the session has answered INIT
+/// (the kernel sets the window while it handles INIT's reply); the `stat`
+/// of the mount point here waits for INIT.
+pub fn set_kernel_readahead(path: &Path, kib: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    std::fs::write(&knob, format!("{kib}\n"))
+        .map_err(|e| io::Error::new(e.kind(), format!("{knob}: {e}")))
+}
+
 /// Opens a new `/dev/fuse` file attached to the same connection as `fd`,
 /// so a worker thread can read requests and write replies on its own file
 /// (the kernel then spreads requests over the files' queues).

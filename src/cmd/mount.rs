@@ -52,6 +52,10 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// How far the kernel reads ahead of a sequential reader, in MiB (the
+    /// mount's `read_ahead_kb`); 0 keeps the kernel's default of 128 KiB.
+    #[arg(long, default_value_t = 4, value_name = "MIB")]
+    pub kernel_readahead: u32,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
@@ -77,6 +81,12 @@ const FSTYPE: &str = "fuse.sluice";
 /// Runs `sluice mount`.
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
+    if args.kernel_readahead > 1024 {
+        bail!(
+            "--kernel-readahead is in MiB; {} is more than 1 GiB",
+            args.kernel_readahead
+        );
+    }
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
@@ -127,6 +137,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     };
     let slot = std::sync::Arc::new(parking_lot::Mutex::new(Some(vfs.reader().clone())));
     let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    set_kernel_readahead(&mountpoint, args.kernel_readahead);
     // `sluice warmup` reaches this mount's caches here.
     let control = super::control::ControlServer::start(
         &super::control::socket_for_mount(&mountpoint),
@@ -340,6 +351,9 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if mount_type(mountpoint)?.as_deref() == Some(FSTYPE) {
+            // The mount sets this too; setting it here as well means it is
+            // in place when this command returns.
+            set_kernel_readahead(mountpoint, args.kernel_readahead);
             println!(
                 "mounted {} in the background (pid {}, log {})",
                 mountpoint.display(),
@@ -364,6 +378,18 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Widens the kernel's readahead for the mount to `mib` MiB (0: leaves it).
+/// The stat inside waits for the session to have answered INIT, which is
+/// where the kernel sets its own value.
+fn set_kernel_readahead(mountpoint: &Path, mib: u32) {
+    if mib == 0 {
+        return;
+    }
+    if let Err(e) = sluice_fuse::dev::set_kernel_readahead(mountpoint, mib.saturating_mul(1024)) {
+        log::warn!("the kernel's readahead for this mount stays at its default: {e}");
     }
 }
 
