@@ -172,9 +172,20 @@ run_side() { # name round
     run_fio "$name" "$mnt" "$r"
 }
 
+# CPU time the hypervisor took from this VM (/proc/stat "steal") while each side ran, in
+# per cent of all CPU time: on a shared host it moves the figures more than anything
+# either daemon does, so the output shows it beside them.
+cpu_ticks() { # prints "steal total"
+    awk '/^cpu /{t=0; for (i=2; i<=NF; i++) t+=$i; print $9, t}' /proc/stat
+}
 for r in $(seq 1 "$rounds"); do
     if [ $((r % 2)) = 1 ]; then order="sluice juicefs"; else order="juicefs sluice"; fi
-    for name in $order; do run_side "$name" "$r"; done
+    for name in $order; do
+        read -r steal0 total0 < <(cpu_ticks)
+        run_side "$name" "$r"
+        read -r steal1 total1 < <(cpu_ticks)
+        echo "$(( (steal1 - steal0) * 1000 / (total1 - total0 + 1) ))" >"$work/results/$name-steal-$r.txt"
+    done
 done
 
 echo
@@ -198,8 +209,9 @@ def bench_round(name, r):
     return out
 
 def bench(name):
+    """Each line's values, one per round."""
     runs = [bench_round(name, r) for r in range(1, rounds + 1)]
-    return {k: (statistics.median(run[k][0] for run in runs), runs[0][k][1]) for k in runs[0]}
+    return {k: ([run[k][0] for run in runs], runs[0][k][1]) for k in runs[0]}
 
 def fio(name, phase, what):
     vals = []
@@ -207,7 +219,10 @@ def fio(name, phase, what):
         job = json.load(open(f"{res}/{name}-fio-{phase}-{r}.json"))["jobs"][0]
         side = job["write"] if phase == "write" else job["read"]
         vals.append(side["bw_bytes"] / 2**20 if what == "MiB/s" else side["iops"])
-    return statistics.median(vals)
+    return vals
+
+def steal(name):
+    return [int(open(f"{res}/{name}-steal-{r}.txt").read()) / 10 for r in range(1, rounds + 1)]
 
 s, j = bench("sluice"), bench("juicefs")
 rows = [(k, s[k][1], s[k][0], j[k][0]) for k in s if k in j]
@@ -216,6 +231,14 @@ rows.append(("fio seq read 1M", "MiB/s", fio("sluice", "seqread", "MiB/s"), fio(
 rows.append(("fio rand read 4K", "IOPS", fio("sluice", "randread", "iops"), fio("juicefs", "randread", "iops")))
 print(f"{'line':<20} {'unit':>8} {'sluice':>12} {'JuiceFS':>12} {'ratio':>7}  goal 1.5x")
 for name, unit, a, b in rows:
+    a, b = statistics.median(a), statistics.median(b)
     ratio = a / b if b else float("inf")
     print(f"{name:<20} {unit:>8} {a:12.1f} {b:12.1f} {ratio:6.2f}x  {'ok' if ratio >= 1.5 else 'below'}")
+print()
+print("each round (round 1 first; sluice went first in odd rounds): sluice | JuiceFS")
+for name, unit, a, b in rows:
+    fmt = lambda vals: " ".join(f"{v:.0f}" for v in vals)
+    print(f"{name:<20} {fmt(a)} | {fmt(b)}")
+print("CPU steal (%)        " + " ".join(f"{v:.0f}" for v in steal("sluice"))
+      + " | " + " ".join(f"{v:.0f}" for v in steal("juicefs")))
 EOF
