@@ -111,7 +111,8 @@ pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
     }
 }
 
-/// Handles up to `limits.batch` chains; returns whether any chain was handled.
+/// Handles up to `limits.batch` chains; returns whether any chain was handled
+/// or is to be read again.
 fn process_batch<H: RequestHandler + ?Sized>(
     queue: u16,
     vring: &VringRwLock<GuestMem>,
@@ -141,6 +142,20 @@ fn process_batch<H: RequestHandler + ?Sized>(
     };
     if chains.is_empty() {
         return Ok(false);
+    }
+    // A frontend adds memory (ADD_MEM_REG, SET_MEM_TABLE) before the driver
+    // may place buffers in it, so a table swapped in while the ring was read
+    // may be the one these chains need. Read them again against it rather
+    // than answer a valid request with EFAULT.
+    if !std::sync::Arc::ptr_eq(&mem, &atomic.memory().into_inner()) {
+        let rewind = u16::try_from(chains.len()).unwrap_or(u16::MAX);
+        drop(chains);
+        let mut guard = vring.get_mut();
+        let queue_state = guard.get_queue_mut();
+        let next = queue_state.next_avail().wrapping_sub(rewind);
+        queue_state.set_next_avail(next);
+        debug!("queue {queue}: guest memory changed while reading the ring; reading it again");
+        return Ok(true);
     }
     state.completed.clear();
     stats.batches.fetch_add(1, Ordering::Relaxed);
