@@ -17,7 +17,10 @@
 //! fetching a whole block after a partial-block read spends a block's worth.
 //! So a random reader's background traffic stays within `ratio` times what
 //! it asked for: at the default 1.0 a random 4 KiB reader pulls a 4 MiB
-//! block in whole once it has read 4 MiB in pieces.
+//! block in whole once it has read 4 MiB in pieces. (The credit rules once
+//! the memory cache is full; while it has room, `Vfs::read` fetches a random
+//! reader's blocks whole regardless, since filling free memory evicts
+//! nothing.)
 //!
 //! This module only decides; the reader does the fetching. It holds no
 //! locks and does no I/O, so its rules are tested here on their own.

@@ -233,6 +233,19 @@ impl Reader {
             .saturating_sub(self.queued.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// Whether the memory cache has room for one more whole block beside
+    /// what it holds and what background reads will bring in: a random
+    /// reader's blocks are then fetched whole for free (nothing is evicted
+    /// for them), however little credit the reader has.
+    pub fn cache_has_room(&self) -> bool {
+        let queued = self.queued.load(std::sync::atomic::Ordering::Relaxed);
+        let bs = u64::from(self.vol.block_size);
+        (self.cache.used() as u64)
+            .saturating_add(queued)
+            .saturating_add(bs)
+            <= self.cache.capacity() as u64
+    }
+
     /// Queues background work unless the budget is spent; whether it was
     /// queued.
     fn queue(&self, job: Job) -> bool {

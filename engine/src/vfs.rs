@@ -438,9 +438,13 @@ impl Vfs {
             Ok(())
         };
         // A random reader fetches only the bytes it asks for, and the whole
-        // block in the background when its readahead credit allows.
+        // block in the background when the memory cache has room to spare
+        // (filling it costs nothing else) or its readahead credit allows;
+        // never with a ratio of 0.
         let bs = u64::from(self.vol.block_size);
-        let mut whole = || readahead.lock().take_block(bs);
+        let prefetch_whole = self.cfg.readahead.ratio > 0.0;
+        let mut whole =
+            || prefetch_whole && (self.reader.cache_has_room() || readahead.lock().take_block(bs));
         let random = !plan.sequential;
         match self.reader.visit_with(
             ino,

@@ -13,7 +13,8 @@ pub struct ReadaheadArgs {
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     pub max_readahead: u64,
     /// Whole-block prefetch a random reader may cause, in bytes per byte it
-    /// reads (0: random reads fetch only the bytes asked for).
+    /// reads, once the memory cache is full (until then its blocks are
+    /// fetched whole); 0: random reads fetch only the bytes asked for.
     #[arg(long, default_value_t = 1.0, value_name = "RATIO")]
     pub readahead_ratio: f64,
     /// Threads fetching blocks in the background for readahead and prefetch

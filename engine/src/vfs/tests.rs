@@ -835,42 +835,83 @@ fn random_small_reads_fetch_ranges_and_sequential_reads_fetch_blocks() {
     t.write(ino, fh, 0, &data);
     t.vfs.flush(&ctx(), ino, fh).unwrap();
     t.vfs.release(&ctx(), ino, fh).unwrap();
-    // A fresh session: nothing cached.
-    let vfs = open_vol(t.dir.path(), test_cfg());
-    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
-    let read = |off: u64, len: usize| {
+    let read = |vfs: &Vfs, fh: Fh, off: u64, len: usize| {
         let mut buf = vec![0u8; len];
         let n = vfs.read(&ctx(), ino, fh, off, &mut buf).unwrap();
         buf.truncate(n);
         buf
     };
-    // One random 4 KiB read in each block: the right bytes, and no whole
-    // block pulled into the cache.
-    for off in [1_000_000u64, 5_000_000] {
-        assert_eq!(read(off, 4096), &data[off as usize..off as usize + 4096]);
-    }
-    assert_eq!(vfs.reader.cache().used(), 0, "a ranged read caches nothing");
-    // More random reads (one crossing the block boundary at 4 MiB): still
-    // the right bytes; once the reader has read a block's worth (1 MiB
-    // blocks, readahead ratio 1) a whole block is fetched in the background.
-    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
-    for i in 0..300 {
-        let off = if i == 0 {
-            4 * MIB - 2048
-        } else {
-            rng.random_range(4096..data.len() as u64 - 4096)
-        };
-        let got = read(off, 4096);
+    // With a readahead ratio of 0, random 4 KiB reads (one crossing the
+    // block boundary at 4 MiB) get the right bytes and pull no whole block
+    // in, though the cache has room: nothing is even queued.
+    let cfg = VfsConfig {
+        readahead: crate::readahead::ReadaheadConfig {
+            max_bytes: 32 * MIB,
+            ratio: 0.0,
+        },
+        ..test_cfg()
+    };
+    let vfs = open_vol(t.dir.path(), cfg);
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let budget = vfs.reader.readahead_room();
+    for off in [1_000_000, 4 * MIB - 2048, 5_000_000] {
+        let got = read(&vfs, fh, off, 4096);
         assert_eq!(got, &data[off as usize..off as usize + 4096], "at {off}");
     }
-    wait_for(|| vfs.reader.cache().used() > 0);
+    assert_eq!(vfs.reader.readahead_room(), budget, "nothing queued");
+    assert_eq!(vfs.reader.cache().used(), 0, "a ranged read caches nothing");
+    vfs.release(&ctx(), ino, fh).unwrap();
+    vfs.destroy();
+    // A fresh session with the default ratio: while the cache has room, the
+    // block a random read lands in is fetched whole in the background.
+    let vfs = open_vol(t.dir.path(), test_cfg());
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    assert!(vfs.reader.cache_has_room());
+    for off in [1_000_000u64, 5_000_000] {
+        assert_eq!(
+            read(&vfs, fh, off, 4096),
+            &data[off as usize..off as usize + 4096]
+        );
+    }
+    wait_for(|| vfs.reader.cache().used() == 2 * MIB as usize);
+    // Random reads over cached and uncached blocks alike get the right bytes.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    for _ in 0..300 {
+        let off = rng.random_range(0..data.len() as u64 - 4096);
+        let got = read(&vfs, fh, off, 4096);
+        assert_eq!(got, &data[off as usize..off as usize + 4096], "at {off}");
+    }
     // A sequential reader gets whole, checked blocks through the cache.
     let mut off = 0;
     while off < data.len() {
-        let got = read(off as u64, 128 << 10);
+        let got = read(&vfs, fh, off as u64, 128 << 10);
         assert_eq!(got, &data[off..off + got.len()]);
         off += got.len();
     }
+    vfs.release(&ctx(), ino, fh).unwrap();
+}
+
+#[test]
+fn a_full_cache_leaves_random_readers_to_their_credit() {
+    let t = setup();
+    let data = random(2 * MIB as usize, 13);
+    let (ino, fh) = t.create("random");
+    t.write(ino, fh, 0, &data);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let vfs = open_vol(t.dir.path(), test_cfg());
+    // Fill every shard of the cache with blocks of some other slice.
+    let cache = vfs.reader.cache();
+    for i in 0..256 {
+        cache.insert((u64::MAX, i), Arc::new(vec![0u8; MIB as usize]));
+    }
+    assert!(!vfs.reader.cache_has_room());
+    let budget = vfs.reader.readahead_room();
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let mut buf = vec![0u8; 4096];
+    vfs.read(&ctx(), ino, fh, 1_000_000, &mut buf).unwrap();
+    assert_eq!(buf, &data[1_000_000..1_004_096]);
+    // 4 KiB read earns no block: nothing is queued for it.
+    assert_eq!(vfs.reader.readahead_room(), budget);
     vfs.release(&ctx(), ino, fh).unwrap();
 }
 
