@@ -76,6 +76,11 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Writes to this file could not be stored since the handle last
+    /// reported an error (sticky write errors: fsync and close say so once
+    /// per handle).
+    #[error("writes to inode {0} could not be stored")]
+    WriteBack(u64),
     /// Any other I/O error.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
@@ -103,7 +108,9 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::BadHandle => libc::EBADF,
-            Error::Corrupt(_) | Error::Meta(_) | Error::Object { .. } => libc::EIO,
+            Error::Corrupt(_) | Error::Meta(_) | Error::Object { .. } | Error::WriteBack(_) => {
+                libc::EIO
+            }
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }

@@ -9,6 +9,7 @@ pub use error::{Error, Result};
 pub mod block_cache;
 pub mod block_key;
 pub mod chunk;
+pub mod chunk_cache;
 pub mod compaction;
 pub mod compress;
 pub mod gc;

@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use std::sync::mpsc;
 
@@ -23,7 +22,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::block_cache::{BlockCache, BlockId};
 use crate::block_key::{block_key, block_len};
-use crate::chunk::{Piece, visible};
+use crate::chunk::Piece;
+use crate::chunk_cache::ChunkCache;
 use crate::compress::decompress;
 use crate::error::{Error, Result};
 use crate::format::Compression;
@@ -82,13 +82,6 @@ pub fn read_file_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result
     })
 }
 
-/// How long a chunk's resolved slice list is trusted without asking the
-/// metadata engine again. Changes made through this process invalidate it at
-/// once; the limit bounds how stale another client's writes may look.
-const CHUNK_TTL: Duration = Duration::from_secs(1);
-
-type ChunkEntry = (Arc<Vec<Piece>>, Instant);
-
 /// A block fetch in progress that other readers of the block wait for.
 #[derive(Debug, Default)]
 struct Flight {
@@ -111,7 +104,9 @@ pub const PREFETCH_THREADS: usize = 4;
 pub struct Reader {
     vol: Arc<Volume>,
     cache: Arc<BlockCache>,
-    chunks: Mutex<HashMap<(Ino, u32), ChunkEntry>>,
+    /// Resolved slice lists, tied to write generations (shared with the
+    /// writers, which invalidate what they commit).
+    chunks: Arc<ChunkCache>,
     inflight: Mutex<HashMap<BlockId, Arc<Flight>>>,
     /// Blocks whose object failed its checksum: ranged reads of them fail
     /// too, though a range alone cannot be checked (the kernel retries a
@@ -167,7 +162,7 @@ impl Reader {
         let reader = Arc::new(Reader {
             vol,
             cache,
-            chunks: Mutex::new(HashMap::new()),
+            chunks: ChunkCache::new(),
             inflight: Mutex::new(HashMap::new()),
             damaged: Mutex::new(Default::default()),
             prefetch: Mutex::new((threads > 0).then_some(tx)),
@@ -280,46 +275,25 @@ impl Reader {
         &self.cache
     }
 
+    /// The resolved slice lists this reader uses; writers invalidate what
+    /// they commit in it.
+    pub fn chunk_cache(&self) -> &Arc<ChunkCache> {
+        &self.chunks
+    }
+
     /// The visible pieces of chunk `indx` of `ino` (cached briefly).
     pub fn pieces(&self, ino: Ino, indx: u32) -> Result<Arc<Vec<Piece>>> {
-        if let Some((p, at)) = self.chunks.lock().get(&(ino, indx))
-            && at.elapsed() < CHUNK_TTL
-        {
-            return Ok(p.clone());
-        }
-        let slices = self.vol.meta.read_chunk(ino, indx)?;
-        let p = Arc::new(visible(&slices));
-        let mut map = self.chunks.lock();
-        if map.len() > 65_536 {
-            map.retain(|_, (_, at)| at.elapsed() < CHUNK_TTL);
-        }
-        map.insert((ino, indx), (p.clone(), Instant::now()));
-        Ok(p)
+        self.chunks.pieces(&*self.vol.meta, ino, indx)
     }
 
     /// Forgets the resolved slice list of one chunk (it changed).
     pub fn invalidate_chunk(&self, ino: Ino, indx: u32) {
-        self.chunks.lock().remove(&(ino, indx));
+        self.chunks.invalidate(ino, indx);
     }
 
-    /// Forgets the resolved chunks of a file of `length` bytes (at open:
-    /// another host may have changed them). Chunks past `length` are never
-    /// read through a handle opened now.
-    pub fn invalidate_file(&self, ino: Ino, length: u64) {
-        let chunks = length / CHUNK_SIZE + 1;
-        let mut map = self.chunks.lock();
-        if chunks > 64 {
-            map.retain(|k, _| k.0 != ino);
-        } else if !map.is_empty() {
-            for indx in 0..chunks as u32 {
-                map.remove(&(ino, indx));
-            }
-        }
-    }
-
-    /// Forgets every resolved chunk of `ino` (truncate, fallocate).
+    /// Forgets every resolved chunk of `ino` (truncate, fallocate, open).
     pub fn invalidate_inode(&self, ino: Ino) {
-        self.chunks.lock().retain(|k, _| k.0 != ino);
+        self.chunks.invalidate_inode(ino);
     }
 
     /// Block `indx` of slice `id` (of `size` bytes), decompressed, through

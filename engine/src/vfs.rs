@@ -1,6 +1,8 @@
-//! The file-system facade the FUSE layer (and later virtio-fs) calls: inode
-//! operations go to the metadata engine, file data through the write buffers,
-//! the reader and the block cache. See `VFS_API.md` for the contract.
+//! The file-system facade the FUSE dispatcher calls (for the host mount and
+//! virtio-fs alike): inode operations go to the metadata engine, file data
+//! through the write buffers, the reader and the block cache.
+//! `engine/DESIGN.md` gives the rules it keeps (coherence, sticky write
+//! errors).
 //!
 //! Every method takes `&self` and may run on many threads at once.
 
@@ -124,6 +126,9 @@ enum Handle {
         writable: bool,
         /// The handle's read streams.
         readahead: Mutex<Readahead>,
+        /// The file's write errors this handle has reported (errseq: a
+        /// flush or fsync reports EIO once when the file's count passed it).
+        reported: AtomicU64,
     },
     Dir {
         ino: Ino,
@@ -278,6 +283,33 @@ impl Vfs {
         }
     }
 
+    /// Commits the file's buffered writes for handle `fh` and reports a
+    /// write error once per handle: the commit's own, or one that happened
+    /// (in a background commit, or a commit another caller triggered) since
+    /// the handle last reported one.
+    fn flush_reporting(&self, ino: Ino, fh: Fh) -> Result<()> {
+        let h = self.handle(fh)?;
+        let Handle::File {
+            ino: i,
+            file,
+            reported,
+            ..
+        } = &*h
+        else {
+            return Err(Error::BadHandle);
+        };
+        if *i != ino {
+            return Err(Error::BadHandle);
+        }
+        let res = self.flush_file(ino, file);
+        let errors = file.writer.errors();
+        let unseen = reported.fetch_max(errors, Ordering::AcqRel) < errors;
+        match res {
+            Ok(()) if unseen => Err(Error::WriteBack(ino)),
+            r => r,
+        }
+    }
+
     fn add_handle(&self, h: Handle) -> Fh {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, Arc::new(h));
@@ -289,7 +321,11 @@ impl Vfs {
         let mut files = self.files.lock();
         let f = files.entry(ino).or_insert_with(|| {
             Arc::new(OpenFile {
-                writer: FileWriter::with_uploader(self.buffered.clone(), self.uploader.clone()),
+                writer: FileWriter::with_uploader(
+                    self.buffered.clone(),
+                    self.uploader.clone(),
+                    self.reader.chunk_cache().clone(),
+                ),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
             })
@@ -306,11 +342,14 @@ impl Vfs {
         let acc = flags & libc::O_ACCMODE as u32;
         let writable = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
         let file = self.open_file(ino, attr.length);
+        // Errors from before the open are not this handle's to report.
+        let reported = AtomicU64::new(file.writer.errors());
         let fh = self.add_handle(Handle::File {
             ino,
             file,
             writable,
             readahead: Mutex::new(Readahead::default()),
+            reported,
         });
         OpenOut {
             fh,
@@ -323,24 +362,13 @@ impl Vfs {
     /// Commits the buffered writes of an open file and schedules compaction
     /// of chunks that grew fragmented.
     fn flush_file(&self, ino: Ino, file: &OpenFile) -> Result<()> {
-        let res = file.writer.flush(&self.vol, ino);
-        self.after_commit(ino, res)
+        self.after_commit(ino, file.writer.flush(&self.vol, ino))
     }
 
-    /// Invalidates what a commit changed and schedules compaction of chunks
-    /// that grew fragmented.
+    /// Schedules compaction of the chunks a commit left fragmented (the
+    /// writer already dropped their resolved slice lists).
     fn after_commit(&self, ino: Ino, res: Result<Vec<crate::writer::Committed>>) -> Result<()> {
-        let committed = match res {
-            Ok(c) => c,
-            Err(e) => {
-                log::error!("writing back inode {ino} failed: {e}");
-                // Whatever was committed before the failure is visible now.
-                self.reader.invalidate_inode(ino);
-                return Err(e);
-            }
-        };
-        for c in committed {
-            self.reader.invalidate_chunk(ino, c.indx);
+        for c in res? {
             if c.slices >= COMPACT_THRESHOLD
                 && let Some(comp) = &self.compactor
             {
@@ -661,7 +689,7 @@ impl Vfs {
     /// so an open sees everything another host committed before it closed.
     pub fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
         let attr = self.vol.meta.open(ctx, ino, flags)?;
-        self.reader.invalidate_file(ino, attr.length);
+        self.reader.invalidate_inode(ino);
         let attr = self.with_buffered(ino, attr);
         Ok(self.open_out(ino, flags, attr))
     }
@@ -737,27 +765,37 @@ impl Vfs {
             // Memory is short: write this file's buffer back before going on.
             self.flush_file(ino, &file)?;
         } else if buffered >= self.cfg.buffer_bytes {
-            let committed = file.writer.flush_behind(&self.vol, ino);
-            self.after_commit(ino, committed)?;
+            self.after_commit(ino, file.writer.flush_behind(&self.vol, ino))?;
         }
         Ok(data.len())
     }
 
-    /// Commits the file's buffered writes.
+    /// Commits the file's buffered writes (at each close of a descriptor);
+    /// reports a write error once per handle.
     pub fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        let (file, _) = self.file_handle(ino, fh)?;
-        self.flush_file(ino, &file)
+        self.flush_reporting(ino, fh)
     }
 
-    /// Flushes and closes a handle.
+    /// Flushes and closes a handle. When the last handle of a file goes and
+    /// its writes still cannot be stored, they are dropped (flush and fsync
+    /// reported the error; the kernel ignores RELEASE's reply).
     pub fn release(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         let (file, _) = self.file_handle(ino, fh)?;
         self.handles.lock().remove(&fh);
         let flushed = self.flush_file(ino, &file);
         {
             let mut files = self.files.lock();
-            if file.handles.fetch_sub(1, Ordering::AcqRel) == 1 && !file.writer.is_dirty() {
-                files.remove(&ino);
+            if file.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+                if flushed.is_err() {
+                    let lost = file.writer.discard(ino);
+                    log::error!(
+                        "inode {ino}: {lost} bytes of writes that could not be stored are \
+                         dropped at the last close"
+                    );
+                }
+                if !file.writer.is_dirty() {
+                    files.remove(&ino);
+                }
             }
         }
         let closed = self.vol.meta.close(ino);
@@ -765,9 +803,10 @@ impl Vfs {
     }
 
     /// Commits the file's buffered writes (data reaches the object store
-    /// before the slice is committed, so this is durable).
-    pub fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
-        self.flush(ctx, ino, fh)?;
+    /// before the slice is committed, so this is durable); reports a write
+    /// error once per handle.
+    pub fn fsync(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+        self.flush_reporting(ino, fh)?;
         // Block objects are written without fsync (as JuiceFS writes them);
         // fsync makes them, and everything else on their disk, durable. In
         // writeback mode they are already durable in local staging (each

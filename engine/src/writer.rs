@@ -11,18 +11,22 @@
 //! fsync, release — or early, once the buffer passes its limit — the rest of
 //! each slice is stored, its uploads are waited for, and it is committed with
 //! `Meta::write_chunk`, in write order. So a sequential writer's fsync waits
-//! for about one block, not for the whole buffer.
+//! for about one block, not for the whole buffer. Each committed chunk is
+//! dropped from the reader's [`ChunkCache`] before the commit lock is let
+//! go, and a commit that fails keeps its writes for the next try (the
+//! coherence and sticky-error rules of `engine/DESIGN.md`).
 
 use std::collections::BTreeMap;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
 
 use crate::block_cache::BlockCache;
 use crate::block_key::{block_count, block_key, block_len};
+use crate::chunk_cache::ChunkCache;
 use crate::compress::compress;
 use crate::error::{Error, Result};
 use crate::meta::{CHUNK_SIZE, Ino, Slice, Timestamp};
@@ -93,39 +97,51 @@ fn store_block(vol: &Volume, id: u64, indx: u32, raw: &[u8]) -> Result<()> {
     vol.store.put(&key, &stored, Some(crc))
 }
 
-/// The uploads of one slice's sealed blocks: how many still run, and the
-/// first failure.
+/// The uploads of one slice's sealed blocks: how many still run, the first
+/// failure, and the bytes of the blocks that failed (kept for a retry).
 #[derive(Debug, Default)]
 struct Uploads {
-    state: Mutex<(usize, Option<Error>)>,
+    state: Mutex<UploadState>,
     done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct UploadState {
+    running: usize,
+    error: Option<Error>,
+    failed: Vec<(u32, Vec<u8>)>,
 }
 
 impl Uploads {
     fn start(&self) {
-        self.state.lock().0 += 1;
+        self.state.lock().running += 1;
     }
 
-    fn finish(&self, res: Result<()>) {
+    /// Block `indx` was stored (`res` is Ok) or not; a block that failed
+    /// comes back with its bytes.
+    fn finish(&self, indx: u32, res: std::result::Result<(), (Error, Vec<u8>)>) {
         let mut st = self.state.lock();
-        st.0 -= 1;
-        if let Err(e) = res
-            && st.1.is_none()
-        {
-            st.1 = Some(e);
+        st.running -= 1;
+        if let Err((e, data)) = res {
+            if st.error.is_none() {
+                st.error = Some(e);
+            }
+            st.failed.push((indx, data));
         }
-        if st.0 == 0 {
+        if st.running == 0 {
             self.done.notify_all();
         }
     }
 
-    /// Waits until every upload ended; the first failure, if any.
-    fn wait(&self) -> Result<()> {
+    /// Waits until every upload ended; the first failure and the blocks
+    /// that failed, if any.
+    fn wait(&self) -> (Result<()>, Vec<(u32, Vec<u8>)>) {
         let mut st = self.state.lock();
-        while st.0 > 0 {
+        while st.running > 0 {
             self.done.wait(&mut st);
         }
-        st.1.take().map_or(Ok(()), Err)
+        let failed = std::mem::take(&mut st.failed);
+        (st.error.take().map_or(Ok(()), Err), failed)
     }
 }
 
@@ -180,10 +196,14 @@ impl BlockUploader {
                     .name(format!("sluice-upload-{i}"))
                     .spawn(move || {
                         for job in rx {
-                            let res = store_block(&vol, job.id, job.indx, &job.data);
-                            job.uploads.finish(res);
-                            if let Some(cache) = &cache {
-                                cache.give_buffer(job.data);
+                            match store_block(&vol, job.id, job.indx, &job.data) {
+                                Ok(()) => {
+                                    job.uploads.finish(job.indx, Ok(()));
+                                    if let Some(cache) = &cache {
+                                        cache.give_buffer(job.data);
+                                    }
+                                }
+                                Err(e) => job.uploads.finish(job.indx, Err((e, job.data))),
                             }
                         }
                     })
@@ -204,7 +224,7 @@ impl BlockUploader {
         {
             // Only after shutdown, which needs every writer gone: store it here.
             let res = store_block(&self.vol, job.id, job.indx, &job.data);
-            job.uploads.finish(res);
+            job.uploads.finish(job.indx, res.map_err(|e| (e, job.data)));
         }
     }
 }
@@ -223,12 +243,14 @@ impl Drop for BlockUploader {
 struct Pending {
     /// Chunk offset of the first byte.
     pos: u32,
-    /// The slice's bytes, one buffer per block; sealed blocks are handed to
-    /// the uploader and left empty here.
+    /// The slice's bytes, one buffer per block. A block's buffer is empty
+    /// once the block is stored or while the uploader stores it; a block
+    /// whose store failed gets its bytes back for the next try.
     blocks: Vec<Vec<u8>>,
     /// The slice's length in bytes.
     len: usize,
-    /// Leading blocks sealed (being or been stored; never written again).
+    /// Leading blocks sealed (being stored, stored, or failed and waiting
+    /// for a retry; never written again).
     sealed: usize,
     /// The slice id, taken when the first block is sealed.
     id: Option<u64>,
@@ -300,34 +322,44 @@ impl Pending {
         Ok(())
     }
 
-    /// Stores the blocks not yet sealed (all but the last through the
+    /// Stores every block not stored yet (all but the last through the
     /// uploader when there is one, the last on this thread), waits for every
-    /// upload of the slice and returns its record.
-    fn finish(mut self, vol: &Volume, up: Option<&BlockUploader>) -> Result<Slice> {
+    /// upload of the slice and returns its record. On failure the slice
+    /// keeps the bytes of each block that was not stored (and its id), so
+    /// calling this again retries just those blocks.
+    fn finish(&mut self, vol: &Volume, up: Option<&BlockUploader>) -> Result<Slice> {
         let size = u32::try_from(self.len)
             .map_err(|_| Error::Invalid("a slice cannot exceed 4 GiB".into()))?;
         let id = match self.id {
             Some(id) => id,
-            None => vol.meta.new_slice_id()?,
+            None => *self.id.insert(vol.meta.new_slice_id()?),
         };
         let last = self.blocks.len().saturating_sub(1);
         let mut inline = Ok(());
-        for (i, data) in self.blocks.drain(..).enumerate().skip(self.sealed) {
+        for i in 0..self.blocks.len() {
+            if self.blocks[i].is_empty() {
+                // Stored, or being stored by the uploader.
+                continue;
+            }
             match up {
                 Some(up) if i < last => up.submit(Job {
                     id,
                     indx: i as u32,
-                    data,
+                    data: std::mem::take(&mut self.blocks[i]),
                     uploads: self.uploads.clone(),
                 }),
                 _ => {
-                    if inline.is_ok() {
-                        inline = store_block(vol, id, i as u32, &data);
+                    if let Err(e) = store_block(vol, id, i as u32, &self.blocks[i]) {
+                        if inline.is_ok() {
+                            inline = Err(e);
+                        }
+                        continue;
                     }
+                    let data = std::mem::take(&mut self.blocks[i]);
                     let Some(cache) = up.and_then(|u| u.cache.as_ref()) else {
                         continue;
                     };
-                    if inline.is_ok() && data.len() < vol.block_size as usize {
+                    if data.len() < vol.block_size as usize {
                         // The cache moves the bytes into a buffer of their
                         // size and keeps the block-sized one as a spare.
                         cache.insert((id, i as u32), Arc::new(data));
@@ -337,7 +369,11 @@ impl Pending {
                 }
             }
         }
-        let uploaded = self.uploads.wait();
+        self.sealed = self.blocks.len();
+        let (uploaded, failed) = self.uploads.wait();
+        for (i, data) in failed {
+            self.blocks[i as usize] = data;
+        }
         inline.and(uploaded)?;
         Ok(Slice {
             pos: self.pos,
@@ -370,9 +406,25 @@ pub struct Committed {
     pub slices: usize,
 }
 
-type Background = std::thread::JoinHandle<Result<Vec<Committed>>>;
+/// What one commit of a taken buffer did.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// The chunks it committed, in order.
+    done: Vec<Committed>,
+    /// Where it stopped: the error, and the writes it did not commit (kept
+    /// for a retry, oldest first).
+    failed: Option<(Error, Buffer)>,
+}
+
+type Background = std::thread::JoinHandle<Outcome>;
 
 /// The write buffer of one inode, shared by all its open handles.
+///
+/// Write errors are sticky: a commit that fails keeps its writes (they go
+/// back to the front of the buffer and every later flush tries them again)
+/// and counts one more error in [`FileWriter::errors`], which the handles
+/// compare with what they last reported (errseq, as the kernel keeps it for
+/// page-cache writeback).
 #[derive(Debug, Default)]
 pub struct FileWriter {
     buf: Mutex<Buffer>,
@@ -386,54 +438,74 @@ pub struct FileWriter {
     /// Stores full blocks while the file is written (None: every block is
     /// stored at commit, on the committing thread).
     uploader: Option<Arc<BlockUploader>>,
+    /// The resolved slice lists of the reader: each chunk committed is
+    /// dropped from it before the commit lock is released.
+    chunks: Option<Arc<ChunkCache>>,
+    /// Commits that failed so far (the error sequence handles compare).
+    errors: AtomicU64,
+    /// Whether the last commit failed (the first failure of a run of them is
+    /// logged; the rest would repeat it).
+    failing: AtomicBool,
 }
 
-/// Stores and commits the slices of a taken buffer, in write order.
+/// Stores and commits the slices of a taken buffer, in write order; stops at
+/// the first failure and hands back what it did not commit.
 fn commit_buffer(
     vol: &Volume,
     up: Option<&BlockUploader>,
+    chunks: Option<&ChunkCache>,
     ino: Ino,
-    taken: Buffer,
+    mut taken: Buffer,
     budget: &AtomicUsize,
-) -> Result<Vec<Committed>> {
-    let bytes = taken.bytes;
-    let res = commit_slices(vol, up, ino, taken);
-    // The memory is given back whether the commit worked or not.
-    budget.fetch_sub(bytes, Ordering::AcqRel);
-    res
-}
-
-fn commit_slices(
-    vol: &Volume,
-    up: Option<&BlockUploader>,
-    ino: Ino,
-    taken: Buffer,
-) -> Result<Vec<Committed>> {
-    let mut done: Vec<Committed> = Vec::new();
-    for (indx, slices) in taken.chunks {
-        for p in slices {
-            let slice = p.finish(vol, up)?;
-            let count = vol.meta.write_chunk(ino, indx, slice, Timestamp::now())?;
-            match done.last_mut() {
-                Some(c) if c.indx == indx => c.slices = count,
-                _ => done.push(Committed {
-                    indx,
-                    slices: count,
-                }),
+) -> Outcome {
+    let total = taken.bytes;
+    let mut out = Outcome::default();
+    let mut rest = std::mem::take(&mut taken.chunks).into_iter();
+    'chunks: while let Some((indx, slices)) = rest.next() {
+        let mut slices = slices.into_iter();
+        while let Some(mut p) = slices.next() {
+            let res = p
+                .finish(vol, up)
+                .and_then(|slice| vol.meta.write_chunk(ino, indx, slice, Timestamp::now()));
+            // Dropped even when the commit failed: its outcome may be
+            // unknown (a lost reply), and a lookup costs little.
+            if let Some(c) = chunks {
+                c.invalidate(ino, indx);
+            }
+            match res {
+                Ok(count) => match out.done.last_mut() {
+                    Some(c) if c.indx == indx => c.slices = count,
+                    _ => out.done.push(Committed {
+                        indx,
+                        slices: count,
+                    }),
+                },
+                Err(e) => {
+                    let mut left = Buffer {
+                        end: taken.end,
+                        ..Buffer::default()
+                    };
+                    let kept: Vec<Pending> = std::iter::once(p).chain(slices).collect();
+                    left.chunks.insert(indx, kept);
+                    left.chunks.extend(rest.by_ref());
+                    left.bytes = left
+                        .chunks
+                        .values()
+                        .flatten()
+                        .map(|p| p.len)
+                        .sum::<usize>()
+                        .min(total);
+                    out.failed = Some((e, left));
+                    break 'chunks;
+                }
             }
         }
     }
-    Ok(done)
-}
-
-/// Waits for a background commit and returns what it committed.
-fn join(bg: Option<Background>) -> Result<Vec<Committed>> {
-    match bg {
-        None => Ok(Vec::new()),
-        Some(h) => h
-            .join()
-            .unwrap_or_else(|_| Err(Error::Invalid("a write-back thread panicked".into()))),
-    }
+    // The memory of what was committed is given back; what is kept for a
+    // retry stays counted.
+    let kept = out.failed.as_ref().map_or(0, |(_, b)| b.bytes);
+    budget.fetch_sub(total - kept, Ordering::AcqRel);
+    out
 }
 
 impl FileWriter {
@@ -443,12 +515,18 @@ impl FileWriter {
     }
 
     /// An empty write buffer that counts its bytes in `budget`, a counter
-    /// shared by the writers of one file system, and hands full blocks to
-    /// `uploader` as they fill.
-    pub fn with_uploader(budget: Arc<AtomicUsize>, uploader: Arc<BlockUploader>) -> FileWriter {
+    /// shared by the writers of one file system, hands full blocks to
+    /// `uploader` as they fill, and drops each chunk it commits from
+    /// `chunks` (the reader's resolved slice lists).
+    pub fn with_uploader(
+        budget: Arc<AtomicUsize>,
+        uploader: Arc<BlockUploader>,
+        chunks: Arc<ChunkCache>,
+    ) -> FileWriter {
         FileWriter {
             budget,
             uploader: Some(uploader),
+            chunks: Some(chunks),
             ..FileWriter::default()
         }
     }
@@ -497,25 +575,50 @@ impl FileWriter {
         self.buf.lock().bytes > 0
     }
 
+    /// How many commits of this file have failed so far: a handle that saw
+    /// fewer has an error to report (errseq).
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Acquire)
+    }
+
     /// Stores and commits every buffered write, in write order, after any
-    /// commit running in the background. Returns the chunks changed. On
-    /// failure the remaining writes of that flush are dropped (the error
-    /// reaches the caller of flush/fsync/close).
+    /// commit running in the background (a failed background commit's writes
+    /// are tried again here). Returns the chunks changed. On failure the
+    /// writes not committed stay buffered for the next flush, and the error
+    /// is counted in [`FileWriter::errors`].
     pub fn flush(&self, vol: &Volume, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
-        let mut done = join(bg.take())?;
+        let mut done = self.join(bg.take(), ino);
         let taken = std::mem::take(&mut *self.buf.lock());
-        let up = self.uploader.as_deref();
-        done.extend(commit_buffer(vol, up, ino, taken, &self.budget)?);
-        Ok(done)
+        let out = commit_buffer(
+            vol,
+            self.uploader.as_deref(),
+            self.chunks.as_deref(),
+            ino,
+            taken,
+            &self.budget,
+        );
+        done.extend(out.done);
+        match out.failed {
+            None => {
+                self.failing.store(false, Ordering::Release);
+                Ok(done)
+            }
+            Some((e, left)) => {
+                self.failed(ino, &e, left);
+                Err(e)
+            }
+        }
     }
 
     /// Starts committing the buffered writes in the background, so the
     /// writer can keep filling the buffer meanwhile (at most one commit runs
-    /// per file). Returns what the previous background commit committed.
+    /// per file). Returns what the previous background commit committed; if
+    /// it failed, its writes are part of this commit (and the error is
+    /// counted for the handles to report).
     pub fn flush_behind(&self, vol: &Arc<Volume>, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
-        let done = join(bg.take());
+        let done = self.join(bg.take(), ino);
         // Keep `end` so the file length still counts these writes until the
         // next full flush has committed them.
         let taken = {
@@ -529,12 +632,71 @@ impl FileWriter {
         let vol = vol.clone();
         let budget = self.budget.clone();
         let up = self.uploader.clone();
+        let chunks = self.chunks.clone();
         *bg = Some(
             std::thread::Builder::new()
                 .name("sluice-writeback".into())
-                .spawn(move || commit_buffer(&vol, up.as_deref(), ino, taken, &budget))?,
+                .spawn(move || {
+                    commit_buffer(&vol, up.as_deref(), chunks.as_deref(), ino, taken, &budget)
+                })?,
         );
-        done
+        Ok(done)
+    }
+
+    /// Drops every buffered write (the last handle closed and the writes
+    /// could not be stored: the error was reported at flush or fsync).
+    /// Returns how many bytes went.
+    pub fn discard(&self, ino: Ino) -> usize {
+        let mut bg = self.flushing.lock();
+        self.join(bg.take(), ino);
+        let taken = std::mem::take(&mut *self.buf.lock());
+        self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
+        taken.bytes
+    }
+
+    /// Waits for a background commit (the caller holds `flushing`); a failed
+    /// one puts its writes back and counts its error.
+    fn join(&self, bg: Option<Background>, ino: Ino) -> Vec<Committed> {
+        let Some(h) = bg else {
+            return Vec::new();
+        };
+        let out = h.join().unwrap_or_else(|_| Outcome {
+            done: Vec::new(),
+            failed: Some((
+                Error::Invalid("a write-back thread panicked".into()),
+                Buffer::default(),
+            )),
+        });
+        if let Some((e, left)) = out.failed {
+            self.failed(ino, &e, left);
+        }
+        out.done
+    }
+
+    /// A commit failed: its writes go back in front of newer ones, the
+    /// error is counted, and the first of a run of failures is logged.
+    fn failed(&self, ino: Ino, e: &Error, left: Buffer) {
+        let bytes = left.bytes;
+        {
+            let mut b = self.buf.lock();
+            for (indx, mut older) in left.chunks {
+                let newer = b.chunks.entry(indx).or_default();
+                older.append(newer);
+                *newer = older;
+            }
+            b.bytes += left.bytes;
+            b.end = b.end.max(left.end);
+        }
+        self.errors.fetch_add(1, Ordering::AcqRel);
+        if !self.failing.swap(true, Ordering::AcqRel) {
+            log::error!(
+                "inode {ino}: {bytes} bytes of writes could not be stored ({e}); \
+                 they stay buffered and are tried again at the next flush, and \
+                 fsync and close report EIO"
+            );
+        } else {
+            log::debug!("inode {ino}: storing buffered writes failed again: {e}");
+        }
     }
 }
 

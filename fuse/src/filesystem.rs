@@ -1,6 +1,6 @@
 //! The [`Filesystem`] trait: what the dispatcher calls for each decoded
 //! request. Its methods mirror the engine's `Vfs` facade one to one (see
-//! `VFS_API.md`), so `impl Filesystem for Vfs` is pure delegation.
+//! `engine/src/vfs.rs`), so `impl Filesystem for Vfs` is pure delegation.
 
 use sluice_engine::Result;
 use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};

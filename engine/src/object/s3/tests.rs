@@ -525,6 +525,74 @@ mod volume {
         vfs.destroy();
     }
 
+    /// Write errors are sticky and lose nothing: a commit that fails (here
+    /// triggered by another handle's read) keeps the buffered writes; when
+    /// the store is back, the writer's fsync stores them but still reports
+    /// the earlier failure, once per handle (errseq), and the bytes read
+    /// back whole.
+    #[test]
+    fn a_failed_commit_keeps_its_writes_and_every_handle_reports_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = TestS3Server::start(&dir.path().join("s3"), AK, SK).unwrap();
+        let url = format!("sqlite3://{}/meta.db", dir.path().display());
+        let meta = open_meta(&url).unwrap();
+        let storage = Storage {
+            s3: fast_options(),
+            ..Storage::s3(&server.bucket_url("jfs"), creds())
+        };
+        format_volume_on(&*meta, "sticky", &storage, 1024, Compression::None, 0).unwrap();
+        drop(meta);
+        let vfs = open_failing(&url);
+        let ctx = Context::default();
+        let (e, out) = vfs
+            .create(&ctx, ROOT_INO, b"f", 0o644, 0o022, libc::O_RDWR as u32)
+            .unwrap();
+        let (ino, w) = (e.inode, out.fh);
+        let r = vfs.open(&ctx, ino, libc::O_RDONLY as u32).unwrap().fh;
+        // Two and a half blocks: full blocks go to the upload pool, the
+        // rest is stored by the commit itself.
+        let bytes = data((5 << 19) + 777, 12);
+        for (i, part) in bytes.chunks(128 << 10).enumerate() {
+            vfs.write(&ctx, ino, w, (i * (128 << 10)) as u64, part)
+                .unwrap();
+        }
+        server.faults().fail_all(Duration::from_secs(3));
+        // The read must commit the writes first; it cannot, so it fails
+        // rather than return bytes older than the writes.
+        let mut buf = vec![0u8; 4096];
+        let err = vfs.read(&ctx, ino, r, 0, &mut buf).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        server.faults().clear();
+        // The writer's fsync stores the kept writes and reports the failure.
+        let err = vfs.fsync(&ctx, ino, w, false).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        // Once per handle: the next fsync has nothing new to report.
+        vfs.fsync(&ctx, ino, w, false).unwrap();
+        // The reader's handle was open when it happened: its close says so.
+        let err = vfs.flush(&ctx, ino, r).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        vfs.flush(&ctx, ino, r).unwrap();
+        // A handle opened after the failure has nothing to report.
+        let late = vfs.open(&ctx, ino, libc::O_RDONLY as u32).unwrap().fh;
+        vfs.flush(&ctx, ino, late).unwrap();
+        let mut back = vec![0u8; bytes.len()];
+        let mut done = 0;
+        while done < back.len() {
+            done += vfs
+                .read(&ctx, ino, late, done as u64, &mut back[done..])
+                .unwrap();
+        }
+        assert!(back == bytes, "the kept writes read back whole");
+        for fh in [w, r, late] {
+            vfs.release(&ctx, ino, fh).unwrap();
+        }
+        vfs.destroy();
+        // And they were really stored: a fresh Vfs reads them.
+        let vfs = open(&url);
+        assert!(read_file(&vfs, "f") == bytes);
+        vfs.destroy();
+    }
+
     /// A volume whose store gives up fast (the server fails everything).
     fn open_failing(url: &str) -> Vfs {
         let options = S3Options {
