@@ -939,7 +939,12 @@ impl Vfs {
 
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that holds
     /// data (or is a hole). Zeros written as data count as data; the end of
-    /// the file counts as a hole.
+    /// the file counts as a hole. Data is reported in whole
+    /// [`SEEK_GRANULE`]s, as block file systems report whole blocks: a hole
+    /// shorter than a granule, or the part of one sharing a granule with
+    /// data, counts as data (POSIX lets a file system report less hole than
+    /// there is; tools that probe the allocation unit with SEEK_DATA find a
+    /// page, not a byte).
     pub fn lseek(&self, _ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
         let (file, _) = self.file_handle(ino, fh)?;
         self.flush_file(ino, &file)?;
@@ -961,8 +966,8 @@ impl Vfs {
             let base = u64::from(indx) * CHUNK_SIZE;
             let coff = at - base;
             let pieces = self.reader.pieces(ino, indx)?;
-            if let Some(p) = pieces.iter().find(|p| !p.is_hole() && p.end() > coff) {
-                let found = base + u64::from(p.pos).max(coff);
+            if let Some((start, _)) = data_extents(&pieces).find(|&(_, end)| end > coff) {
+                let found = base + start.max(coff);
                 return if found < length {
                     Ok(found)
                 } else {
@@ -981,14 +986,14 @@ impl Vfs {
             let base = u64::from(indx) * CHUNK_SIZE;
             let pieces = self.reader.pieces(ino, indx)?;
             let mut coff = at - base;
-            for p in pieces.iter().filter(|p| !p.is_hole()) {
-                if p.end() <= coff {
+            for (start, end) in data_extents(&pieces) {
+                if end <= coff {
                     continue;
                 }
-                if u64::from(p.pos) > coff {
+                if start > coff {
                     return Ok((base + coff).min(length));
                 }
-                coff = p.end();
+                coff = end;
             }
             if coff < CHUNK_SIZE {
                 return Ok((base + coff).min(length));
@@ -997,6 +1002,22 @@ impl Vfs {
         }
         Ok(length)
     }
+}
+
+/// The unit SEEK_DATA and SEEK_HOLE report data in (a page; it divides
+/// [`CHUNK_SIZE`], so a granule never spans two chunks).
+pub const SEEK_GRANULE: u64 = 4096;
+
+/// The chunk-relative ranges of a chunk's visible pieces that hold data,
+/// each widened to whole [`SEEK_GRANULE`]s, in order (neighbours may touch
+/// or overlap).
+fn data_extents(pieces: &[crate::chunk::Piece]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pieces.iter().filter(|p| !p.is_hole()).map(|p| {
+        (
+            u64::from(p.pos) / SEEK_GRANULE * SEEK_GRANULE,
+            p.end().div_ceil(SEEK_GRANULE) * SEEK_GRANULE,
+        )
+    })
 }
 
 /// `vol` with its object store behind a disk cache, when one is configured.

@@ -215,6 +215,7 @@ fn sparse_files_and_seek_data_hole() {
     let seek = |off, whence: i32| t.vfs.lseek(&ctx(), ino, fh, off, whence as u32);
     assert_eq!(seek(0, libc::SEEK_DATA).unwrap(), at);
     assert_eq!(seek(0, libc::SEEK_HOLE).unwrap(), 0);
+    // The file ends inside the data's page: the end is the hole.
     assert_eq!(seek(at + 10, libc::SEEK_HOLE).unwrap(), at + 1000);
     assert_eq!(seek(at + 10, libc::SEEK_DATA).unwrap(), at + 10);
     assert_eq!(
@@ -231,11 +232,17 @@ fn sparse_files_and_seek_data_hole() {
             Some(CHUNK_SIZE + 5),
         )
         .unwrap();
+    // Data is reported in whole pages: the rest of the data's page is data.
+    assert_eq!(seek(at + 1000, libc::SEEK_DATA).unwrap(), at + 1000);
+    assert_eq!(seek(at + 1000, libc::SEEK_HOLE).unwrap(), at + SEEK_GRANULE);
     assert_eq!(
-        seek(at + 1000, libc::SEEK_DATA).unwrap_err().errno(),
+        seek(at + SEEK_GRANULE, libc::SEEK_DATA).unwrap_err().errno(),
         libc::ENXIO
     );
-    assert_eq!(seek(at + 1000, libc::SEEK_HOLE).unwrap(), at + 1000);
+    // A write that starts inside a page makes the whole page data.
+    t.write(ino, fh, 3 * MIB + 100, b"xyz");
+    assert_eq!(seek(MIB, libc::SEEK_DATA).unwrap(), 3 * MIB);
+    assert_eq!(seek(3 * MIB, libc::SEEK_HOLE).unwrap(), 3 * MIB + SEEK_GRANULE);
     assert!(t.read(ino, fh, CHUNK_SIZE - 3, 100).iter().all(|&x| x == 0));
     assert_eq!(t.read(ino, fh, CHUNK_SIZE - 3, 100).len(), 8);
     t.vfs.release(&ctx(), ino, fh).unwrap();
