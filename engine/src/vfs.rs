@@ -133,6 +133,9 @@ enum Handle {
     Dir {
         ino: Ino,
         entries: Mutex<Option<Arc<Vec<Entry>>>>,
+        /// The directory's attributes at open: what fstat of the handle
+        /// answers once the directory is removed (with no links).
+        attr: Attr,
     },
 }
 
@@ -560,10 +563,27 @@ impl Vfs {
     /// The kernel dropped `nlookup` references; nothing is kept per lookup.
     pub fn forget(&self, _ino: Ino, _nlookup: u64) {}
 
-    /// The attributes of `ino` (length includes buffered writes).
+    /// The attributes of `ino` (length includes buffered writes). A
+    /// directory removed while a handle here holds it open still answers,
+    /// with no links (as a removed open file does: the engine keeps those).
     pub fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
-        let attr = self.vol.meta.getattr(ino)?;
-        Ok(self.with_buffered(ino, attr))
+        match self.vol.meta.getattr(ino) {
+            Ok(attr) => Ok(self.with_buffered(ino, attr)),
+            Err(Error::NotFound) => self.removed_open_dir(ino).ok_or(Error::NotFound),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The attributes of a directory that is gone from the volume but open
+    /// through a handle here.
+    fn removed_open_dir(&self, ino: Ino) -> Option<Attr> {
+        self.handles.lock().values().find_map(|h| match &**h {
+            Handle::Dir { ino: i, attr, .. } if *i == ino => Some(Attr {
+                nlink: 0,
+                ..attr.clone()
+            }),
+            _ => None,
+        })
     }
 
     /// Changes attributes; `size` truncates (or extends) a regular file.
@@ -823,6 +843,7 @@ impl Vfs {
         Ok(self.add_handle(Handle::Dir {
             ino,
             entries: Mutex::new(None),
+            attr,
         }))
     }
 
@@ -836,7 +857,10 @@ impl Vfs {
         plus: bool,
     ) -> Result<Vec<Entry>> {
         let h = self.handle(fh)?;
-        let Handle::Dir { ino: dino, entries } = &*h else {
+        let Handle::Dir {
+            ino: dino, entries, ..
+        } = &*h
+        else {
             return Err(Error::BadHandle);
         };
         if *dino != ino {

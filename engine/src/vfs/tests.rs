@@ -236,13 +236,18 @@ fn sparse_files_and_seek_data_hole() {
     assert_eq!(seek(at + 1000, libc::SEEK_DATA).unwrap(), at + 1000);
     assert_eq!(seek(at + 1000, libc::SEEK_HOLE).unwrap(), at + SEEK_GRANULE);
     assert_eq!(
-        seek(at + SEEK_GRANULE, libc::SEEK_DATA).unwrap_err().errno(),
+        seek(at + SEEK_GRANULE, libc::SEEK_DATA)
+            .unwrap_err()
+            .errno(),
         libc::ENXIO
     );
     // A write that starts inside a page makes the whole page data.
     t.write(ino, fh, 3 * MIB + 100, b"xyz");
     assert_eq!(seek(MIB, libc::SEEK_DATA).unwrap(), 3 * MIB);
-    assert_eq!(seek(3 * MIB, libc::SEEK_HOLE).unwrap(), 3 * MIB + SEEK_GRANULE);
+    assert_eq!(
+        seek(3 * MIB, libc::SEEK_HOLE).unwrap(),
+        3 * MIB + SEEK_GRANULE
+    );
     assert!(t.read(ino, fh, CHUNK_SIZE - 3, 100).iter().all(|&x| x == 0));
     assert_eq!(t.read(ino, fh, CHUNK_SIZE - 3, 100).len(), 8);
     t.vfs.release(&ctx(), ino, fh).unwrap();
@@ -1082,4 +1087,32 @@ fn a_read_through_another_handle_sees_buffered_writes_of_the_file() {
     }
     t.vfs.release(&ctx(), ino, r).unwrap();
     t.vfs.release(&ctx(), ino, w).unwrap();
+}
+
+/// fstat of an open directory that a rename replaced (xfstests
+/// generic/035): the handle still answers, with no links.
+#[test]
+fn an_open_directory_replaced_by_a_rename_still_has_attributes() {
+    let t = setup();
+    let a = t.vfs.mkdir(&ctx(), ROOT_INO, b"a", 0o755, 0).unwrap();
+    let b = t.vfs.mkdir(&ctx(), ROOT_INO, b"b", 0o755, 0).unwrap();
+    let fh = t.vfs.opendir(&ctx(), b.inode).unwrap();
+    t.vfs
+        .rename(
+            &ctx(),
+            ROOT_INO,
+            b"a",
+            ROOT_INO,
+            b"b",
+            RenameFlags::default(),
+        )
+        .unwrap();
+    let attr = t.vfs.getattr(&ctx(), b.inode).unwrap();
+    assert_eq!((attr.nlink, attr.typ), (0, FileType::Directory));
+    assert_eq!(t.vfs.lookup(&ctx(), ROOT_INO, b"b").unwrap().inode, a.inode);
+    t.vfs.releasedir(&ctx(), b.inode, fh).unwrap();
+    assert_eq!(
+        t.vfs.getattr(&ctx(), b.inode).unwrap_err().errno(),
+        libc::ENOENT
+    );
 }
