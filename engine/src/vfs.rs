@@ -19,7 +19,8 @@ use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Result};
 use crate::gc::slice_releaser;
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+    Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, TruncateVia,
+    XattrMode,
 };
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
@@ -539,19 +540,27 @@ impl Vfs {
     }
 
     /// Changes attributes; `size` truncates (or extends) a regular file.
+    /// With `fh` (ftruncate, or an `O_TRUNC` open) a handle open for writing
+    /// proves the right to truncate, whatever the mode says now.
     pub fn setattr(
         &self,
         ctx: &Context,
         ino: Ino,
-        _fh: Option<Fh>,
+        fh: Option<Fh>,
         set: &SetAttr,
         size: Option<u64>,
     ) -> Result<Attr> {
         let mut attr = None;
         if let Some(size) = size {
+            // A read-only handle (`O_RDONLY|O_TRUNC`) proves nothing: the
+            // mode decides, as for truncate(2).
+            let via = match fh {
+                Some(fh) if self.file_handle(ino, fh)?.1 => TruncateVia::Handle,
+                _ => TruncateVia::Path,
+            };
             // Writes made before the truncate must land before it.
             self.flush_ino(ino)?;
-            let a = self.vol.meta.truncate(ctx, ino, size)?;
+            let a = self.vol.meta.truncate(ctx, ino, size, via)?;
             self.reader.invalidate_inode(ino);
             if let Some(f) = self.open_state(ino) {
                 f.length.store(a.length, Ordering::Release);

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::format::Format;
 use crate::meta::{
     Context, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO,
-    TimeChange, Timestamp, XattrMode,
+    TimeChange, Timestamp, TruncateVia, XattrMode,
 };
 
 /// One conformance check: it gets a fresh, unformatted store.
@@ -39,6 +39,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
     ("compact_chunk", compact_chunk),
+    ("truncate_through_a_handle", truncate_through_a_handle),
     ("open_unlink_close", open_unlink_close),
     ("trash_keeps_removed_files", trash_keeps_removed_files),
     ("no_trash_releases_at_once", no_trash_releases_at_once),
@@ -777,7 +778,7 @@ pub(crate) fn permissions(m: &dyn Meta) {
     .expect("chmod");
     m.access(&group, f, libc::R_OK as u32).expect("group read");
     assert_err(
-        m.truncate(&group, f, 0),
+        m.truncate(&group, f, 0, TruncateVia::Path),
         |e| matches!(e, Error::Access),
         "group write",
     );
@@ -819,7 +820,7 @@ pub(crate) fn write_read_and_refs(m: &dyn Meta) {
     let all = m.list_chunks().expect("list");
     assert_eq!(all.len(), 2);
     assert!(all.contains(&(f, 2, vec![far])));
-    m.truncate(&c, f, 0).expect("truncate");
+    m.truncate(&c, f, 0, TruncateVia::Path).expect("truncate");
     let mut got = released.lock().clone();
     got.sort_by_key(|r| r.id);
     assert_eq!(
@@ -865,7 +866,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
     let c = root();
     let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
     let s = write(m, f, 0, 8192);
-    let a = m.truncate(&c, f, 100).expect("shrink");
+    let a = m.truncate(&c, f, 100, TruncateVia::Path).expect("shrink");
     assert_eq!(a.length, 100);
     let hole = Slice {
         pos: 100,
@@ -875,7 +876,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
         len: 8092,
     };
     assert_eq!(m.read_chunk(f, 0).expect("read"), vec![s, hole]);
-    let a = m.truncate(&c, f, 200).expect("grow");
+    let a = m.truncate(&c, f, 200, TruncateVia::Path).expect("grow");
     assert_eq!(a.length, 200);
     let grown = m.read_chunk(f, 0).expect("read");
     assert_eq!(
@@ -909,7 +910,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
     );
     let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
     assert_err(
-        m.truncate(&c, d, 0),
+        m.truncate(&c, d, 0, TruncateVia::Path),
         |e| matches!(e, Error::Perm),
         "truncate a dir",
     );
@@ -976,6 +977,42 @@ pub(crate) fn compact_chunk(m: &dyn Meta) {
             size: 300
         }]
     );
+    m.close(f).expect("close");
+}
+
+/// ftruncate through a handle open for writing needs no write permission
+/// by mode (a file created 0444 with O_RDWR, as on ext4) and works on a file
+/// moved to the trash while open; truncate(2) by path still checks both.
+pub(crate) fn truncate_through_a_handle(m: &dyn Meta) {
+    formatted(m, 1);
+    let alice = user(1000);
+    let (tmp, _) = m.mkdir(&root(), ROOT_INO, b"tmp", 0o1777, 0).expect("tmp");
+    let (f, _) = m.create(&alice, tmp, b"ro", 0o444, 0).expect("create 0444");
+    assert_err(
+        m.truncate(&alice, f, 10, TruncateVia::Path),
+        |e| matches!(e, Error::Access),
+        "truncate(2) of a 0444 file",
+    );
+    let a = m
+        .truncate(&alice, f, 10, TruncateVia::Handle)
+        .expect("ftruncate through the handle");
+    assert_eq!(a.length, 10);
+    assert_err(
+        m.truncate(&user(2000), f, 0, TruncateVia::Path),
+        |e| matches!(e, Error::Access),
+        "truncate(2) by another user",
+    );
+    m.unlink(&alice, tmp, b"ro").expect("unlink into the trash");
+    assert!(m.getattr(f).expect("in the trash").parent > TRASH_INO);
+    assert_err(
+        m.truncate(&root(), f, 0, TruncateVia::Path),
+        |e| matches!(e, Error::Perm),
+        "truncate(2) in the trash",
+    );
+    let a = m
+        .truncate(&alice, f, 3, TruncateVia::Handle)
+        .expect("ftruncate of a file moved to the trash while open");
+    assert_eq!(a.length, 3);
     m.close(f).expect("close");
 }
 
@@ -1086,7 +1123,7 @@ pub(crate) fn trash_keeps_removed_files(m: &dyn Meta) {
         "create in trash",
     );
     assert_err(
-        m.truncate(&c, f, 0),
+        m.truncate(&c, f, 0, TruncateVia::Path),
         |e| matches!(e, Error::Perm),
         "truncate in trash",
     );

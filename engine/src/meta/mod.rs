@@ -277,6 +277,20 @@ pub struct SetAttr {
     pub mtime: Option<TimeChange>,
 }
 
+/// How a truncate was asked for, which decides what it checks (JuiceFS's
+/// `skipPermCheck`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TruncateVia {
+    /// `truncate(2)` on a path: the caller needs write permission by the
+    /// file's mode, and a file in the trash stays as it is.
+    Path,
+    /// `ftruncate(2)` on a descriptor open for writing: the open checked
+    /// access already (a file created 0444 with `O_RDWR` may be truncated
+    /// through that descriptor, as on a local file system), and a file moved
+    /// to the trash while open may still change.
+    Handle,
+}
+
 /// Flags of a rename (Linux `renameat2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RenameFlags {
@@ -363,8 +377,10 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// Changes mode, owner or times.
     fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr>;
     /// Sets a regular file's length; chunks past the end are dropped and
-    /// their slices released. Returns the new attributes.
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr>;
+    /// their slices released. `via` says whether the caller holds the file
+    /// open for writing (then the mode is not checked). Returns the new
+    /// attributes.
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr>;
     /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
     /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;

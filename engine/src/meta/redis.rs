@@ -43,7 +43,7 @@ use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::sqlite::{node as rules, statfs_from};
 use crate::meta::{
     Attr, Context, Entry, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr,
-    Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, XattrMode,
+    Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, TruncateVia, XattrMode,
 };
 
 use keys::{Keys, counter, slice_field};
@@ -632,8 +632,8 @@ impl Meta for RedisMeta {
         })
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length)
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {

@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::{
     Attr, Context, Entry, FileType, Ino, Meta, ReleasedSlice, RenameFlags, SetAttr, Slice,
-    SliceReleaser, StatFs, Timestamp, XattrMode,
+    SliceReleaser, StatFs, Timestamp, TruncateVia, XattrMode,
 };
 
 use schema::counter;
@@ -572,8 +572,8 @@ impl Meta for SqliteMeta {
         node::setattr(&self.inner, ctx, ino, set)
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length)
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {

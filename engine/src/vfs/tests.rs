@@ -297,6 +297,44 @@ fn fallocate_punch_hole_and_extend() {
 }
 
 #[test]
+fn ftruncate_through_a_writable_handle_needs_no_write_mode() {
+    let t = setup();
+    let alice = Context {
+        uid: 1000,
+        gid: 1000,
+        gids: vec![1000],
+        pid: 1,
+        privileged: false,
+    };
+    let d = t
+        .vfs
+        .mkdir(&ctx(), ROOT_INO, b"tmp", 0o777, 0)
+        .unwrap()
+        .inode;
+    // open(O_CREAT | O_RDWR, 0444), as a POSIX suite does.
+    let (e, out) = t
+        .vfs
+        .create(&alice, d, b"ro", 0o444, 0o022, libc::O_RDWR as u32)
+        .unwrap();
+    let f = e.inode;
+    let size = |t: &TestVol, fh: Option<Fh>, len: u64| {
+        t.vfs.setattr(&alice, f, fh, &SetAttr::default(), Some(len))
+    };
+    assert_eq!(size(&t, Some(out.fh), 100).unwrap().length, 100);
+    t.write(f, out.fh, 100, b"more");
+    assert_eq!(size(&t, Some(out.fh), 50).unwrap().length, 50);
+    // truncate(2) by path checks the mode.
+    assert_eq!(size(&t, None, 0).unwrap_err().errno(), libc::EACCES);
+    // A read-only handle (O_RDONLY | O_TRUNC) proves nothing either.
+    let ro = t.vfs.open(&alice, f, libc::O_RDONLY as u32).unwrap().fh;
+    assert_eq!(size(&t, Some(ro), 0).unwrap_err().errno(), libc::EACCES);
+    assert_eq!(size(&t, Some(999_999), 0).unwrap_err().errno(), libc::EBADF);
+    assert_eq!(t.vfs.getattr(&alice, f).unwrap().length, 50);
+    t.vfs.release(&alice, f, ro).unwrap();
+    t.vfs.release(&alice, f, out.fh).unwrap();
+}
+
+#[test]
 fn concurrent_writers_on_distinct_files() {
     let t = setup();
     let files: Vec<_> = (0..4).map(|i| t.create(&format!("c{i}"))).collect();

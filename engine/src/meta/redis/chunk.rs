@@ -11,7 +11,9 @@ use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::sqlite::align4k;
 use crate::meta::sqlite::node::{self as rules, MASK_W};
-use crate::meta::{Attr, CHUNK_SIZE, Context, FileType, Ino, Slice, TRASH_INO, Timestamp};
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, FileType, Ino, Slice, TRASH_INO, Timestamp, TruncateVia,
+};
 
 /// `FALLOC_FL_KEEP_SIZE`.
 const FALLOC_KEEP_SIZE: u32 = 0x01;
@@ -175,8 +177,15 @@ pub(super) fn compact_chunk(
 
 /// Sets a file's length. Growing adds a hole; shrinking hides the cut part
 /// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices.
-pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
+/// releasing their slices. Through an open handle neither the mode nor the
+/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+pub(super) fn truncate(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    length: u64,
+    via: TruncateVia,
+) -> Result<Attr> {
     if length > MAX_LENGTH {
         return Err(Error::FileTooBig);
     }
@@ -185,11 +194,13 @@ pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> R
         let mut a = node::must_get(tx, ino)?;
         if a.typ != FileType::File
             || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
-            || a.parent > TRASH_INO
+            || (via == TruncateVia::Path && a.parent > TRASH_INO)
         {
             return Err(Error::Perm.into());
         }
-        rules::check_access(ctx, &a, MASK_W)?;
+        if via == TruncateVia::Path {
+            rules::check_access(ctx, &a, MASK_W)?;
+        }
         if length == a.length {
             return Ok(a);
         }

@@ -9,7 +9,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::node::{self, MASK_W};
 use super::{Inner, Tx, TxError, TxResult, align4k};
 use crate::error::{Error, Result};
-use crate::meta::{Attr, CHUNK_SIZE, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp};
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp, TruncateVia,
+};
 
 /// `FALLOC_FL_KEEP_SIZE`.
 const FALLOC_KEEP_SIZE: u32 = 0x01;
@@ -260,21 +262,31 @@ pub(super) fn compact_chunk(
 
 /// Sets a file's length. Growing adds a hole; shrinking hides the cut part
 /// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices.
-pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
+/// releasing their slices. Through an open handle neither the mode nor the
+/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+pub(super) fn truncate(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    length: u64,
+    via: TruncateVia,
+) -> Result<Attr> {
     if length > MAX_LENGTH {
         return Err(Error::FileTooBig);
     }
     inner.format()?;
     inner.write(|tx| {
         let mut a = node::must_get(tx, ino)?;
+        let in_trash = a.parent > crate::meta::TRASH_INO;
         if a.typ != FileType::File
             || a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0
-            || a.parent > crate::meta::TRASH_INO
+            || (via == TruncateVia::Path && in_trash)
         {
             return Err(Error::Perm.into());
         }
-        node::check_access(ctx, &a, MASK_W)?;
+        if via == TruncateVia::Path {
+            node::check_access(ctx, &a, MASK_W)?;
+        }
         if length == a.length {
             return Ok(a);
         }

@@ -53,6 +53,7 @@ conformance_tests!(
     write_read_and_refs,
     truncate_and_fallocate,
     compact_chunk,
+    truncate_through_a_handle,
     open_unlink_close,
     trash_keeps_removed_files,
     no_trash_releases_at_once,
