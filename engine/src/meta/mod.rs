@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod copy_range;
 mod open_files;
 pub mod redis;
 pub mod sqlite;
 pub mod url;
 
+pub use copy_range::{CopyRange, MAX_COPY_LEN};
 pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::open_meta;
@@ -31,6 +33,8 @@ pub const ROOT_INO: Ino = 1;
 pub const TRASH_INO: Ino = 0x7FFF_FFFF_1000_0000;
 /// The size of a chunk: 64 MiB of file offset.
 pub const CHUNK_SIZE: u64 = 64 << 20;
+/// The largest file length JuiceFS's chunk index can address.
+pub const MAX_FILE_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
 /// The longest name a directory entry may have.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -458,6 +462,18 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// The slice list of chunk `indx` of a file, as stored (in write order;
     /// later slices win). Empty when the chunk holds no data.
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>>;
+    /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
+    /// one transaction: the source's bytes over the range (bounded by its
+    /// length and [`MAX_COPY_LEN`]) appear in the destination as slice
+    /// records that reference the source's slices (zeros as holes), and
+    /// each such record adds a reference to its slice. The destination
+    /// grows to cover the copy, gets new mtime and ctime, and usage and
+    /// directory statistics follow. Access was proven by the caller's open
+    /// handles (source readable, destination writable), as for
+    /// [`Meta::write_chunk`]. Returns the bytes copied (0 when the source
+    /// ends before `off_in`: nothing changes) and the destination's
+    /// attributes.
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)>;
     /// Hands out a new slice id (ids are taken from the counter in batches).
     fn new_slice_id(&self) -> Result<u64>;
     /// Appends a slice to chunk `indx`, creates its reference, grows the
