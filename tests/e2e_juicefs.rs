@@ -255,8 +255,38 @@ fn assert_same(
     assert_eq!(a.1, b.1, "{what}: hard-link groups differ");
 }
 
-/// Fills ROOT/data: nested directories, a `big`-byte random file, 1,000
-/// small files, symlinks, hard links and xattrs.
+/// Copies the file `src` to a new file `dst` with copy_file_range(2), which
+/// sluice and JuiceFS both answer by sharing slices.
+fn copy_by_reference(src: &Path, dst: &Path) {
+    use std::os::fd::AsRawFd;
+    let from = std::fs::File::open(src).expect("open the source");
+    let to = std::fs::File::create(dst).expect("create the copy");
+    let mut left = from.metadata().expect("stat").len() as usize;
+    while left > 0 {
+        // SAFETY: both descriptors stay open across the call; null offsets
+        // make the kernel use and advance the files' own positions.
+        let n = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                left,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        left -= n as usize;
+    }
+}
+
+/// Fills ROOT/data: nested directories, a `big`-byte random file and a
+/// copy of it made by copy_file_range, 1,000 small files, symlinks, hard
+/// links and xattrs.
 fn fill(root: &Path, big: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let data = root.join("data");
@@ -276,6 +306,7 @@ fn fill(root: &Path, big: usize, seed: u64) {
             left -= n;
         }
     }
+    copy_by_reference(&data.join("n0/big.bin"), &data.join("n1/big.copy"));
     for i in 0..1000 {
         let dir = data.join(format!("small/{:02}", i % 20));
         std::fs::create_dir_all(&dir).expect("mkdir");
@@ -495,6 +526,8 @@ fn deletes(trash_days: &str, on_redis: bool) {
         std::fs::write(sm.path.join(format!("d/f{i}")), &v).expect("write");
         files.push(v);
     }
+    // f0's copy shares its slices, which must outlive f0.
+    copy_by_reference(&sm.path.join("d/f0"), &sm.path.join("d/c0"));
     // Overwritten and truncated files release slices too.
     std::fs::write(sm.path.join("d/f5"), b"short now").expect("overwrite");
     std::fs::File::options()
@@ -518,7 +551,11 @@ fn deletes(trash_days: &str, on_redis: bool) {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["f3", "f4", "f5"], "what juicefs lists");
+    assert_eq!(names, ["c0", "f3", "f4", "f5"], "what juicefs lists");
+    assert!(
+        std::fs::read(jm.path.join("d/c0")).expect("read") == files[0],
+        "c0 (a copy of the deleted f0) through juicefs"
+    );
     assert!(
         std::fs::read(jm.path.join("d/f3")).expect("read") == files[3],
         "f3 through juicefs"

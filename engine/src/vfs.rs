@@ -21,7 +21,8 @@ use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Result};
 use crate::gc::slice_releaser;
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+    Attr, CHUNK_SIZE, Context, CopyRange, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs,
+    TruncateVia, XattrMode,
 };
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
@@ -123,6 +124,7 @@ enum Handle {
     File {
         ino: Ino,
         file: Arc<OpenFile>,
+        readable: bool,
         writable: bool,
         /// The handle's read streams.
         readahead: Mutex<Readahead>,
@@ -343,6 +345,7 @@ impl Vfs {
 
     fn open_out(&self, ino: Ino, flags: u32, attr: Attr) -> OpenOut {
         let acc = flags & libc::O_ACCMODE as u32;
+        let readable = acc == libc::O_RDONLY as u32 || acc == libc::O_RDWR as u32;
         let writable = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
         let file = self.open_file(ino, attr.length);
         // Errors from before the open are not this handle's to report.
@@ -350,6 +353,7 @@ impl Vfs {
         let fh = self.add_handle(Handle::File {
             ino,
             file,
+            readable,
             writable,
             readahead: Mutex::new(Readahead::default()),
             reported,
@@ -587,19 +591,27 @@ impl Vfs {
     }
 
     /// Changes attributes; `size` truncates (or extends) a regular file.
+    /// With `fh` (ftruncate, or an `O_TRUNC` open) a handle open for writing
+    /// proves the right to truncate, whatever the mode says now.
     pub fn setattr(
         &self,
         ctx: &Context,
         ino: Ino,
-        _fh: Option<Fh>,
+        fh: Option<Fh>,
         set: &SetAttr,
         size: Option<u64>,
     ) -> Result<Attr> {
         let mut attr = None;
         if let Some(size) = size {
+            // A read-only handle (`O_RDONLY|O_TRUNC`) proves nothing: the
+            // mode decides, as for truncate(2).
+            let via = match fh {
+                Some(fh) if self.file_handle(ino, fh)?.1 => TruncateVia::Handle,
+                _ => TruncateVia::Path,
+            };
             // Writes made before the truncate must land before it.
             self.flush_ino(ino)?;
-            let a = self.vol.meta.truncate(ctx, ino, size)?;
+            let a = self.vol.meta.truncate(ctx, ino, size, via)?;
             self.reader.invalidate_inode(ino);
             if let Some(f) = self.open_state(ino) {
                 f.length.store(a.length, Ordering::Release);
@@ -959,6 +971,49 @@ impl Vfs {
         self.reader.invalidate_inode(ino);
         file.length.store(attr.length, Ordering::Release);
         Ok(())
+    }
+
+    /// `copy_file_range` by reference: the destination comes to show the
+    /// source's slices over the range, without reading or writing a byte of
+    /// data (see [`crate::meta::copy_range`]). `fh_in` must be a readable
+    /// handle of `req.fin` and `fh_out` a writable one of `req.fout`; the
+    /// handles are what grant access. Returns the bytes copied: bounded by
+    /// the source's length and [`crate::meta::MAX_COPY_LEN`] (callers loop,
+    /// as for a short write), 0 from the source's end on.
+    pub fn copy_file_range(
+        &self,
+        _ctx: &Context,
+        req: &CopyRange,
+        fh_in: Fh,
+        fh_out: Fh,
+    ) -> Result<u64> {
+        req.check()?;
+        self.copy_handle(req.fin, fh_in, false)?;
+        let dst = self.copy_handle(req.fout, fh_out, true)?;
+        // The copy shows every write made before it, to either file.
+        self.flush_ino(req.fin)?;
+        self.flush_ino(req.fout)?;
+        let (copied, attr) = self.vol.meta.copy_file_range(req)?;
+        self.reader.invalidate_inode(req.fout);
+        dst.length.store(attr.length, Ordering::Release);
+        Ok(copied)
+    }
+
+    /// The open file behind a handle copy_file_range uses: a file handle of
+    /// `ino` that may write (`write`) or read. A directory's handle is
+    /// `IsDir`, as copy_file_range(2) answers for directories.
+    fn copy_handle(&self, ino: Ino, fh: Fh, write: bool) -> Result<Arc<OpenFile>> {
+        match &*self.handle(fh)? {
+            Handle::File {
+                ino: i,
+                file,
+                readable,
+                writable,
+                ..
+            } if *i == ino && (if write { *writable } else { *readable }) => Ok(file.clone()),
+            Handle::Dir { ino: i, .. } if *i == ino => Err(Error::IsDir),
+            _ => Err(Error::BadHandle),
+        }
     }
 
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that holds

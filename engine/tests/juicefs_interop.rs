@@ -12,7 +12,7 @@ use std::sync::Arc;
 use sluice_engine::format::Format;
 use sluice_engine::meta::{
     CHUNK_SIZE, Context, FileType, Meta, ROOT_INO, Slice, SqliteMeta, TRASH_INO, Timestamp,
-    XattrMode,
+    TruncateVia, XattrMode,
 };
 
 const BLOCK: usize = 4 << 20;
@@ -149,10 +149,12 @@ fn juicefs_checks_and_reads_a_volume_sluice_wrote() {
         m.rename(&c, a, b"x", b, b"y", exchange)
             .expect("exchange across dirs");
         let (sparse, _) = m.create(&c, b, b"sparse", 0o644, 0).expect("sparse");
-        m.truncate(&c, sparse, 10 << 20).expect("grow");
+        m.truncate(&c, sparse, 10 << 20, TruncateVia::Path)
+            .expect("grow");
         m.fallocate(&c, sparse, 0, 0, 12 << 20)
             .expect("preallocate");
-        m.truncate(&c, sparse, 9 << 20).expect("shrink");
+        m.truncate(&c, sparse, 9 << 20, TruncateVia::Path)
+            .expect("shrink");
         m.close(sparse).expect("close");
         m.link(&c, y, ROOT_INO, b"y-link").expect("link");
         m.mkdir(&c, b, b"tmpdir", 0o755, 0).expect("mkdir");

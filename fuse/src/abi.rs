@@ -730,6 +730,27 @@ abi_struct! {
 }
 
 abi_struct! {
+    /// `struct fuse_copy_file_range_in`; the source is the header's node.
+    /// Answered with a `fuse_write_out` holding the bytes copied.
+    pub struct CopyFileRangeIn {
+        /// Source file handle.
+        pub fh_in: u64,
+        /// Source offset.
+        pub off_in: u64,
+        /// Destination node id.
+        pub nodeid_out: u64,
+        /// Destination file handle.
+        pub fh_out: u64,
+        /// Destination offset.
+        pub off_out: u64,
+        /// Bytes to copy.
+        pub len: u64,
+        /// `copy_file_range(2)` flags (none are defined).
+        pub flags: u64,
+    }
+}
+
+abi_struct! {
     /// `struct fuse_dirent` without its trailing name.
     pub struct Dirent {
         /// Inode number.
@@ -803,6 +824,7 @@ mod tests {
         assert_eq!(size_of::<FallocateIn>(), 32);
         assert_eq!(size_of::<LseekIn>(), 24);
         assert_eq!(size_of::<LseekOut>(), 8);
+        assert_eq!(size_of::<CopyFileRangeIn>(), 56);
         assert_eq!(size_of::<Dirent>(), 24);
         assert_eq!(size_of::<DirentPlus>(), 152);
     }

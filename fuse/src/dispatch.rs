@@ -15,7 +15,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use sluice_engine::Result as EngineResult;
-use sluice_engine::meta::{SetAttr, TimeChange, Timestamp};
+use sluice_engine::meta::{CopyRange, MAX_COPY_LEN, SetAttr, TimeChange, Timestamp};
 use sluice_engine::reader::Fragment;
 
 use crate::abi::{self, fattr, init_flags};
@@ -119,6 +119,9 @@ pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::READDIRPLUS_AUTO
     | init_flags::AUTO_INVAL_DATA
     | init_flags::CACHE_SYMLINKS;
+
+// COPY_FILE_RANGE answers with a 32-bit count.
+const _: () = assert!(MAX_COPY_LEN <= u32::MAX as u64);
 
 /// The largest time, in seconds either side of the epoch, a setattr may
 /// set: JuiceFS stores times as signed 64-bit microseconds.
@@ -601,6 +604,28 @@ impl<F: Filesystem> Dispatcher<F> {
                 }
                 ReplyHead::lseek(u, fs.lseek(&ctx, ino, fh, offset, whence)?)
             }
+            Operation::CopyFileRange {
+                fh_in,
+                off_in,
+                nodeid_out,
+                fh_out,
+                off_out,
+                len,
+                flags,
+            } => {
+                let req = CopyRange {
+                    fin: ino,
+                    off_in,
+                    fout: nodeid_out,
+                    off_out,
+                    // The reply's count is 32 bits: ask for no more.
+                    len: len.min(MAX_COPY_LEN),
+                    flags: u32::try_from(flags).map_err(|_| Failure::Errno(libc::EINVAL))?,
+                };
+                let n = fs.copy_file_range(&ctx, &req, fh_in, fh_out)?.min(req.len);
+                // n ≤ MAX_COPY_LEN, which fits a u32 (checked below).
+                ReplyHead::write(u, n as u32)
+            }
             Operation::Unsupported(code) => {
                 log::debug!("unsupported FUSE opcode {code} ({})", opcode_name(code));
                 return Err(Failure::Errno(libc::ENOSYS));
@@ -827,6 +852,9 @@ mod tests {
         fn lseek(&self, _: &Context, ino: Ino, fh: Fh, o: u64, w: u32) -> Result<u64> {
             self.refuse(format!("lseek {ino} {fh} {o} {w}"))
         }
+        fn copy_file_range(&self, _: &Context, r: &CopyRange, fi: Fh, fo: Fh) -> Result<u64> {
+            self.refuse(format!("copy_file_range {r:?} {fi} {fo}"))
+        }
     }
 
     /// Collects replies as whole messages.
@@ -945,7 +973,7 @@ mod tests {
     #[test]
     fn unknown_and_unimplemented_opcodes_get_enosys() {
         let d = started(libc::EIO);
-        for op in [opcode::GETLK, opcode::IOCTL, opcode::COPY_FILE_RANGE, 9999] {
+        for op in [opcode::GETLK, opcode::IOCTL, opcode::TMPFILE, 9999] {
             let m = message(op, 8, 1, &[&[0u8; 64]]);
             assert_eq!(errno_of(&run(&d, &m).0), libc::ENOSYS, "opcode {op}");
         }
@@ -1040,6 +1068,38 @@ mod tests {
                 "write 5 4 8 [104, 105]".to_owned(),
                 "fsyncdir 1 6 true".to_owned(),
             ]
+        );
+    }
+
+    /// COPY_FILE_RANGE reaches the file system with the header's node as
+    /// the source and a length the 32-bit reply can count; flags that do
+    /// not fit 32 bits are refused before it.
+    #[test]
+    fn copy_file_range_reaches_the_file_system() {
+        let d = started(libc::EXDEV);
+        let c = abi::CopyFileRangeIn {
+            fh_in: 3,
+            off_in: 10,
+            nodeid_out: 8,
+            fh_out: 4,
+            off_out: 20,
+            len: u64::MAX,
+            flags: 0,
+        };
+        let m = message(opcode::COPY_FILE_RANGE, 1, 7, &[c.as_bytes()]);
+        assert_eq!(errno_of(&run(&d, &m).0), libc::EXDEV);
+        let c = abi::CopyFileRangeIn {
+            flags: 1 << 32,
+            ..c
+        };
+        let m = message(opcode::COPY_FILE_RANGE, 2, 7, &[c.as_bytes()]);
+        assert_eq!(errno_of(&run(&d, &m).0), libc::EINVAL);
+        assert_eq!(
+            d.filesystem().calls(),
+            vec![format!(
+                "copy_file_range CopyRange {{ fin: 7, off_in: 10, fout: 8, off_out: 20, \
+                 len: {MAX_COPY_LEN}, flags: 0 }} 3 4"
+            )]
         );
     }
 

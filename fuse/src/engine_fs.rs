@@ -2,7 +2,9 @@
 //! Vfs`, one delegation per method.
 
 use sluice_engine::Result;
-use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
+use sluice_engine::meta::{
+    Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+};
 use sluice_engine::vfs::Vfs;
 
 use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
@@ -178,5 +180,14 @@ impl Filesystem for Vfs {
     }
     fn lseek(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
         Vfs::lseek(self, ctx, ino, fh, offset, whence)
+    }
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        req: &CopyRange,
+        fh_in: Fh,
+        fh_out: Fh,
+    ) -> Result<u64> {
+        Vfs::copy_file_range(self, ctx, req, fh_in, fh_out)
     }
 }

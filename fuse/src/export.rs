@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use sluice_engine::meta::{
-    Attr, Context, Entry, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs, XattrMode,
+    Attr, Context, CopyRange, Entry, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs, XattrMode,
 };
 use sluice_engine::{Error, Result};
 
@@ -402,6 +402,24 @@ impl<F: Filesystem> Filesystem for Export<F> {
 
     fn lseek(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
         self.inner.lseek(ctx, self.inode(ino)?, fh, offset, whence)
+    }
+
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        req: &CopyRange,
+        fh_in: Fh,
+        fh_out: Fh,
+    ) -> Result<u64> {
+        self.writable()?;
+        // Both ends must be nodes this client was given; the engine then
+        // checks that each handle belongs to its node.
+        let req = CopyRange {
+            fin: self.inode(req.fin)?,
+            fout: self.inode(req.fout)?,
+            ..*req
+        };
+        self.inner.copy_file_range(ctx, &req, fh_in, fh_out)
     }
 }
 

@@ -3,7 +3,9 @@
 //! `engine/src/vfs.rs`), so `impl Filesystem for Vfs` is pure delegation.
 
 use sluice_engine::Result;
-use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
+use sluice_engine::meta::{
+    Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+};
 
 /// File handles and open results are the engine's own types, so the
 /// engine's `Vfs` implements [`Filesystem`] by plain delegation.
@@ -162,4 +164,9 @@ pub trait Filesystem: Send + Sync {
     ) -> Result<()>;
     /// `SEEK_DATA` / `SEEK_HOLE` from `offset`.
     fn lseek(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64>;
+    /// `copy_file_range(2)` from `req.fin` (open as `fh_in`, readable) to
+    /// `req.fout` (open as `fh_out`, writable); returns the bytes copied,
+    /// which may be fewer than asked (the caller loops).
+    fn copy_file_range(&self, ctx: &Context, req: &CopyRange, fh_in: Fh, fh_out: Fh)
+    -> Result<u64>;
 }

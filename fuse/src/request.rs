@@ -509,6 +509,23 @@ pub enum Operation<'a> {
         /// `SEEK_DATA` / `SEEK_HOLE`.
         whence: u32,
     },
+    /// FUSE_COPY_FILE_RANGE: from the node to `nodeid_out`.
+    CopyFileRange {
+        /// Source file handle.
+        fh_in: u64,
+        /// Source offset.
+        off_in: u64,
+        /// Destination node.
+        nodeid_out: u64,
+        /// Destination file handle.
+        fh_out: u64,
+        /// Destination offset.
+        off_out: u64,
+        /// Bytes to copy.
+        len: u64,
+        /// `copy_file_range(2)` flags, as sent (64 bits on the wire).
+        flags: u64,
+    },
     /// FUSE_NOTIFY_REPLY (no reply; this crate sends no retrieve notifications).
     NotifyReply,
     /// An opcode this crate does not implement; answered with ENOSYS.
@@ -956,6 +973,18 @@ fn decode_op<'a>(
                 whence: l.whence,
             }
         }
+        opcode::COPY_FILE_RANGE => {
+            let c: abi::CopyFileRangeIn = a.fixed()?;
+            Operation::CopyFileRange {
+                fh_in: c.fh_in,
+                off_in: c.off_in,
+                nodeid_out: c.nodeid_out,
+                fh_out: c.fh_out,
+                off_out: c.off_out,
+                len: c.len,
+                flags: c.flags,
+            }
+        }
         opcode::NOTIFY_REPLY => Operation::NotifyReply,
         other => Operation::Unsupported(other),
     })
@@ -1272,6 +1301,45 @@ pub(crate) mod tests {
         assert_eq!(
             decode(&m).unwrap_err().error,
             DecodeError::BadExtensions(72)
+        );
+    }
+
+    #[test]
+    fn copy_file_range_decodes_both_ends() {
+        let c = abi::CopyFileRangeIn {
+            fh_in: 3,
+            off_in: 4096,
+            nodeid_out: 77,
+            fh_out: 9,
+            off_out: 1 << 40,
+            len: u64::MAX,
+            flags: 0,
+        };
+        let m = message(opcode::COPY_FILE_RANGE, 6, 55, &[c.as_bytes()]);
+        let r = decode(&m).expect("valid copy_file_range");
+        assert_eq!(r.nodeid(), 55);
+        assert_eq!(
+            r.op,
+            Operation::CopyFileRange {
+                fh_in: 3,
+                off_in: 4096,
+                nodeid_out: 77,
+                fh_out: 9,
+                off_out: 1 << 40,
+                len: u64::MAX,
+                flags: 0,
+            }
+        );
+        let e = decode(&m[..m.len() - 8]).unwrap_err();
+        assert!(matches!(e.error, DecodeError::LengthMismatch { .. }));
+        let short = message(opcode::COPY_FILE_RANGE, 7, 55, &[&c.as_bytes()[..48]]);
+        assert_eq!(
+            decode(&short).unwrap_err().error,
+            DecodeError::ShortArgs {
+                op: "COPY_FILE_RANGE",
+                need: 56,
+                got: 48
+            }
         );
     }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use sluice_engine::Error;
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
-use sluice_engine::meta::{Context, Ino, ROOT_INO, RenameFlags};
+use sluice_engine::meta::{Context, CopyRange, Ino, ROOT_INO, RenameFlags};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
 use sluice_fuse::{Config, DevError, Export, Filesystem, MountOptions, Session};
@@ -128,6 +128,34 @@ fn node_ids_never_handed_out_are_refused() {
     let mut buf = [0u8; 64];
     let n = fs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"guest data");
+    // copy_file_range to or from a node outside is refused, and works
+    // between nodes inside.
+    let (copy, wfh) = fs
+        .create(&ctx, inside.inode, b"copy", 0o644, 0, libc::O_RDWR as u32)
+        .unwrap();
+    let req = |fin: Ino, fout: Ino| CopyRange {
+        fin,
+        off_in: 0,
+        fout,
+        off_out: 0,
+        len: 64,
+        flags: 0,
+    };
+    assert!(matches!(
+        fs.copy_file_range(&ctx, &req(secret, copy.inode), out.fh, wfh.fh),
+        Err(Error::BadHandle)
+    ));
+    assert!(matches!(
+        fs.copy_file_range(&ctx, &req(file.inode, secret), out.fh, wfh.fh),
+        Err(Error::BadHandle)
+    ));
+    let n = fs
+        .copy_file_range(&ctx, &req(file.inode, copy.inode), out.fh, wfh.fh)
+        .unwrap();
+    assert_eq!(n, b"guest data".len() as u64);
+    let n = fs.read(&ctx, copy.inode, wfh.fh, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..n], b"guest data");
+    fs.release(&ctx, copy.inode, wfh.fh).unwrap();
     fs.release(&ctx, file.inode, out.fh).unwrap();
     fs.forget(file.inode, 1);
     assert!(matches!(
@@ -189,6 +217,15 @@ fn read_only_refuses_every_change() {
     ));
     let out = fs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
     ro(fs.write(&ctx, file.inode, out.fh, 0, b"x").map(drop));
+    let req = CopyRange {
+        fin: file.inode,
+        off_in: 0,
+        fout: file.inode,
+        off_out: 100,
+        len: 10,
+        flags: 0,
+    };
+    ro(fs.copy_file_range(&ctx, &req, out.fh, out.fh).map(drop));
     fs.release(&ctx, file.inode, out.fh).unwrap();
 }
 

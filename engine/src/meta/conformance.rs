@@ -11,8 +11,8 @@ use parking_lot::Mutex;
 use crate::error::Error;
 use crate::format::Format;
 use crate::meta::{
-    Context, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO,
-    TimeChange, Timestamp, XattrMode,
+    CHUNK_SIZE, Context, CopyRange, FileType, Ino, MAX_COPY_LEN, Meta, ROOT_INO, ReleasedSlice,
+    RenameFlags, SetAttr, Slice, TRASH_INO, TimeChange, Timestamp, TruncateVia, XattrMode,
 };
 
 /// One conformance check: it gets a fresh, unformatted store.
@@ -39,6 +39,12 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
     ("compact_chunk", compact_chunk),
+    (
+        "copy_file_range_shares_slices",
+        copy_file_range_shares_slices,
+    ),
+    ("copy_file_range_rules", copy_file_range_rules),
+    ("truncate_through_a_handle", truncate_through_a_handle),
     ("open_unlink_close", open_unlink_close),
     ("trash_keeps_removed_files", trash_keeps_removed_files),
     ("no_trash_releases_at_once", no_trash_releases_at_once),
@@ -777,7 +783,7 @@ pub(crate) fn permissions(m: &dyn Meta) {
     .expect("chmod");
     m.access(&group, f, libc::R_OK as u32).expect("group read");
     assert_err(
-        m.truncate(&group, f, 0),
+        m.truncate(&group, f, 0, TruncateVia::Path),
         |e| matches!(e, Error::Access),
         "group write",
     );
@@ -819,7 +825,7 @@ pub(crate) fn write_read_and_refs(m: &dyn Meta) {
     let all = m.list_chunks().expect("list");
     assert_eq!(all.len(), 2);
     assert!(all.contains(&(f, 2, vec![far])));
-    m.truncate(&c, f, 0).expect("truncate");
+    m.truncate(&c, f, 0, TruncateVia::Path).expect("truncate");
     let mut got = released.lock().clone();
     got.sort_by_key(|r| r.id);
     assert_eq!(
@@ -865,7 +871,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
     let c = root();
     let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
     let s = write(m, f, 0, 8192);
-    let a = m.truncate(&c, f, 100).expect("shrink");
+    let a = m.truncate(&c, f, 100, TruncateVia::Path).expect("shrink");
     assert_eq!(a.length, 100);
     let hole = Slice {
         pos: 100,
@@ -875,7 +881,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
         len: 8092,
     };
     assert_eq!(m.read_chunk(f, 0).expect("read"), vec![s, hole]);
-    let a = m.truncate(&c, f, 200).expect("grow");
+    let a = m.truncate(&c, f, 200, TruncateVia::Path).expect("grow");
     assert_eq!(a.length, 200);
     let grown = m.read_chunk(f, 0).expect("read");
     assert_eq!(
@@ -909,7 +915,7 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
     );
     let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
     assert_err(
-        m.truncate(&c, d, 0),
+        m.truncate(&c, d, 0, TruncateVia::Path),
         |e| matches!(e, Error::Perm),
         "truncate a dir",
     );
@@ -976,6 +982,297 @@ pub(crate) fn compact_chunk(m: &dyn Meta) {
             size: 300
         }]
     );
+    m.close(f).expect("close");
+}
+
+/// What a file shows over `start..start+len`, as runs of (length, slice id,
+/// offset in the slice); id 0 reads as zeros. Neighbouring runs that
+/// continue each other are merged, so two files showing the same bytes the
+/// same way compare equal however their records are cut.
+fn extents(m: &dyn Meta, ino: Ino, start: u64, len: u64) -> Vec<(u64, u64, u64)> {
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    let mut push = |n: u64, id: u64, off: u64| match out.last_mut() {
+        Some(last) if last.1 == id && (id == 0 || last.2 + last.0 == off) => last.0 += n,
+        _ => out.push((n, id, if id == 0 { 0 } else { off })),
+    };
+    let end = start + len;
+    let mut at = start;
+    while at < end {
+        let indx = (at / CHUNK_SIZE) as u32;
+        let base = u64::from(indx) * CHUNK_SIZE;
+        let stop = end.min(base + CHUNK_SIZE);
+        let slices = m.read_chunk(ino, indx).expect("read chunk");
+        for p in crate::chunk::visible(&slices) {
+            let (a, b) = (base + u64::from(p.pos), base + p.end());
+            if b <= at || a >= stop {
+                continue;
+            }
+            if a > at {
+                push(a - at, 0, 0);
+                at = a;
+            }
+            let n = b.min(stop) - at;
+            push(n, p.id, u64::from(p.off) + (at - a));
+            at += n;
+        }
+        if at < stop {
+            push(stop - at, 0, 0);
+            at = stop;
+        }
+    }
+    out
+}
+
+fn copy(fin: Ino, off_in: u64, fout: Ino, off_out: u64, len: u64) -> CopyRange {
+    CopyRange {
+        fin,
+        off_in,
+        fout,
+        off_out,
+        len,
+        flags: 0,
+    }
+}
+
+fn used_space(m: &dyn Meta) -> u64 {
+    let s = m.statfs(&root(), ROOT_INO).expect("statfs");
+    s.total_space - s.avail_space
+}
+
+/// copy_file_range shares the source's slices: the destination shows the
+/// same bytes (holes where the source has none, hiding what was there),
+/// each slice gains a reference per record, and the slices live until
+/// both files are gone — released exactly once.
+pub(crate) fn copy_file_range_shares_slices(m: &dyn Meta) {
+    formatted(m, 0);
+    let released = track_releases(m);
+    let c = root();
+    let (src, _) = m.create(&c, ROOT_INO, b"src", 0o644, 0).expect("src");
+    // `hidden` is overwritten before the copy: the copy never shows it.
+    let hidden = write(m, src, 0, 800);
+    let s1 = write(m, src, 0, 10_000);
+    let s2 = write(m, src, 2000, 1000);
+    let s3 = write(m, src, 20_000, 5000);
+    let id = m.new_slice_id().expect("id");
+    let s4 = Slice {
+        pos: 0,
+        id,
+        size: 3000,
+        off: 0,
+        len: 3000,
+    };
+    m.write_chunk(src, 1, s4, Timestamp::now())
+        .expect("chunk 1");
+    let src_len = CHUNK_SIZE + 3000;
+    assert_eq!(m.getattr(src).expect("src").length, src_len);
+    let (dst, _) = m.create(&c, ROOT_INO, b"dst", 0o644, 0).expect("dst");
+    let d1 = write(m, dst, 0, 30_000);
+    let before = m.getattr(dst).expect("dst");
+
+    // Inside the destination: the source's gap (10000..20000) must hide d1.
+    let (n, a) = m
+        .copy_file_range(&copy(src, 1000, dst, 5000, 20_000))
+        .expect("copy into the destination");
+    assert_eq!(n, 20_000);
+    assert_eq!(a.length, 30_000, "a copy inside the file keeps its length");
+    assert!(a.mtime >= before.mtime && a.ctime >= before.ctime);
+    assert_eq!(extents(m, dst, 5000, 20_000), extents(m, src, 1000, 20_000));
+    assert_eq!(
+        extents(m, dst, 5000, 20_000),
+        vec![
+            (1000, s1.id, 1000),
+            (1000, s2.id, 0),
+            (7000, s1.id, 3000),
+            (10_000, 0, 0),
+            (1000, s3.id, 0),
+        ]
+    );
+    assert_eq!(extents(m, dst, 0, 5000), vec![(5000, d1.id, 0)]);
+    assert_eq!(extents(m, dst, 25_000, 5000), vec![(5000, d1.id, 25_000)]);
+
+    // Past the end, across a destination chunk boundary, asking for more
+    // than the source holds: bounded by the source's length.
+    let used = used_space(m);
+    let off_out = CHUNK_SIZE - 500;
+    let (n, a) = m
+        .copy_file_range(&copy(src, 1000, dst, off_out, u64::MAX))
+        .expect("copy past the end");
+    assert_eq!(n, src_len - 1000);
+    assert_eq!(a.length, off_out + n);
+    assert_eq!(m.getattr(dst).expect("dst"), a);
+    assert_eq!(
+        extents(m, dst, off_out, n),
+        extents(m, src, 1000, n),
+        "the copy shows what the source shows"
+    );
+    let grown = crate::meta::sqlite::align4k(a.length) - crate::meta::sqlite::align4k(30_000);
+    assert_eq!(used_space(m), used + grown as u64);
+    for s in [s1, s2, s3, s4, d1] {
+        assert!(m.slice_referenced(s.id, s.size).expect("ref"), "{s:?}");
+    }
+    // The copy wrote records, never a slice: no slice id appeared.
+    let ids: HashSet<u64> = m
+        .list_chunks()
+        .expect("list")
+        .into_iter()
+        .flat_map(|(_, _, slices)| slices.into_iter().map(|s| s.id))
+        .filter(|id| *id != 0)
+        .collect();
+    assert_eq!(
+        ids,
+        HashSet::from([hidden.id, s1.id, s2.id, s3.id, s4.id, d1.id])
+    );
+
+    // The source goes: only the slice the copy never showed is released.
+    m.close(src).expect("close src");
+    m.unlink(&c, ROOT_INO, b"src").expect("unlink src");
+    assert_eq!(
+        released.lock().as_slice(),
+        &[ReleasedSlice {
+            id: hidden.id,
+            size: hidden.size
+        }]
+    );
+    assert_eq!(
+        extents(m, dst, 5000, 20_000),
+        vec![
+            (1000, s1.id, 1000),
+            (1000, s2.id, 0),
+            (7000, s1.id, 3000),
+            (10_000, 0, 0),
+            (1000, s3.id, 0),
+        ],
+        "the destination still shows the shared slices"
+    );
+    // Then the destination: every other slice, once each.
+    m.close(dst).expect("close dst");
+    m.unlink(&c, ROOT_INO, b"dst").expect("unlink dst");
+    let mut got = released.lock().clone();
+    got.sort_by_key(|r| r.id);
+    let mut want: Vec<ReleasedSlice> = [hidden, s1, s2, s3, s4, d1]
+        .iter()
+        .map(|s| ReleasedSlice {
+            id: s.id,
+            size: s.size,
+        })
+        .collect();
+    want.sort_by_key(|r| r.id);
+    assert_eq!(got, want);
+    for s in [s1, s2, s3, s4, d1] {
+        assert!(!m.slice_referenced(s.id, s.size).expect("ref"), "{s:?}");
+    }
+    assert!(m.list_chunks().expect("list").is_empty());
+}
+
+/// copy_file_range refuses what the kernel refuses, copies nothing from the
+/// source's end on, copies within one file when the ranges do not overlap,
+/// and copies at most `MAX_COPY_LEN` per call.
+pub(crate) fn copy_file_range_rules(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (src, _) = m.create(&c, ROOT_INO, b"src", 0o644, 0).expect("src");
+    let s = write(m, src, 0, 5000);
+    let (dst, _) = m.create(&c, ROOT_INO, b"dst", 0o644, 0).expect("dst");
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    let (l, _) = m.symlink(&c, ROOT_INO, b"l", b"src").expect("l");
+    assert_err(
+        m.copy_file_range(&CopyRange {
+            flags: 1,
+            ..copy(src, 0, dst, 0, 10)
+        }),
+        |e| matches!(e, Error::Invalid(_)),
+        "flags",
+    );
+    assert_err(
+        m.copy_file_range(&copy(src, 0, src, 100, 1000)),
+        |e| matches!(e, Error::Invalid(_)),
+        "overlapping ranges in one file",
+    );
+    assert_err(
+        m.copy_file_range(&copy(d, 0, dst, 0, 10)),
+        |e| matches!(e, Error::IsDir),
+        "from a directory",
+    );
+    assert_err(
+        m.copy_file_range(&copy(src, 0, d, 0, 10)),
+        |e| matches!(e, Error::IsDir),
+        "into a directory",
+    );
+    assert_err(
+        m.copy_file_range(&copy(src, 0, l, 0, 10)),
+        |e| matches!(e, Error::Invalid(_)),
+        "into a symlink",
+    );
+    assert_err(
+        m.copy_file_range(&copy(9_999_999, 0, dst, 0, 10)),
+        |e| matches!(e, Error::NotFound),
+        "from nowhere",
+    );
+    let before = m.getattr(dst).expect("dst");
+    let (n, a) = m
+        .copy_file_range(&copy(src, 5000, dst, 100, 10))
+        .expect("from the source's end");
+    assert_eq!(
+        (n, a),
+        (0, before.clone()),
+        "nothing copied, nothing changed"
+    );
+    assert!(m.read_chunk(dst, 0).expect("read").is_empty());
+
+    // Within one file, the ranges apart.
+    let (n, a) = m
+        .copy_file_range(&copy(src, 1000, src, 6000, 2000))
+        .expect("within one file");
+    assert_eq!((n, a.length), (2000, 8000));
+    assert_eq!(extents(m, src, 6000, 2000), vec![(2000, s.id, 1000)]);
+
+    // A huge sparse source: one call copies MAX_COPY_LEN, as holes.
+    let (big, _) = m.create(&c, ROOT_INO, b"big", 0o644, 0).expect("big");
+    m.truncate(&c, big, 2 * MAX_COPY_LEN + 5, TruncateVia::Path)
+        .expect("grow big");
+    let (n, a) = m
+        .copy_file_range(&copy(big, 7, dst, 0, u64::MAX))
+        .expect("bounded copy");
+    assert_eq!((n, a.length), (MAX_COPY_LEN, MAX_COPY_LEN));
+    assert_eq!(extents(m, dst, 0, MAX_COPY_LEN), vec![(MAX_COPY_LEN, 0, 0)]);
+    for f in [src, dst, big] {
+        m.close(f).expect("close");
+    }
+}
+
+/// ftruncate through a handle open for writing needs no write permission
+/// by mode (a file created 0444 with O_RDWR, as on ext4) and works on a file
+/// moved to the trash while open; truncate(2) by path still checks both.
+pub(crate) fn truncate_through_a_handle(m: &dyn Meta) {
+    formatted(m, 1);
+    let alice = user(1000);
+    let (tmp, _) = m.mkdir(&root(), ROOT_INO, b"tmp", 0o1777, 0).expect("tmp");
+    let (f, _) = m.create(&alice, tmp, b"ro", 0o444, 0).expect("create 0444");
+    assert_err(
+        m.truncate(&alice, f, 10, TruncateVia::Path),
+        |e| matches!(e, Error::Access),
+        "truncate(2) of a 0444 file",
+    );
+    let a = m
+        .truncate(&alice, f, 10, TruncateVia::Handle)
+        .expect("ftruncate through the handle");
+    assert_eq!(a.length, 10);
+    assert_err(
+        m.truncate(&user(2000), f, 0, TruncateVia::Path),
+        |e| matches!(e, Error::Access),
+        "truncate(2) by another user",
+    );
+    m.unlink(&alice, tmp, b"ro").expect("unlink into the trash");
+    assert!(m.getattr(f).expect("in the trash").parent > TRASH_INO);
+    assert_err(
+        m.truncate(&root(), f, 0, TruncateVia::Path),
+        |e| matches!(e, Error::Perm),
+        "truncate(2) in the trash",
+    );
+    let a = m
+        .truncate(&alice, f, 3, TruncateVia::Handle)
+        .expect("ftruncate of a file moved to the trash while open");
+    assert_eq!(a.length, 3);
     m.close(f).expect("close");
 }
 
@@ -1086,7 +1383,7 @@ pub(crate) fn trash_keeps_removed_files(m: &dyn Meta) {
         "create in trash",
     );
     assert_err(
-        m.truncate(&c, f, 0),
+        m.truncate(&c, f, 0, TruncateVia::Path),
         |e| matches!(e, Error::Perm),
         "truncate in trash",
     );

@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod copy_range;
 mod open_files;
 pub mod redis;
 pub mod sqlite;
 pub mod url;
 
+pub use copy_range::{CopyRange, MAX_COPY_LEN};
 pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::open_meta;
@@ -31,6 +33,8 @@ pub const ROOT_INO: Ino = 1;
 pub const TRASH_INO: Ino = 0x7FFF_FFFF_1000_0000;
 /// The size of a chunk: 64 MiB of file offset.
 pub const CHUNK_SIZE: u64 = 64 << 20;
+/// The largest file length JuiceFS's chunk index can address.
+pub const MAX_FILE_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
 /// The longest name a directory entry may have.
 pub const MAX_NAME_LEN: usize = 255;
 
@@ -277,6 +281,20 @@ pub struct SetAttr {
     pub mtime: Option<TimeChange>,
 }
 
+/// How a truncate was asked for, which decides what it checks (JuiceFS's
+/// `skipPermCheck`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TruncateVia {
+    /// `truncate(2)` on a path: the caller needs write permission by the
+    /// file's mode, and a file in the trash stays as it is.
+    Path,
+    /// `ftruncate(2)` on a descriptor open for writing: the open checked
+    /// access already (a file created 0444 with `O_RDWR` may be truncated
+    /// through that descriptor, as on a local file system), and a file moved
+    /// to the trash while open may still change.
+    Handle,
+}
+
 /// Flags of a rename (Linux `renameat2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RenameFlags {
@@ -363,8 +381,10 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// Changes mode, owner or times.
     fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr>;
     /// Sets a regular file's length; chunks past the end are dropped and
-    /// their slices released. Returns the new attributes.
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr>;
+    /// their slices released. `via` says whether the caller holds the file
+    /// open for writing (then the mode is not checked). Returns the new
+    /// attributes.
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr>;
     /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
     /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
@@ -442,6 +462,18 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// The slice list of chunk `indx` of a file, as stored (in write order;
     /// later slices win). Empty when the chunk holds no data.
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>>;
+    /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
+    /// one transaction: the source's bytes over the range (bounded by its
+    /// length and [`MAX_COPY_LEN`]) appear in the destination as slice
+    /// records that reference the source's slices (zeros as holes), and
+    /// each such record adds a reference to its slice. The destination
+    /// grows to cover the copy, gets new mtime and ctime, and usage and
+    /// directory statistics follow. Access was proven by the caller's open
+    /// handles (source readable, destination writable), as for
+    /// [`Meta::write_chunk`]. Returns the bytes copied (0 when the source
+    /// ends before `off_in`: nothing changes) and the destination's
+    /// attributes.
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)>;
     /// Hands out a new slice id (ids are taken from the counter in batches).
     fn new_slice_id(&self) -> Result<u64>;
     /// Appends a slice to chunk `indx`, creates its reference, grows the

@@ -42,8 +42,8 @@ use crate::format::Format;
 use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::sqlite::{node as rules, statfs_from};
 use crate::meta::{
-    Attr, Context, Entry, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr,
-    Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, XattrMode,
+    Attr, Context, CopyRange, Entry, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags,
+    SetAttr, Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, TruncateVia, XattrMode,
 };
 
 use keys::{Keys, counter, slice_field};
@@ -632,8 +632,8 @@ impl Meta for RedisMeta {
         })
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length)
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
@@ -791,6 +791,10 @@ impl Meta for RedisMeta {
 
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
+        chunk::copy_file_range(&self.inner, req)
     }
 
     fn new_slice_id(&self) -> Result<u64> {

@@ -36,8 +36,8 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::{
-    Attr, Context, Entry, FileType, Ino, Meta, ReleasedSlice, RenameFlags, SetAttr, Slice,
-    SliceReleaser, StatFs, Timestamp, XattrMode,
+    Attr, Context, CopyRange, Entry, FileType, Ino, Meta, ReleasedSlice, RenameFlags, SetAttr,
+    Slice, SliceReleaser, StatFs, Timestamp, TruncateVia, XattrMode,
 };
 
 use schema::counter;
@@ -572,8 +572,8 @@ impl Meta for SqliteMeta {
         node::setattr(&self.inner, ctx, ino, set)
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length)
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
+        chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
@@ -742,6 +742,10 @@ impl Meta for SqliteMeta {
 
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
+        chunk::copy_file_range(&self.inner, req)
     }
 
     fn new_slice_id(&self) -> Result<u64> {

@@ -308,6 +308,178 @@ fn fallocate_punch_hole_and_extend() {
     t.vfs.release(&ctx(), ino, fh).unwrap();
 }
 
+fn copy_req(fin: Ino, off_in: u64, fout: Ino, off_out: u64, len: u64) -> CopyRange {
+    CopyRange {
+        fin,
+        off_in,
+        fout,
+        off_out,
+        len,
+        flags: 0,
+    }
+}
+
+#[test]
+fn copy_file_range_shares_blocks_and_writes_none() {
+    let t = setup();
+    let (src, sfh) = t.create("src");
+    let mut want = random(3 * MIB as usize + 12_345, 21);
+    t.write(src, sfh, 0, &want);
+    t.vfs.flush(&ctx(), src, sfh).unwrap();
+    // Still buffered when the copy starts: the copy must show it too.
+    let patch = random(100_000, 22);
+    t.write(src, sfh, MIB + 7, &patch);
+    want[(MIB + 7) as usize..][..patch.len()].copy_from_slice(&patch);
+    let (dst, dfh) = t.create("dst");
+    let old = random(500_000, 23);
+    t.write(dst, dfh, 0, &old);
+
+    // Into the middle of the destination's data.
+    let n = t
+        .vfs
+        .copy_file_range(&ctx(), &copy_req(src, 0, dst, 100, 1000), sfh, dfh)
+        .unwrap();
+    assert_eq!(n, 1000);
+    let got = t.read(dst, dfh, 0, old.len());
+    assert_eq!(got[..100], old[..100]);
+    assert_eq!(got[100..1100], want[..1000]);
+    assert_eq!(got[1100..], old[1100..]);
+
+    // Everything from 1000 on, landing across a chunk boundary of the
+    // destination, far past its end; asking for more than there is.
+    let objects = t.objects();
+    let off_out = CHUNK_SIZE - 700_000;
+    let n = t
+        .vfs
+        .copy_file_range(
+            &ctx(),
+            &copy_req(src, 1000, dst, off_out, u64::MAX),
+            sfh,
+            dfh,
+        )
+        .unwrap();
+    assert_eq!(n, want.len() as u64 - 1000);
+    assert_eq!(t.objects(), objects, "a copy stores no data");
+    let end = off_out + n;
+    assert_eq!(t.vfs.getattr(&ctx(), dst).unwrap().length, end);
+    // The open handle sees the new length at once.
+    assert_eq!(t.read(dst, dfh, off_out, n as usize), want[1000..]);
+    assert!(
+        t.read(dst, dfh, off_out - 4096, 4096)
+            .iter()
+            .all(|&b| b == 0)
+    );
+    assert!(t.read(dst, dfh, end, 10).is_empty());
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    assert!(r.orphans.is_empty(), "{r:?}");
+
+    // The source goes first: its blocks stay for the destination.
+    t.vfs.release(&ctx(), src, sfh).unwrap();
+    t.vfs.release(&ctx(), dst, dfh).unwrap();
+    t.vfs.unlink(&ctx(), ROOT_INO, b"src").unwrap();
+    t.vfs.volume().meta.cleanup().unwrap();
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    assert!(r.orphans.is_empty(), "{r:?}");
+    assert_eq!(t.objects(), objects);
+    let out = t.vfs.open(&ctx(), dst, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(t.read(dst, out.fh, off_out, n as usize), want[1000..]);
+    t.vfs.release(&ctx(), dst, out.fh).unwrap();
+    // Then the destination: nothing is left, and nothing leaked.
+    t.vfs.unlink(&ctx(), ROOT_INO, b"dst").unwrap();
+    t.vfs.volume().meta.cleanup().unwrap();
+    wait_for(|| t.objects().is_empty());
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    assert_eq!((r.scanned, r.orphans.len()), (0, 0));
+}
+
+#[test]
+fn copy_file_range_checks_its_handles() {
+    let t = setup();
+    let (a, afh) = t.create("a");
+    t.write(a, afh, 0, &random(10_000, 24));
+    let (b, bfh) = t.create("b");
+    let wo = t.vfs.open(&ctx(), a, libc::O_WRONLY as u32).unwrap().fh;
+    let ro = t.vfs.open(&ctx(), b, libc::O_RDONLY as u32).unwrap().fh;
+    let d = t.vfs.mkdir(&ctx(), ROOT_INO, b"d", 0o755, 0).unwrap().inode;
+    let dfh = t.vfs.opendir(&ctx(), d).unwrap();
+    let errno = |req: CopyRange, fh_in: Fh, fh_out: Fh| {
+        t.vfs
+            .copy_file_range(&ctx(), &req, fh_in, fh_out)
+            .unwrap_err()
+            .errno()
+    };
+    let req = copy_req(a, 0, b, 0, 100);
+    assert_eq!(errno(req, wo, bfh), libc::EBADF, "source not readable");
+    assert_eq!(errno(req, afh, ro), libc::EBADF, "destination not writable");
+    assert_eq!(errno(req, bfh, bfh), libc::EBADF, "another file's handle");
+    assert_eq!(errno(req, afh, 999_999), libc::EBADF, "no such handle");
+    assert_eq!(
+        errno(copy_req(d, 0, b, 0, 100), dfh, bfh),
+        libc::EISDIR,
+        "from a directory"
+    );
+    assert_eq!(
+        errno(copy_req(a, 0, d, 0, 100), afh, dfh),
+        libc::EISDIR,
+        "into a directory"
+    );
+    let flagged = CopyRange { flags: 1, ..req };
+    assert_eq!(errno(flagged, afh, bfh), libc::EINVAL, "flags");
+    assert_eq!(
+        errno(copy_req(a, 0, a, 50, 100), afh, afh),
+        libc::EINVAL,
+        "overlapping ranges of one file"
+    );
+    // Past the source's end: nothing, and no error.
+    let n = t
+        .vfs
+        .copy_file_range(&ctx(), &copy_req(a, 10_000, b, 0, 100), afh, bfh)
+        .unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(t.vfs.getattr(&ctx(), b).unwrap().length, 0);
+    for (ino, fh) in [(a, afh), (a, wo), (b, bfh), (b, ro)] {
+        t.vfs.release(&ctx(), ino, fh).unwrap();
+    }
+}
+
+#[test]
+fn ftruncate_through_a_writable_handle_needs_no_write_mode() {
+    let t = setup();
+    let alice = Context {
+        uid: 1000,
+        gid: 1000,
+        gids: vec![1000],
+        pid: 1,
+        privileged: false,
+    };
+    let d = t
+        .vfs
+        .mkdir(&ctx(), ROOT_INO, b"tmp", 0o777, 0)
+        .unwrap()
+        .inode;
+    // open(O_CREAT | O_RDWR, 0444), as a POSIX suite does.
+    let (e, out) = t
+        .vfs
+        .create(&alice, d, b"ro", 0o444, 0o022, libc::O_RDWR as u32)
+        .unwrap();
+    let f = e.inode;
+    let size = |t: &TestVol, fh: Option<Fh>, len: u64| {
+        t.vfs.setattr(&alice, f, fh, &SetAttr::default(), Some(len))
+    };
+    assert_eq!(size(&t, Some(out.fh), 100).unwrap().length, 100);
+    t.write(f, out.fh, 100, b"more");
+    assert_eq!(size(&t, Some(out.fh), 50).unwrap().length, 50);
+    // truncate(2) by path checks the mode.
+    assert_eq!(size(&t, None, 0).unwrap_err().errno(), libc::EACCES);
+    // A read-only handle (O_RDONLY | O_TRUNC) proves nothing either.
+    let ro = t.vfs.open(&alice, f, libc::O_RDONLY as u32).unwrap().fh;
+    assert_eq!(size(&t, Some(ro), 0).unwrap_err().errno(), libc::EACCES);
+    assert_eq!(size(&t, Some(999_999), 0).unwrap_err().errno(), libc::EBADF);
+    assert_eq!(t.vfs.getattr(&alice, f).unwrap().length, 50);
+    t.vfs.release(&alice, f, ro).unwrap();
+    t.vfs.release(&alice, f, out.fh).unwrap();
+}
+
 #[test]
 fn concurrent_writers_on_distinct_files() {
     let t = setup();

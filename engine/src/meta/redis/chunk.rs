@@ -3,15 +3,21 @@
 //! − 1": a slice written once has no field), truncation, fallocate,
 //! compaction and the deletion of removed files' data.
 
+use std::collections::BTreeMap;
+
 use super::Inner;
 use super::codec::encode_delayed;
 use super::keys::{parse_chunk_key, slice_field};
 use super::node;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
+use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::sqlite::align4k;
 use crate::meta::sqlite::node::{self as rules, MASK_W};
-use crate::meta::{Attr, CHUNK_SIZE, Context, FileType, Ino, Slice, TRASH_INO, Timestamp};
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO, Timestamp,
+    TruncateVia,
+};
 
 /// `FALLOC_FL_KEEP_SIZE`.
 const FALLOC_KEEP_SIZE: u32 = 0x01;
@@ -23,9 +29,6 @@ const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
 const FALLOC_ZERO_RANGE: u32 = 0x10;
 /// `FALLOC_FL_INSERT_RANGE`.
 const FALLOC_INSERT_RANGE: u32 = 0x20;
-
-/// The largest file length JuiceFS's chunk index can address.
-const MAX_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
 
 fn decode(ino: Ino, indx: u32, records: &[Vec<u8>]) -> TxResult<Vec<Slice>> {
     records
@@ -175,9 +178,16 @@ pub(super) fn compact_chunk(
 
 /// Sets a file's length. Growing adds a hole; shrinking hides the cut part
 /// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices.
-pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-    if length > MAX_LENGTH {
+/// releasing their slices. Through an open handle neither the mode nor the
+/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+pub(super) fn truncate(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    length: u64,
+    via: TruncateVia,
+) -> Result<Attr> {
+    if length > MAX_FILE_LENGTH {
         return Err(Error::FileTooBig);
     }
     inner.format()?;
@@ -185,11 +195,13 @@ pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> R
         let mut a = node::must_get(tx, ino)?;
         if a.typ != FileType::File
             || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
-            || a.parent > TRASH_INO
+            || (via == TruncateVia::Path && a.parent > TRASH_INO)
         {
             return Err(Error::Perm.into());
         }
-        rules::check_access(ctx, &a, MASK_W)?;
+        if via == TruncateVia::Path {
+            rules::check_access(ctx, &a, MASK_W)?;
+        }
         if length == a.length {
             return Ok(a);
         }
@@ -279,7 +291,7 @@ pub(super) fn fallocate(
         return Err(Error::Invalid("fallocate of zero bytes".into()));
     }
     let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-    if end > MAX_LENGTH {
+    if end > MAX_FILE_LENGTH {
         return Err(Error::FileTooBig);
     }
     inner.format()?;
@@ -321,6 +333,51 @@ pub(super) fn fallocate(
         node::put(tx, ino, &a);
         node::add_file_stat(tx, ino, &a, dlen, dspace)?;
         Ok(a)
+    })
+}
+
+/// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the
+/// destination gets records pointing at the source's slices, in the same
+/// MULTI/EXEC as their references and the destination's new length. The
+/// source's chunks are watched, so a compaction that replaces them meanwhile
+/// makes the copy start again.
+pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
+    req.check()?;
+    inner.format()?;
+    inner.write(req.fout, |tx| {
+        let src = node::must_get(tx, req.fin)?;
+        let mut dst = node::must_get(tx, req.fout)?;
+        let len = copy_range::bound(req, &src, &dst)?;
+        if len == 0 {
+            return Ok((0, dst));
+        }
+        let mut source = BTreeMap::new();
+        for indx in req.source_chunks(len) {
+            let key = tx.keys.chunk(req.fin, indx);
+            let records = tx.lrange(&key, -1)?;
+            if !records.is_empty() {
+                source.insert(indx, decode(req.fin, indx, &records)?);
+            }
+        }
+        let planned = copy_range::plan(req, len, &source);
+        for (indx, records) in &planned {
+            let mut c = redis::cmd("RPUSH");
+            c.arg(tx.keys.chunk(req.fout, *indx));
+            for r in records {
+                c.arg(&r.encode()[..]);
+            }
+            tx.cmd(c);
+        }
+        // `sliceRef` holds references − 1, so a slice written once (no
+        // field yet) ends at exactly the records that show it.
+        let refs = tx.keys.slice_refs();
+        for ((id, size), n) in copy_range::references(&planned) {
+            tx.hincrby(&refs, slice_field(id, size).as_bytes(), n);
+        }
+        let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
+        node::put(tx, req.fout, &dst);
+        node::add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
+        Ok((len, dst))
     })
 }
 

@@ -308,6 +308,9 @@ conformance_tests!(
     write_read_and_refs,
     truncate_and_fallocate,
     compact_chunk,
+    copy_file_range_shares_slices,
+    copy_file_range_rules,
+    truncate_through_a_handle,
     open_unlink_close,
     trash_keeps_removed_files,
     no_trash_releases_at_once,
@@ -568,6 +571,77 @@ fn unlink_without_trash_leaves_no_keys() {
         .query(&mut r)
         .expect("hlen");
     assert_eq!(refs, 0);
+}
+
+/// copy_file_range counts its records in `sliceRef` as JuiceFS does
+/// (references − 1, one per record) and pushes 24-byte records to the
+/// destination's chunk lists.
+#[test]
+fn copy_file_range_counts_references_in_slice_ref() {
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (src, _) = m.create(&c, ROOT_INO, b"src", 0o644, 0).expect("src");
+    let (dst, _) = m.create(&c, ROOT_INO, b"dst", 0o644, 0).expect("dst");
+    let s = write10(&m, src, 0);
+    let field = format!("k{}_10", s.id);
+    let refs = |r: &mut redis::Connection| -> Option<i64> {
+        redis::cmd("HGET")
+            .arg("sliceRef")
+            .arg(&field)
+            .query(r)
+            .expect("hget")
+    };
+    assert_eq!(refs(&mut r), None, "written once: no field");
+    let req = crate::meta::CopyRange {
+        fin: src,
+        off_in: 0,
+        fout: dst,
+        off_out: 0,
+        len: 10,
+        flags: 0,
+    };
+    assert_eq!(m.copy_file_range(&req).expect("copy").0, 10);
+    assert_eq!(refs(&mut r), Some(1));
+    let req = crate::meta::CopyRange {
+        off_in: 2,
+        off_out: 100,
+        len: 3,
+        ..req
+    };
+    assert_eq!(m.copy_file_range(&req).expect("copy").0, 3);
+    assert_eq!(refs(&mut r), Some(2));
+    let records: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(format!("c{dst}_0"))
+        .arg(0)
+        .arg(-1)
+        .query(&mut r)
+        .expect("lrange");
+    let records: Vec<Slice> = records
+        .iter()
+        .map(|b| Slice::decode(b).expect("a 24-byte record"))
+        .collect();
+    assert_eq!(
+        records,
+        vec![
+            s,
+            Slice {
+                pos: 100,
+                off: 2,
+                len: 3,
+                ..s
+            }
+        ]
+    );
+    let used: i64 = redis::cmd("GET")
+        .arg("usedSpace")
+        .query(&mut r)
+        .expect("usedSpace");
+    assert_eq!(used, 2 * 4096, "two small files, one 4 KiB granule each");
+    for f in [src, dst] {
+        m.close(f).expect("close");
+    }
 }
 
 #[test]

@@ -2,14 +2,18 @@
 //! (`jfs_chunk_ref`), truncation, fallocate, compaction and the deletion of
 //! removed files' data.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::node::{self, MASK_W};
 use super::{Inner, Tx, TxError, TxResult, align4k};
 use crate::error::{Error, Result};
-use crate::meta::{Attr, CHUNK_SIZE, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp};
+use crate::meta::copy_range::{self, CopyRange};
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, ReleasedSlice, Slice, Timestamp,
+    TruncateVia,
+};
 
 /// `FALLOC_FL_KEEP_SIZE`.
 const FALLOC_KEEP_SIZE: u32 = 0x01;
@@ -21,9 +25,6 @@ const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
 const FALLOC_ZERO_RANGE: u32 = 0x10;
 /// `FALLOC_FL_INSERT_RANGE`.
 const FALLOC_INSERT_RANGE: u32 = 0x20;
-
-/// The largest file length JuiceFS's chunk index can address.
-const MAX_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
     slices.iter().flat_map(|s| s.encode()).collect()
@@ -260,21 +261,31 @@ pub(super) fn compact_chunk(
 
 /// Sets a file's length. Growing adds a hole; shrinking hides the cut part
 /// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices.
-pub(super) fn truncate(inner: &Inner, ctx: &Context, ino: Ino, length: u64) -> Result<Attr> {
-    if length > MAX_LENGTH {
+/// releasing their slices. Through an open handle neither the mode nor the
+/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+pub(super) fn truncate(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    length: u64,
+    via: TruncateVia,
+) -> Result<Attr> {
+    if length > MAX_FILE_LENGTH {
         return Err(Error::FileTooBig);
     }
     inner.format()?;
     inner.write(|tx| {
         let mut a = node::must_get(tx, ino)?;
+        let in_trash = a.parent > crate::meta::TRASH_INO;
         if a.typ != FileType::File
             || a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0
-            || a.parent > crate::meta::TRASH_INO
+            || (via == TruncateVia::Path && in_trash)
         {
             return Err(Error::Perm.into());
         }
-        node::check_access(ctx, &a, MASK_W)?;
+        if via == TruncateVia::Path {
+            node::check_access(ctx, &a, MASK_W)?;
+        }
         if length == a.length {
             return Ok(a);
         }
@@ -369,7 +380,7 @@ pub(super) fn fallocate(
         return Err(Error::Invalid("fallocate of zero bytes".into()));
     }
     let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-    if end > MAX_LENGTH {
+    if end > MAX_FILE_LENGTH {
         return Err(Error::FileTooBig);
     }
     inner.format()?;
@@ -410,6 +421,52 @@ pub(super) fn fallocate(
         node::update(tx, ino, &a)?;
         node::add_file_stat(tx, ino, &a, dlen, dspace)?;
         Ok(a)
+    })
+}
+
+/// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the
+/// destination gets records pointing at the source's slices, in the same
+/// transaction as their references and the destination's new length.
+pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
+    req.check()?;
+    inner.format()?;
+    inner.write(|tx| {
+        let src = node::must_get(tx, req.fin)?;
+        let mut dst = node::must_get(tx, req.fout)?;
+        let len = copy_range::bound(req, &src, &dst)?;
+        if len == 0 {
+            return Ok((0, dst));
+        }
+        let chunks = req.source_chunks(len);
+        let rows: Vec<(u32, Vec<u8>)> = {
+            let mut stmt = tx.prepare(
+                "SELECT indx, slices FROM jfs_chunk WHERE inode=? AND indx>=? AND indx<?",
+            )?;
+            let rows = stmt.query_map(params![req.fin as i64, chunks.start, chunks.end], |r| {
+                Ok((r.get::<_, i64>(0)? as u32, bytes_at(r, 1)?))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        let mut source = BTreeMap::new();
+        for (indx, blob) in rows {
+            source.insert(indx, decode(req.fin, indx, &blob)?);
+        }
+        let planned = copy_range::plan(req, len, &source);
+        for (indx, records) in &planned {
+            append(tx, req.fout, *indx, &encode(records))?;
+        }
+        // As JuiceFS: a slice without a reference row (never counted) stays
+        // without one, so it is never released while a chunk shows it.
+        for ((id, size), n) in copy_range::references(&planned) {
+            tx.execute(
+                "UPDATE jfs_chunk_ref SET refs=refs+? WHERE chunkid=? AND size=?",
+                params![n, id as i64, size],
+            )?;
+        }
+        let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
+        node::update(tx, req.fout, &dst)?;
+        node::add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
+        Ok((len, dst))
     })
 }
 

@@ -53,6 +53,9 @@ conformance_tests!(
     write_read_and_refs,
     truncate_and_fallocate,
     compact_chunk,
+    copy_file_range_shares_slices,
+    copy_file_range_rules,
+    truncate_through_a_handle,
     open_unlink_close,
     trash_keeps_removed_files,
     no_trash_releases_at_once,
@@ -159,6 +162,78 @@ fn format_writes_juicefs_rows() {
         "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name",
     );
     assert_eq!(tables.len(), 22, "{tables:?}");
+}
+
+/// copy_file_range counts its records in `jfs_chunk_ref` as JuiceFS does
+/// (one reference per record) and appends 24-byte records to the
+/// destination's `jfs_chunk` row.
+#[test]
+fn copy_file_range_counts_references_in_jfs_chunk_ref() {
+    let (_dir, m) = fresh();
+    m.init(&test_format(0)).expect("init");
+    let c = Context::default();
+    let (src, _) = m.create(&c, ROOT_INO, b"src", 0o644, 0).expect("src");
+    let (dst, _) = m.create(&c, ROOT_INO, b"dst", 0o644, 0).expect("dst");
+    let s = Slice {
+        pos: 0,
+        id: m.new_slice_id().expect("id"),
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    m.write_chunk(src, 0, s, Timestamp::now()).expect("write");
+    let req = crate::meta::CopyRange {
+        fin: src,
+        off_in: 0,
+        fout: dst,
+        off_out: 0,
+        len: 10,
+        flags: 0,
+    };
+    assert_eq!(m.copy_file_range(&req).expect("copy").0, 10);
+    let req = crate::meta::CopyRange {
+        off_in: 2,
+        off_out: 100,
+        len: 3,
+        ..req
+    };
+    assert_eq!(m.copy_file_range(&req).expect("copy").0, 3);
+    let db = sql(&m);
+    assert_eq!(
+        query(&db, "SELECT chunkid, size, refs FROM jfs_chunk_ref"),
+        vec![vec![s.id.to_string(), "10".into(), "3".into()]]
+    );
+    let blob: Vec<u8> = db
+        .query_row(
+            &format!("SELECT slices FROM jfs_chunk WHERE inode={dst} AND indx=0"),
+            [],
+            |r| r.get(0),
+        )
+        .expect("the destination's chunk");
+    assert_eq!(
+        Slice::decode_all(&blob).expect("records"),
+        vec![
+            s,
+            Slice {
+                pos: 100,
+                off: 2,
+                len: 3,
+                ..s
+            }
+        ]
+    );
+    assert_eq!(counter(&db, "usedSpace"), 2 * 4096);
+    let length: i64 = db
+        .query_row(
+            &format!("SELECT length FROM jfs_node WHERE inode={dst}"),
+            [],
+            |r| r.get(0),
+        )
+        .expect("length");
+    assert_eq!(length, 103);
+    for f in [src, dst] {
+        m.close(f).expect("close");
+    }
 }
 
 #[test]
