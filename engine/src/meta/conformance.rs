@@ -787,6 +787,28 @@ pub(crate) fn permissions(m: &dyn Meta) {
         |e| matches!(e, Error::Access),
         "group write",
     );
+    // Root may do anything but execute a file nobody may execute
+    // (xfstests generic/088).
+    m.access(&root(), f, (libc::R_OK | libc::W_OK) as u32)
+        .expect("root reads and writes a 0640 file");
+    assert_err(
+        m.access(&root(), f, libc::X_OK as u32),
+        |e| matches!(e, Error::Access),
+        "root executes a file with no x bit",
+    );
+    m.setattr(
+        &alice,
+        f,
+        &SetAttr {
+            mode: Some(0o610),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod g+x");
+    m.access(&root(), f, libc::X_OK as u32)
+        .expect("root executes a file someone may execute");
+    m.access(&root(), priv_dir, libc::X_OK as u32)
+        .expect("root searches any directory");
     m.unlink(&alice, tmp, b"alice")
         .expect("owner unlinks in sticky dir");
 }
