@@ -123,8 +123,10 @@ pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
 // COPY_FILE_RANGE answers with a 32-bit count.
 const _: () = assert!(MAX_COPY_LEN <= u32::MAX as u64);
 
-/// The largest time, in seconds either side of the epoch, a setattr may
-/// set: JuiceFS stores times as signed 64-bit microseconds.
+/// The largest time, in seconds either side of the epoch, a setattr sets:
+/// JuiceFS stores times as signed 64-bit microseconds. Times beyond it are
+/// clamped to it, as the kernel clamps a local file system's times to what
+/// its format holds (`timestamp_truncate`).
 const MAX_TIME_SECS: u64 = (i64::MAX / 1_000_000 - 1) as u64;
 
 const STATE_NEW: u8 = 0;
@@ -180,8 +182,9 @@ fn time_change(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> Option<
     } else if valid & now != 0 {
         Some(TimeChange::Now)
     } else {
+        let limit = MAX_TIME_SECS as i64;
         Some(TimeChange::At(Timestamp {
-            secs: secs as i64,
+            secs: (secs as i64).clamp(-limit, limit),
             nsecs,
         }))
     }
@@ -413,9 +416,7 @@ impl<F: Filesystem> Dispatcher<F> {
             Operation::Setattr(ref s) => {
                 let v = s.valid;
                 let bad_time = |set: u32, now: u32, secs: u64, nsecs: u32| {
-                    v & set != 0
-                        && v & now == 0
-                        && (nsecs >= 1_000_000_000 || (secs as i64).unsigned_abs() > MAX_TIME_SECS)
+                    v & set != 0 && v & now == 0 && nsecs >= 1_000_000_000
                 };
                 if bad_time(fattr::ATIME, fattr::ATIME_NOW, s.atime, s.atimensec)
                     || bad_time(fattr::MTIME, fattr::MTIME_NOW, s.mtime, s.mtimensec)
@@ -1121,15 +1122,27 @@ mod tests {
         };
         let m = message(opcode::SETATTR, 2, 5, &[s.as_bytes()]);
         assert_eq!(errno_of(&run(&d, &m).0), libc::EINVAL);
-        // Seconds beyond what 64-bit microseconds hold.
-        let s = abi::SetattrIn {
-            valid: fattr::MTIME,
-            mtime: u64::MAX / 2,
-            ..Default::default()
-        };
-        let m = message(opcode::SETATTR, 3, 5, &[s.as_bytes()]);
-        assert_eq!(errno_of(&run(&d, &m).0), libc::EINVAL);
         assert!(d.filesystem().calls().is_empty());
+    }
+
+    #[test]
+    fn times_beyond_what_the_format_holds_are_clamped() {
+        let d = started(libc::EIO);
+        for (secs, want) in [
+            (u64::MAX / 2, MAX_TIME_SECS as i64),
+            ((i64::MIN / 2) as u64, -(MAX_TIME_SECS as i64)),
+        ] {
+            let s = abi::SetattrIn {
+                valid: fattr::MTIME,
+                mtime: secs,
+                ..Default::default()
+            };
+            let m = message(opcode::SETATTR, 3, 5, &[s.as_bytes()]);
+            run(&d, &m);
+            let calls = d.filesystem().calls();
+            let last = calls.last().expect("a setattr call");
+            assert!(last.contains(&format!("secs: {want}")), "{last}");
+        }
     }
 
     #[test]
