@@ -627,6 +627,18 @@ pub(crate) fn xattrs(m: &dyn Meta) {
         names,
         HashSet::from([b"user.a".to_vec(), b"user.b".to_vec()])
     );
+    // Setting and removing an attribute change ctime (xfstests
+    // generic/728); the sleeps outlast the stored times' resolution.
+    let ctime = |m: &dyn Meta| m.getattr(f).expect("getattr").ctime;
+    let before = ctime(m);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    m.setxattr(&c, f, b"user.c", b"x", XattrMode::Any)
+        .expect("set");
+    let after_set = ctime(m);
+    assert!(after_set > before, "setxattr leaves ctime {before:?}");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    m.removexattr(&c, f, b"user.c").expect("remove");
+    assert!(ctime(m) > after_set, "removexattr leaves ctime");
     m.removexattr(&c, f, b"user.a").expect("remove");
     assert_err(
         m.removexattr(&c, f, b"user.a"),

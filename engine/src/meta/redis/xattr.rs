@@ -5,7 +5,7 @@ use super::node;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::sqlite::node::{self as rules, MASK_W};
-use crate::meta::{Context, Ino, XattrMode};
+use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
 /// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
 const MAX_NAME: usize = 255;
@@ -51,13 +51,20 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
     })
 }
 
-fn check_writable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino) -> TxResult<()> {
+/// The node's attributes, if `ctx` may change its extended attributes.
+fn check_writable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino) -> TxResult<Attr> {
     let a = node::must_get(tx, ino)?;
     if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
         return Err(Error::Perm.into());
     }
     rules::check_access(ctx, &a, MASK_W)?;
-    Ok(())
+    Ok(a)
+}
+
+/// An extended attribute changed: the node's ctime moves, as on Linux.
+fn touch_ctime(tx: &mut Tx<'_>, ino: Ino, mut a: Attr) {
+    a.ctime = Timestamp::now();
+    node::put(tx, ino, &a);
 }
 
 /// Sets an attribute with create/replace semantics.
@@ -74,7 +81,7 @@ pub(super) fn set(
         return Err(Error::Range);
     }
     inner.write(ino, |tx| {
-        check_writable(tx, ctx, ino)?;
+        let attr = check_writable(tx, ctx, ino)?;
         let key = tx.keys.xattr(ino);
         let cur = tx.hget(&key, name)?;
         match (mode, &cur) {
@@ -83,6 +90,7 @@ pub(super) fn set(
             (_, Some(v)) if v.as_slice() == value => {}
             _ => tx.hset(&key, name, value),
         }
+        touch_ctime(tx, ino, attr);
         Ok(())
     })
 }
@@ -91,12 +99,13 @@ pub(super) fn set(
 pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
     check_name(name)?;
     inner.write(ino, |tx| {
-        check_writable(tx, ctx, ino)?;
+        let attr = check_writable(tx, ctx, ino)?;
         let key = tx.keys.xattr(ino);
         if tx.hget(&key, name)?.is_none() {
             return Err(Error::NoXattr.into());
         }
         tx.hdel(&key, name);
+        touch_ctime(tx, ino, attr);
         Ok(())
     })
 }

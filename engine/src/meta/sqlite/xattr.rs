@@ -5,7 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::node::{self, MASK_W};
 use super::{Inner, TxError, TxResult};
 use crate::error::{Error, Result};
-use crate::meta::{Context, Ino, XattrMode};
+use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
 /// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
 const MAX_NAME: usize = 255;
@@ -61,13 +61,20 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
     })
 }
 
-fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<()> {
+/// The node's attributes, if `ctx` may change its extended attributes.
+fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<Attr> {
     let a = node::must_get(c, ino)?;
     if a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0 {
         return Err(Error::Perm.into());
     }
     node::check_access(ctx, &a, MASK_W)?;
-    Ok(())
+    Ok(a)
+}
+
+/// An extended attribute changed: the node's ctime moves, as on Linux.
+fn touch_ctime(c: &Connection, ino: Ino, mut a: Attr) -> TxResult<()> {
+    a.ctime = Timestamp::now();
+    node::update(c, ino, &a)
 }
 
 /// Sets an attribute with create/replace semantics.
@@ -84,7 +91,7 @@ pub(super) fn set(
         return Err(Error::Range);
     }
     inner.write(|tx| {
-        check_writable(tx, ctx, ino)?;
+        let attr = check_writable(tx, ctx, ino)?;
         let cur: Option<Vec<u8>> = tx
             .query_row(
                 "SELECT value FROM jfs_xattr WHERE inode=? AND name=?",
@@ -109,7 +116,7 @@ pub(super) fn set(
                 )?;
             }
         }
-        Ok(())
+        touch_ctime(tx, ino, attr)
     })
 }
 
@@ -117,7 +124,7 @@ pub(super) fn set(
 pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
     let name = text_name(name)?;
     inner.write(|tx| {
-        check_writable(tx, ctx, ino)?;
+        let attr = check_writable(tx, ctx, ino)?;
         let n = tx.execute(
             "DELETE FROM jfs_xattr WHERE inode=? AND name=?",
             params![ino as i64, name],
@@ -125,6 +132,6 @@ pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Res
         if n == 0 {
             return Err(Error::NoXattr.into());
         }
-        Ok(())
+        touch_ctime(tx, ino, attr)
     })
 }
