@@ -83,6 +83,68 @@ pub struct VfsConfig {
     /// cache). It caches raw objects, below the memory cache of
     /// decompressed blocks.
     pub disk_cache: Option<DiskCacheConfig>,
+    /// When reads and directory listings move access times.
+    pub atime: AtimeMode,
+    /// Whether the file system is served read-only (no access-time
+    /// updates either).
+    pub read_only: bool,
+}
+
+/// When reads move a file's access time (JuiceFS's `--atime-mode`). The
+/// engine sees only the reads the kernel's page cache did not answer, so
+/// a re-read of cached pages (the host mount keeps pages while a file stays
+/// open) moves nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtimeMode {
+    /// Never: reads cost no metadata writes (JuiceFS's default).
+    #[default]
+    NoAtime,
+    /// Linux's `relatime`: when the access time is not after the last
+    /// modification or change, or is a day old.
+    RelAtime,
+    /// On every read and listing.
+    StrictAtime,
+}
+
+impl std::fmt::Display for AtimeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AtimeMode::NoAtime => "noatime",
+            AtimeMode::RelAtime => "relatime",
+            AtimeMode::StrictAtime => "strictatime",
+        })
+    }
+}
+
+/// The atime mode must be one of the three names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the atime mode must be \"noatime\", \"relatime\" or \"strictatime\", not {0:?}")]
+pub struct ParseAtimeModeError(pub String);
+
+impl std::str::FromStr for AtimeMode {
+    type Err = ParseAtimeModeError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s.trim() {
+            "noatime" => Ok(AtimeMode::NoAtime),
+            "relatime" => Ok(AtimeMode::RelAtime),
+            "strictatime" => Ok(AtimeMode::StrictAtime),
+            other => Err(ParseAtimeModeError(other.to_string())),
+        }
+    }
+}
+
+impl AtimeMode {
+    /// Whether a read at `now` moves an access time of `a`.
+    fn due(self, a: &Attr, now: crate::meta::Timestamp) -> bool {
+        match self {
+            AtimeMode::NoAtime => false,
+            AtimeMode::StrictAtime => true,
+            AtimeMode::RelAtime => {
+                a.atime <= a.mtime || a.atime <= a.ctime || now.secs - a.atime.secs >= 24 * 3600
+            }
+        }
+    }
 }
 
 impl Default for VfsConfig {
@@ -100,6 +162,8 @@ impl Default for VfsConfig {
             prefetch_cpus: None,
             upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
             disk_cache: None,
+            atime: AtimeMode::NoAtime,
+            read_only: false,
         }
     }
 }
@@ -511,6 +575,24 @@ impl Vfs {
             }
             r => r.map(|()| n as usize),
         }
+        .inspect(|_| self.touch_atime(ino))
+    }
+
+    /// Moves the access time of `ino` after a read or listing, as the
+    /// atime mode says. Best effort: the read succeeded, and a failed
+    /// update is only logged.
+    fn touch_atime(&self, ino: Ino) {
+        if self.cfg.atime == AtimeMode::NoAtime || self.cfg.read_only {
+            return;
+        }
+        let now = crate::meta::Timestamp::now();
+        let due = match self.cfg.atime {
+            AtimeMode::StrictAtime => true,
+            mode => self.vol.meta.getattr(ino).is_ok_and(|a| mode.due(&a, now)),
+        };
+        if due && let Err(e) = self.vol.meta.set_atime(ino, now) {
+            log::debug!("inode {ino}: access time not updated: {e}");
+        }
     }
 
     /// At FUSE_INIT; nothing to do (the session is registered by `new`).
@@ -891,6 +973,7 @@ impl Vfs {
                     }
                     let s = Arc::new(list);
                     *e = Some(s.clone());
+                    self.touch_atime(ino);
                     s
                 }
             }

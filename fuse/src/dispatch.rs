@@ -415,11 +415,11 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             Operation::Setattr(ref s) => {
                 let v = s.valid;
-                let bad_time = |set: u32, now: u32, secs: u64, nsecs: u32| {
+                let bad_time = |set: u32, now: u32, nsecs: u32| {
                     v & set != 0 && v & now == 0 && nsecs >= 1_000_000_000
                 };
-                if bad_time(fattr::ATIME, fattr::ATIME_NOW, s.atime, s.atimensec)
-                    || bad_time(fattr::MTIME, fattr::MTIME_NOW, s.mtime, s.mtimensec)
+                if bad_time(fattr::ATIME, fattr::ATIME_NOW, s.atimensec)
+                    || bad_time(fattr::MTIME, fattr::MTIME_NOW, s.mtimensec)
                 {
                     return Err(Failure::Errno(libc::EINVAL));
                 }

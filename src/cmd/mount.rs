@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use sluice_engine::vfs::{Vfs, VfsConfig};
+use sluice_engine::vfs::{AtimeMode, Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
 use super::cache_args::CacheArgs;
@@ -52,6 +52,16 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// When reads and directory listings move access times: never
+    /// (`noatime`, no metadata write per read, as JuiceFS defaults),
+    /// `relatime` (Linux's rule: when older than the last change, or a day
+    /// old) or `strictatime` (every read the engine sees).
+    #[arg(
+        long,
+        value_name = "noatime|relatime|strictatime",
+        default_value = "noatime"
+    )]
+    pub atime_mode: AtimeMode,
     /// How far the kernel reads ahead of a sequential reader, in MiB (the
     /// mount's `read_ahead_kb`); 0 keeps the kernel's default of 128 KiB.
     #[arg(long, default_value_t = 4, value_name = "MIB")]
@@ -112,6 +122,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             cache_prefault: args.cache_prefault,
             buffer_bytes: args.buffer_size << 20,
             disk_cache,
+            atime: args.atime_mode,
+            read_only: args.read_only,
             ..VfsConfig::default()
         })?,
     )

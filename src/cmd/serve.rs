@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use sluice_engine::meta::{Context, FileType, Ino, ROOT_INO};
-use sluice_engine::vfs::{DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
+use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
@@ -58,6 +58,16 @@ pub struct ServeArgs {
     /// Refuse every change from the guest (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// When reads and directory listings move access times: never
+    /// (`noatime`, no metadata write per read, as JuiceFS defaults),
+    /// `relatime` (Linux's rule: when older than the last change, or a day
+    /// old) or `strictatime` (every read the engine sees).
+    #[arg(
+        long,
+        value_name = "noatime|relatime|strictatime",
+        default_value = "noatime"
+    )]
+    pub atime_mode: AtimeMode,
     /// How READ data from local files (a file:// store's objects, disk-cache
     /// files) reaches guest memory: `uring` reads it with io_uring into the
     /// guest's memory registered as fixed buffers, O_DIRECT where aligned (no
@@ -147,6 +157,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
                 disk_cache: disk_cache.clone(),
                 prefetch_cpus: prefetch_cpus.clone(),
+                atime: args.atime_mode,
+                read_only: args.read_only,
                 ..VfsConfig::default()
             })?,
         )

@@ -658,6 +658,27 @@ pub(crate) fn xattrs(m: &dyn Meta) {
     );
 }
 
+/// `set_atime` moves the access time alone (a read's update is no change:
+/// ctime and mtime stay).
+pub(crate) fn set_atime_alone(m: &dyn Meta) {
+    formatted(m, 0);
+    let (f, before) = m.create(&root(), ROOT_INO, b"f", 0o600, 0).expect("f");
+    m.close(f).expect("close");
+    let at = Timestamp {
+        secs: before.atime.secs + 1000,
+        nsecs: 5000,
+    };
+    m.set_atime(f, at).expect("set_atime");
+    let after = m.getattr(f).expect("getattr");
+    assert_eq!(after.atime, at);
+    assert_eq!((after.mtime, after.ctime), (before.mtime, before.ctime));
+    assert_err(
+        m.set_atime(9_999_999, at),
+        |e| matches!(e, Error::NotFound),
+        "no inode",
+    );
+}
+
 /// chmod/chown/utimes rules.
 pub(crate) fn setattr_rules(m: &dyn Meta) {
     formatted(m, 0);

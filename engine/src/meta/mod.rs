@@ -458,6 +458,9 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     fn close(&self, ino: Ino) -> Result<()>;
     /// Checks access `mask` (`R_OK|W_OK|X_OK`, or `F_OK`).
     fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()>;
+    /// Sets the access time alone, as a read or a directory listing does:
+    /// no permission check (the caller could read) and no ctime change.
+    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()>;
 
     /// The slice list of chunk `indx` of a file, as stored (in write order;
     /// later slices win). Empty when the chunk holds no data.

@@ -789,6 +789,15 @@ impl Meta for RedisMeta {
         rules::check_access(ctx, &attr, (mask & 7) as u8)
     }
 
+    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
+        self.inner.write(ino, |tx| {
+            let mut a = node::must_get(tx, ino)?;
+            a.atime = atime;
+            node::put(tx, ino, &a);
+            Ok(())
+        })
+    }
+
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
     }

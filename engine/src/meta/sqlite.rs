@@ -740,6 +740,14 @@ impl Meta for SqliteMeta {
         node::check_access(ctx, &attr, (mask & 7) as u8)
     }
 
+    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
+        self.inner.write(|tx| {
+            let mut a = node::must_get(tx, ino)?;
+            a.atime = atime;
+            node::update(tx, ino, &a)
+        })
+    }
+
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
     }

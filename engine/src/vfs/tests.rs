@@ -1288,3 +1288,73 @@ fn an_open_directory_replaced_by_a_rename_still_has_attributes() {
         libc::ENOENT
     );
 }
+
+/// Reads move access times as the atime mode says (xfstests generic/003).
+#[test]
+fn reads_move_access_times_by_the_atime_mode() {
+    use crate::meta::Timestamp;
+    let pause = || std::thread::sleep(Duration::from_millis(2));
+    for mode in [
+        AtimeMode::NoAtime,
+        AtimeMode::RelAtime,
+        AtimeMode::StrictAtime,
+    ] {
+        let t = setup_with(
+            1024,
+            Compression::None,
+            VfsConfig {
+                atime: mode,
+                ..test_cfg()
+            },
+        );
+        let (ino, fh) = t.create("f");
+        t.write(ino, fh, 0, b"some bytes");
+        t.vfs.fsync(&ctx(), ino, fh, false).unwrap();
+        let atime = || t.vfs.getattr(&ctx(), ino).unwrap().atime;
+        let created = atime();
+        pause();
+        t.read(ino, fh, 0, 4);
+        let first = atime();
+        pause();
+        t.read(ino, fh, 0, 4);
+        let second = atime();
+        match mode {
+            AtimeMode::NoAtime => assert_eq!((first, second), (created, created)),
+            AtimeMode::RelAtime => {
+                // Not after the modification: moves; then only once a day.
+                assert!(first > created, "{mode}");
+                assert_eq!(second, first, "{mode}");
+                let old = Timestamp {
+                    secs: first.secs - 2 * 24 * 3600,
+                    nsecs: 0,
+                };
+                t.vfs.volume().meta.set_atime(ino, old).unwrap();
+                t.read(ino, fh, 0, 4);
+                assert!(atime() > first, "{mode}: a day-old atime moves");
+            }
+            AtimeMode::StrictAtime => assert!(created < first && first < second, "{mode}"),
+        }
+        // An access-time update is no change: ctime stays.
+        let a = t.vfs.getattr(&ctx(), ino).unwrap();
+        assert!(a.ctime < a.atime || mode == AtimeMode::NoAtime, "{mode}");
+        t.vfs.release(&ctx(), ino, fh).unwrap();
+    }
+    // A read-only file system moves nothing.
+    let t = setup_with(
+        1024,
+        Compression::None,
+        VfsConfig {
+            atime: AtimeMode::StrictAtime,
+            read_only: true,
+            ..test_cfg()
+        },
+    );
+    let (ino, fh) = t.create("f");
+    t.write(ino, fh, 0, b"x");
+    t.vfs.fsync(&ctx(), ino, fh, false).unwrap();
+    let before = t.vfs.getattr(&ctx(), ino).unwrap().atime;
+    pause();
+    t.read(ino, fh, 0, 1);
+    assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().atime, before);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+}

@@ -48,6 +48,7 @@ conformance_tests!(
     symlinks,
     mknod_special_files,
     xattrs,
+    set_atime_alone,
     setattr_rules,
     permissions,
     write_read_and_refs,
