@@ -370,7 +370,26 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// opener is gone, empties expired trash, retries failed slice deletions.
     fn cleanup(&self) -> Result<()>;
     /// Installs the callback that deletes the objects of released slices.
+    /// The engine calls it only once the change that released them is
+    /// durable ([`Meta::sync`]): an object deleted while a power loss could
+    /// still roll that change back would leave a file naming it.
     fn set_slice_releaser(&self, releaser: SliceReleaser);
+
+    /// Makes every change this client committed so far durable: it survives
+    /// a power loss once this returns. `fsync` ends with it. Engines whose
+    /// commits are durable when they return (SQLite with `synchronous=FULL`
+    /// or a rollback journal; Redis, whose durability is the server's
+    /// `appendfsync`) have nothing to do. Concurrent calls share one sync.
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Why this engine cannot promise that [`Meta::sync`] makes commits
+    /// durable, if it cannot (a Redis server without `appendonly yes` and
+    /// `appendfsync always`): one line for a warning at mount.
+    fn durability_gap(&self) -> Option<String> {
+        None
+    }
 
     /// Space and inode usage.
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;

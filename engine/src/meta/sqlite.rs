@@ -179,6 +179,17 @@ struct Inner {
     heartbeat: Mutex<Option<Heartbeat>>,
     /// The hourly trash directory in use: (name, inode).
     trash_dir: Mutex<Option<(String, Ino)>>,
+    /// Whether a commit can be lost to a power loss until [`Meta::sync`]
+    /// syncs the WAL (WAL mode with `synchronous=NORMAL`).
+    lazy_commits: bool,
+    /// Write transactions committed by this client so far, plus one for
+    /// what the WAL held when it was opened (a process killed before may
+    /// have left commits in the page cache only), so the first sync always
+    /// runs.
+    commits: AtomicU64,
+    /// How many of them the last WAL sync covered; held while one runs, so
+    /// concurrent `sync` calls wait for it and share the next.
+    synced: Mutex<u64>,
 }
 
 impl std::fmt::Debug for SqliteMeta {
@@ -190,7 +201,10 @@ impl std::fmt::Debug for SqliteMeta {
     }
 }
 
-fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
+/// Opens one connection in WAL mode with the options' settings; the flag
+/// says whether WAL mode is on (a file system without shared memory keeps
+/// the rollback journal).
+fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<(Connection, bool)> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -211,13 +225,71 @@ fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
     };
     conn.execute_batch(&format!("PRAGMA synchronous={sync}"))
         .map_err(sql_error)?;
-    if !mode.eq_ignore_ascii_case("wal") {
+    let wal = mode.eq_ignore_ascii_case("wal");
+    if !wal {
         log::warn!(
             "SQLite database {} stays in journal mode {mode}; WAL is not available there",
             path.display()
         );
     }
-    Ok(conn)
+    Ok((conn, wal))
+}
+
+/// fsyncs the WAL of `conn` (the caller holds the connection, so nothing
+/// else uses it meanwhile) through SQLite's own open file: SQLite's VFS
+/// syncs it as a commit with `synchronous=FULL` would (the directory too,
+/// the first time), and the long-lived descriptor sees every write error
+/// the kernel reported on the file since SQLite opened it. Nothing to do
+/// when no WAL is open yet (nothing committed through this connection).
+fn sync_wal(conn: &Connection, path: &Path) -> Result<()> {
+    use rusqlite::ffi;
+    let failed = |what: &str, rc: std::ffi::c_int| {
+        Error::Meta(format!(
+            "cannot sync the SQLite WAL of {}: {what} failed ({})",
+            path.display(),
+            rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None)
+        ))
+    };
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: `conn.handle()` is the open database handle of `conn`, used by
+    // no other thread during this call (the caller holds `conn`
+    // exclusively). SQLITE_FCNTL_JOURNAL_POINTER stores one
+    // `sqlite3_file *` (the WAL in WAL mode) through the argument, which
+    // points to `file`, a local of exactly that type. "main" is a
+    // NUL-terminated schema name.
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+            (&raw mut file).cast(),
+        )
+    };
+    if rc != ffi::SQLITE_OK {
+        return Err(failed("SQLITE_FCNTL_JOURNAL_POINTER", rc));
+    }
+    if file.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null pointer from SQLITE_FCNTL_JOURNAL_POINTER is the
+    // pager's file object, which lives as long as the connection; its
+    // `pMethods` is null while the file is not open.
+    let methods = unsafe { (*file).pMethods };
+    if methods.is_null() {
+        return Ok(());
+    }
+    // SAFETY: `methods` is the open file's method table (non-null, static
+    // in SQLite's unix VFS).
+    let Some(x_sync) = (unsafe { (*methods).xSync }) else {
+        return Ok(());
+    };
+    // SAFETY: xSync is called on the open file object it belongs to, with
+    // a valid flag, while no other thread uses the connection.
+    let rc = unsafe { x_sync(file, ffi::SQLITE_SYNC_NORMAL) };
+    if rc != ffi::SQLITE_OK {
+        return Err(failed("fsync", rc));
+    }
+    Ok(())
 }
 
 impl SqliteMeta {
@@ -238,9 +310,9 @@ impl SqliteMeta {
                 dir.display()
             )));
         }
-        let writer = open_connection(&path, &opts)?;
+        let (writer, wal) = open_connection(&path, &opts)?;
         let readers = (0..READERS)
-            .map(|_| open_connection(&path, &opts).map(Mutex::new))
+            .map(|_| open_connection(&path, &opts).map(|(c, _)| Mutex::new(c)))
             .collect::<Result<Vec<_>>>()?;
         Ok(SqliteMeta {
             inner: Arc::new(Inner {
@@ -256,6 +328,9 @@ impl SqliteMeta {
                 releaser: RwLock::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
+                lazy_commits: wal && opts.synchronous == Synchronous::Normal,
+                commits: AtomicU64::new(1),
+                synced: Mutex::new(0),
             }),
         })
     }
@@ -341,6 +416,7 @@ impl Inner {
                     let value = f(&mut tx)?;
                     let post = std::mem::take(&mut tx.post);
                     tx.tx.commit()?;
+                    self.commits.fetch_add(1, Ordering::AcqRel);
                     Ok((value, post))
                 };
                 run(&mut conn)
@@ -409,9 +485,31 @@ impl Inner {
         self.release_slices(&post.released);
     }
 
-    /// Hands released slices to the releaser; a slice whose objects are gone
-    /// loses its `jfs_chunk_ref` row, a failed one keeps it (refs 0) so
-    /// `cleanup` (or `juicefs gc`) retries it.
+    /// Makes every commit so far durable: fsyncs the WAL, once for all the
+    /// callers that arrive while a sync runs (group commit).
+    fn sync(&self) -> Result<()> {
+        if !self.lazy_commits {
+            return Ok(());
+        }
+        let wanted = self.commits.load(Ordering::Acquire);
+        let mut synced = self.synced.lock();
+        if *synced >= wanted {
+            return Ok(());
+        }
+        // No commit runs while the writer connection is held, so the sync
+        // covers exactly the commits counted now.
+        let conn = self.writer.lock();
+        let covers = self.commits.load(Ordering::Acquire);
+        sync_wal(&conn, &self.path)?;
+        drop(conn);
+        *synced = covers;
+        Ok(())
+    }
+
+    /// Hands released slices to the releaser once the commits that released
+    /// them are durable; a slice whose objects are gone loses its
+    /// `jfs_chunk_ref` row, a failed one keeps it (refs 0) so `cleanup` (or
+    /// `juicefs gc`) retries it.
     fn release_slices(&self, released: &[ReleasedSlice]) {
         if released.is_empty() {
             return;
@@ -420,25 +518,44 @@ impl Inner {
         let Some(releaser) = releaser else {
             return;
         };
+        // An object deleted before the change that released it is durable
+        // would be named again by the metadata a power loss rolls back to.
+        if let Err(e) = self.sync() {
+            log::warn!(
+                "not deleting the objects of {} released slice(s) for now: {e}; cleanup retries them",
+                released.len()
+            );
+            return;
+        }
+        let mut gone = Vec::with_capacity(released.len());
         for s in released {
-            if !releaser(*s) {
+            if releaser(*s) {
+                gone.push(s.id);
+            } else {
                 log::warn!(
                     "deleting the objects of slice {} ({} bytes) failed; cleanup retries it",
                     s.id,
                     s.size
                 );
-                continue;
             }
-            let r = self.write(|tx| {
-                tx.execute(
-                    "DELETE FROM jfs_chunk_ref WHERE chunkid=? AND refs<=0",
-                    params![s.id as i64],
-                )?;
-                Ok(())
-            });
-            if let Err(e) = r {
-                log::warn!("dropping the reference row of slice {}: {e}", s.id);
+        }
+        if gone.is_empty() {
+            return;
+        }
+        // One transaction for the rows of every slice whose objects went.
+        let r = self.write(|tx| {
+            let mut stmt =
+                tx.prepare_cached("DELETE FROM jfs_chunk_ref WHERE chunkid=? AND refs<=0")?;
+            for id in &gone {
+                stmt.execute(params![*id as i64])?;
             }
+            Ok(())
+        });
+        if let Err(e) = r {
+            log::warn!(
+                "dropping the reference rows of {} released slice(s): {e}",
+                gone.len()
+            );
         }
     }
 
@@ -546,6 +663,10 @@ impl Meta for SqliteMeta {
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
         *self.inner.releaser.write() = Some(releaser);
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
     }
 
     fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {

@@ -636,3 +636,89 @@ fn rename_over_a_file_into_trash() {
     let name = format!("1-{b}-b").into_bytes();
     assert_eq!(m.lookup(&c, hour, &name).expect("in trash").0, b);
 }
+
+#[test]
+fn sync_covers_every_commit_and_skips_when_nothing_is_new() {
+    use std::sync::atomic::Ordering;
+    let (dir, m) = fresh();
+    m.init(&test_format(0)).expect("init");
+    m.load().expect("load");
+    assert!(m.inner.lazy_commits, "WAL with synchronous=NORMAL");
+    let c = Context::default();
+    m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    let commits = m.inner.commits.load(Ordering::SeqCst);
+    assert!(commits > *m.inner.synced.lock());
+    m.sync().expect("sync");
+    assert_eq!(*m.inner.synced.lock(), commits);
+    // Nothing new: no sync (the count stays); a new commit needs one.
+    m.sync().expect("sync again");
+    m.mkdir(&c, ROOT_INO, b"e", 0o755, 0).expect("mkdir");
+    assert!(m.inner.commits.load(Ordering::SeqCst) > *m.inner.synced.lock());
+    m.sync().expect("sync");
+    assert_eq!(
+        *m.inner.synced.lock(),
+        m.inner.commits.load(Ordering::SeqCst)
+    );
+    drop(m);
+    // Every commit synced anyway: nothing for sync to do.
+    let full = SqliteMeta::open_with(
+        dir.path().join("meta.db"),
+        super::SqliteOptions {
+            synchronous: super::Synchronous::Full,
+            ..Default::default()
+        },
+    )
+    .expect("open");
+    assert!(!full.inner.lazy_commits);
+    full.sync().expect("sync");
+}
+
+#[test]
+fn released_objects_are_deleted_only_once_the_release_is_durable() {
+    use std::sync::atomic::Ordering;
+    let (_dir, m) = fresh();
+    m.init(&test_format(0)).expect("init");
+    m.load().expect("load");
+    // The releaser looks at the engine when it is called: every commit so
+    // far (the one that released the slice included) must be synced.
+    let inner = std::sync::Arc::downgrade(&m.inner);
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    m.set_slice_releaser(std::sync::Arc::new(move |s| {
+        let inner = inner.upgrade().expect("engine alive");
+        log.lock().push((
+            s.id,
+            inner.commits.load(Ordering::SeqCst),
+            *inner.synced.lock(),
+        ));
+        true
+    }));
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let slice = |id| Slice {
+        pos: 0,
+        id,
+        size: 10,
+        off: 0,
+        len: 10,
+    };
+    let old = m.new_slice_id().expect("id");
+    m.write_chunk(f, 0, slice(old), Timestamp::now())
+        .expect("write");
+    let new = m.new_slice_id().expect("id");
+    m.write_chunk(f, 0, slice(new), Timestamp::now())
+        .expect("overwrite");
+    // Unlinked without trash: both slices are released.
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    let seen = seen.lock().clone();
+    let mut ids: Vec<u64> = seen.iter().map(|s| s.0).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![old, new], "{seen:?}");
+    for (id, commits, synced) in seen {
+        assert_eq!(
+            synced, commits,
+            "slice {id} released before its release was synced"
+        );
+    }
+}
