@@ -60,7 +60,8 @@ impl WritebackArgs {
         Ok(())
     }
 
-    /// Opens the volume at `meta_url`, its S3 client bounded by
+    /// Opens the volume at `meta_url` (warning when its metadata engine
+    /// cannot make fsync'ed writes durable), its S3 client bounded by
     /// `--max-uploads`, and with `--writeback` wraps its object store in the
     /// staging store under `root` (which queues blocks an earlier run left
     /// staged).
@@ -74,6 +75,11 @@ impl WritebackArgs {
         };
         let volume = open_volume_with(meta, &s3)
             .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+        // Said once, when the file system starts: fsync is only as durable
+        // as the metadata engine's commits.
+        if let Some(gap) = volume.meta.durability_gap() {
+            log::warn!("{gap}");
+        }
         if !self.writeback {
             return Ok(volume);
         }

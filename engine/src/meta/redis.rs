@@ -118,6 +118,38 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// What a Redis server with these persistence settings (`CONFIG GET`
+/// answers; `None`: not reported) cannot promise about fsync'ed writes.
+fn persistence_gap(
+    addr: &str,
+    appendonly: Option<&str>,
+    appendfsync: Option<&str>,
+) -> Option<String> {
+    let fix = "set appendonly yes and appendfsync always for fsync to mean durable";
+    match (appendonly, appendfsync) {
+        (Some(a), Some(f)) if a.eq_ignore_ascii_case("yes") && f.eq_ignore_ascii_case("always") => {
+            None
+        }
+        (Some(a), _) if a.eq_ignore_ascii_case("no") => Some(format!(
+            "Redis at {addr} runs with appendonly no: a Redis crash or power loss loses the \
+             metadata commits since its last snapshot, fsync'ed writes included; {fix}"
+        )),
+        (Some(_), Some(f)) if f.eq_ignore_ascii_case("everysec") => Some(format!(
+            "Redis at {addr} runs with appendfsync everysec: a power loss on the Redis host \
+             can lose the last second of metadata commits, fsync'ed writes included; {fix}"
+        )),
+        (Some(_), Some(f)) => Some(format!(
+            "Redis at {addr} runs with appendfsync {f}: a power loss on the Redis host can \
+             lose the metadata commits its operating system had not written, fsync'ed \
+             writes included; {fix}"
+        )),
+        _ => Some(format!(
+            "Redis at {addr} did not report appendonly and appendfsync; fsync'ed writes \
+             survive a power loss only if it runs with appendonly yes and appendfsync always"
+        )),
+    }
+}
+
 /// The same connection settings with another database number.
 fn with_db(info: redis::ConnectionInfo, db: i64) -> redis::ConnectionInfo {
     let settings = info.redis_settings().clone().set_db(db);
@@ -601,6 +633,33 @@ impl Meta for RedisMeta {
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
         *self.inner.releaser.write() = Some(releaser);
+    }
+
+    /// A commit is durable when Redis acknowledges it only with
+    /// `appendonly yes` and `appendfsync always` (Redis then replies after
+    /// its fsync); there is nothing more to do at fsync time.
+    fn durability_gap(&self) -> Option<String> {
+        let get = |name: &str| -> Result<Option<String>> {
+            let pair: Vec<String> = self
+                .inner
+                .pool
+                .with_conn(|c| redis::cmd("CONFIG").arg("GET").arg(name).query(c))?;
+            Ok(pair.into_iter().nth(1))
+        };
+        let settings = get("appendonly").and_then(|a| Ok((a, get("appendfsync")?)));
+        match settings {
+            Ok((appendonly, appendfsync)) => persistence_gap(
+                &self.inner.addr,
+                appendonly.as_deref(),
+                appendfsync.as_deref(),
+            ),
+            Err(e) => Some(format!(
+                "cannot read appendonly and appendfsync of Redis at {} ({e}); fsync'ed \
+                 writes survive a power loss only if it runs with appendonly yes and \
+                 appendfsync always",
+                self.inner.addr
+            )),
+        }
     }
 
     fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {

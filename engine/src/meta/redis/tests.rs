@@ -995,3 +995,65 @@ fn a_cluster_volume_lives_behind_its_hash_tag() {
     let stray: Vec<&String> = keys.iter().filter(|k| !k.starts_with('{')).collect();
     assert!(stray.is_empty(), "keys without the hash tag: {stray:?}");
 }
+
+#[test]
+fn the_durability_warning_names_what_the_server_lacks() {
+    let Some(s) = RedisServer::start(true) else {
+        return;
+    };
+    let m = RedisMeta::open(&s.url(1)).expect("open");
+    // appendonly yes, appendfsync always: commits are durable when acked.
+    assert_eq!(m.durability_gap(), None);
+    let mut admin = redis::Client::open(s.url(0).as_str())
+        .and_then(|c| c.get_connection())
+        .expect("connect");
+    let set = |c: &mut redis::Connection, k: &str, v: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query::<()>(c)
+            .expect("config set");
+    };
+    set(&mut admin, "appendfsync", "everysec");
+    let gap = m.durability_gap().expect("a gap");
+    assert!(gap.contains("appendfsync everysec"), "{gap}");
+    assert!(gap.contains("appendfsync always"), "{gap}");
+    set(&mut admin, "appendonly", "no");
+    let gap = m.durability_gap().expect("a gap");
+    assert!(gap.contains("appendonly no"), "{gap}");
+    assert!(!gap.contains('\n'));
+    // A user that may not run CONFIG: the warning says it could not check.
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-config")
+        .query::<()>(&mut admin)
+        .expect("acl");
+    let url = format!("redis://app:secret@127.0.0.1:{}/1", s.port);
+    let limited = RedisMeta::open(&url).expect("open as app");
+    let gap = limited.durability_gap().expect("a gap");
+    assert!(gap.contains("cannot read appendonly"), "{gap}");
+    assert!(!gap.contains("secret"), "{gap}");
+}
+
+#[test]
+fn persistence_settings_map_to_one_line_each() {
+    use super::persistence_gap;
+    assert_eq!(persistence_gap("h", Some("yes"), Some("always")), None);
+    for (a, f, says) in [
+        (Some("no"), Some("always"), "appendonly no"),
+        (Some("yes"), Some("everysec"), "everysec"),
+        (Some("yes"), Some("no"), "appendfsync no"),
+        (None, None, "did not report"),
+    ] {
+        let gap = persistence_gap("h", a, f).expect("a gap");
+        assert!(gap.contains(says), "{gap}");
+        assert!(gap.contains("Redis at h"), "{gap}");
+    }
+}
