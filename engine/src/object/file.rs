@@ -9,8 +9,16 @@
 //! is renamed over the final name. sluice does the same, sets the modes
 //! explicitly so the result does not depend on its own umask. Like JuiceFS it
 //! does not fsync each object: the write + rename is atomic and survives a
-//! crash of the process; [`ObjectStore::sync_all`] (`syncfs` of the bucket's
-//! file system, called by a file's fsync) makes objects survive a power loss.
+//! crash of the process; [`ObjectStore::sync_all`] — one `syncfs` of the
+//! bucket's file system, shared by concurrent callers, which the writer
+//! runs before it commits a slice — makes them survive a power loss.
+//!
+//! `syncfs` reports a write-back error of the file system once per open
+//! descriptor, for errors since that descriptor was opened, so the store
+//! keeps one descriptor of the bucket from its creation on and syncs
+//! through it. After a failed sync it cannot tell which objects were lost,
+//! so every later sync fails too: nothing written to that disk is
+//! acknowledged as durable again until the volume is mounted afresh.
 //!
 //! The CRC32C of the stored bytes is kept in the extended attribute
 //! [`CRC_XATTR`] (4 bytes, big-endian). JuiceFS neither writes nor reads it;
@@ -51,38 +59,74 @@ pub struct FileStore {
     /// Whether `put` makes the object durable (file and directory fsync'ed)
     /// before it returns.
     durable: bool,
+    /// The bucket directory, open since the store was created: `syncfs`
+    /// through it reports every write-back error of its file system since
+    /// then (a descriptor opened later would miss the earlier ones).
+    root_dir: File,
     /// Concurrent `sync_all` calls share one `syncfs`.
-    syncs: std::sync::Arc<SyncGroup>,
+    syncs: SyncGroup,
 }
 
-/// Group commit for `syncfs`: each caller takes a ticket after its writes,
-/// and a `syncfs` that starts after a ticket was taken covers that caller,
-/// so callers that queued behind a running `syncfs` are covered by the next
-/// one instead of each running its own (4 threads writing small files with
-/// fsync each paid a whole file-system sync per file).
+/// Group commit for `syncfs`. Puts are counted as they finish; a caller
+/// needs a sync that started after the puts it counted, so callers that
+/// queued behind a running `syncfs` are covered by the next one instead of
+/// each running its own (4 threads writing small files with fsync each paid
+/// a whole file-system sync per file), and a caller with no put since the
+/// last sync has nothing to wait for.
 #[derive(Debug, Default)]
 struct SyncGroup {
-    /// Tickets handed out so far.
-    asked: AtomicU64,
-    /// The highest ticket a finished sync covers; held while a sync runs.
-    done: parking_lot::Mutex<u64>,
+    /// Puts finished so far (objects that may still be in the page cache).
+    puts: AtomicU64,
+    /// Held while a sync runs.
+    state: parking_lot::Mutex<SyncState>,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// How many puts the last successful sync covers.
+    covered: u64,
+    /// The first failed sync: write-back errors are reported once, so from
+    /// then on no sync can vouch for the objects written before it.
+    failed: Option<String>,
 }
 
 impl SyncGroup {
-    /// Runs `sync` unless a sync that started after this call already
-    /// finished; one runs at a time.
+    /// Counts one finished put.
+    fn put_done(&self) {
+        self.puts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Runs `sync` unless a sync that started after every put finished so
+    /// far has succeeded since; one runs at a time. Once a sync failed,
+    /// every call fails with its error.
     fn sync(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
-        let ticket = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut done = self.done.lock();
-        if *done >= ticket {
+        let wanted = self.puts.load(Ordering::SeqCst);
+        let mut st = self.state.lock();
+        if let Some(msg) = &st.failed {
+            return Err(sync_failed(msg));
+        }
+        if st.covered >= wanted {
             return Ok(());
         }
-        // Every ticket taken by now belongs to writes made before this sync.
-        let covers = self.asked.load(Ordering::SeqCst);
-        sync()?;
-        *done = covers;
+        // Every put counted by now finished before this sync starts.
+        let covers = self.puts.load(Ordering::SeqCst);
+        if let Err(e) = sync() {
+            let err = sync_failed(&e.to_string());
+            st.failed = Some(e.to_string());
+            return Err(err);
+        }
+        st.covered = covers;
         Ok(())
     }
+}
+
+/// The error of a failed bucket sync, as every later sync reports it.
+fn sync_failed(msg: &str) -> io::Error {
+    io::Error::other(format!(
+        "syncing the bucket's file system failed ({msg}); objects written before \
+             may be lost, so nothing more is acknowledged as durable until the volume \
+             is mounted again"
+    ))
 }
 
 fn obj_err(key: &str, source: io::Error) -> Error {
@@ -101,10 +145,12 @@ impl FileStore {
             .mode(0o755)
             .create(&root)
             .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        let root_dir = File::open(&root).map_err(|e| obj_err(&root.to_string_lossy(), e))?;
         Ok(FileStore {
             root,
             no_xattr: AtomicBool::new(false),
-            syncs: Default::default(),
+            root_dir,
+            syncs: SyncGroup::default(),
             tmp_seq: AtomicU64::new(u64::from(std::process::id()) << 32),
             file_mode: OBJECT_MODE,
             dir_mode: DIR_MODE,
@@ -254,8 +300,9 @@ impl FileStore {
         let direct = written.map_err(|e| obj_err(key, e))?;
         self.set_crc(&file, key, crc);
         // A bucket store has no fsync here (JuiceFS's file store has none
-        // either): a put is atomic, and `sync_all` — called by fsync — makes
-        // it durable. A durable store syncs the data (and the xattr) first.
+        // either): a put is atomic, and `sync_all` — which the writer runs
+        // before it commits the slice — makes it durable. A durable store
+        // syncs the data (and the xattr) first.
         if self.durable {
             file.sync_all().map_err(|e| obj_err(key, e))?;
         } else if !direct {
@@ -312,10 +359,14 @@ pub struct PreparedPut<'a> {
 }
 
 impl PreparedPut<'_> {
-    /// Renames the object into place: readers see it from now on.
+    /// Renames the object into place: readers see it from now on (and the
+    /// next [`ObjectStore::sync_all`] makes it durable).
     pub fn rename(&mut self) -> Result<()> {
         fs::rename(&self.tmp, &self.path).map_err(|e| obj_err(&self.key, e))?;
         self.renamed = true;
+        if !self.store.durable {
+            self.store.syncs.put_done();
+        }
         Ok(())
     }
 
@@ -504,17 +555,20 @@ impl ObjectStore for FileStore {
         Some(self.open_for_range(key))
     }
 
+    /// One `syncfs` of the bucket's file system through the descriptor held
+    /// since the store was created, shared by concurrent callers and
+    /// skipped when no put finished since the last one. A durable store's
+    /// puts are synced one by one, so it has nothing to do.
     fn sync_all(&self) -> Result<()> {
         self.syncs
             .sync(|| {
-                let dir = File::open(&self.root)?;
                 // SAFETY: syncfs(2) on a descriptor we own; no memory is passed.
-                if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+                if unsafe { libc::syncfs(self.root_dir.as_raw_fd()) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
                 Ok(())
             })
-            .map_err(|e| obj_err("", e))
+            .map_err(|e| obj_err(&self.root.to_string_lossy(), e))
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -677,17 +731,21 @@ mod tests {
         use std::sync::{Arc, mpsc};
         let group = Arc::new(SyncGroup::default());
         let runs = Arc::new(AtomicUsize::new(0));
-        // One after another: each call syncs.
-        for _ in 0..2 {
-            group
-                .sync(|| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    Ok(())
-                })
-                .unwrap();
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 2);
-        // A sync in progress; two more callers queue behind it.
+        let count = |runs: &AtomicUsize| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        // Nothing was put: nothing to sync.
+        group.sync(|| count(&runs)).unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        // A put, then two syncs one after the other: the first covers it,
+        // the second has nothing new to sync.
+        group.put_done();
+        group.sync(|| count(&runs)).unwrap();
+        group.sync(|| count(&runs)).unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        // A sync in progress; two more puts, whose callers queue behind it.
+        group.put_done();
         let (release, held) = mpsc::channel::<()>();
         let first = {
             let (group, runs) = (group.clone(), runs.clone());
@@ -699,40 +757,55 @@ mod tests {
                 })
             })
         };
-        while runs.load(Ordering::SeqCst) < 3 {
+        while runs.load(Ordering::SeqCst) < 2 {
             std::thread::yield_now();
         }
         let queued: Vec<_> = (0..2)
             .map(|_| {
+                group.put_done();
                 let (group, runs) = (group.clone(), runs.clone());
-                std::thread::spawn(move || {
-                    group.sync(|| {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    })
-                })
+                std::thread::spawn(move || group.sync(|| count(&runs)))
             })
             .collect();
-        while group.asked.load(Ordering::SeqCst) < 5 {
-            std::thread::yield_now();
-        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
         release.send(()).unwrap();
         first.join().unwrap().unwrap();
         for q in queued {
             q.join().unwrap().unwrap();
         }
-        // The first sync could not cover them (they asked after it began);
+        // The first sync could not cover them (they put after it began);
         // one more sync covered both.
-        assert_eq!(runs.load(Ordering::SeqCst), 4);
-        // A failed sync covers nobody: the next caller syncs again.
-        assert!(group.sync(|| Err(io::Error::other("disk gone"))).is_err());
-        group
-            .sync(|| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 5);
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        // A failed sync: its callers and every later one get the error, even
+        // once a sync would succeed again (the kernel reports a write-back
+        // error only once, so no later sync can vouch for earlier objects).
+        group.put_done();
+        let err = group
+            .sync(|| Err(io::Error::from_raw_os_error(libc::EIO)))
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), None);
+        assert_eq!(err.kind(), io::ErrorKind::Other, "{err}");
+        assert!(err.to_string().contains("mounted again"), "{err}");
+        group.put_done();
+        let again = group.sync(|| count(&runs)).unwrap_err();
+        assert!(again.to_string().contains("Input/output error"), "{again}");
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn sync_all_runs_only_after_new_puts_and_durable_stores_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path().join("bucket")).unwrap();
+        store.sync_all().unwrap();
+        assert_eq!(store.syncs.puts.load(Ordering::SeqCst), 0);
+        store.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
+        assert_eq!(store.syncs.puts.load(Ordering::SeqCst), 1);
+        store.sync_all().unwrap();
+        assert_eq!(store.syncs.state.lock().covered, 1);
+        let staging = FileStore::durable(dir.path().join("staging")).unwrap();
+        staging.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
+        assert_eq!(staging.syncs.puts.load(Ordering::SeqCst), 0);
+        staging.sync_all().unwrap();
     }
 
     #[test]

@@ -176,8 +176,9 @@ struct Shared {
 #[derive(Debug)]
 pub struct WritebackStore {
     shared: Arc<Shared>,
-    /// Set once a put went straight to `inner` (staging failed), so the
-    /// next `sync_all` must sync `inner` too.
+    /// Set once a put went straight to `inner` (staging failed): from then
+    /// on `sync_all` syncs `inner` too (a flag that is never cleared cannot
+    /// let a caller skip a sync another caller has started but not ended).
     direct_puts: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The volume directory's lock, held while this store lives.
@@ -577,8 +578,9 @@ impl ObjectStore for WritebackStore {
                 // A full or failing cache disk must not fail the write while
                 // the bucket takes it: upload synchronously, as JuiceFS does.
                 log::warn!("writeback: cannot stage {key} ({e}); uploading it now");
+                self.shared.inner.put(key, data, Some(crc))?;
                 self.direct_puts.store(true, Ordering::Release);
-                self.shared.inner.put(key, data, Some(crc))
+                Ok(())
             }
         }
     }
@@ -651,20 +653,12 @@ impl ObjectStore for WritebackStore {
         Ok(all.into_values().collect())
     }
 
-    /// Staged blocks are durable when `put` returns. Like the `file` store,
-    /// this still syncs the whole file system holding staging (`syncfs`):
-    /// fsync then also makes durable what else lives there — the SQLite
-    /// database in the common one-disk setup — as it does without
-    /// writeback. Puts that went straight to the real store (staging
-    /// failed) get that store's sync too.
+    /// Staged blocks are durable when `put` returns, so there is nothing to
+    /// sync, unless puts went straight to the real store (staging failed):
+    /// then that store is synced as it would be without writeback.
     fn sync_all(&self) -> Result<()> {
-        self.shared.staging.sync_all()?;
-        if self.direct_puts.swap(false, Ordering::AcqRel) {
-            let res = self.shared.inner.sync_all();
-            if res.is_err() {
-                self.direct_puts.store(true, Ordering::Release);
-            }
-            return res;
+        if self.direct_puts.load(Ordering::Acquire) {
+            return self.shared.inner.sync_all();
         }
         Ok(())
     }
