@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the sluice test guest: a Debian cloud kernel (Linux >= 6.10, for
 # multi-queue virtio-fs; virtio-pci, fuse and virtiofs are built in) and an
-# initramfs holding busybox, guest-init.sh as /init, and any extra static
-# programs given with --bin.
+# initramfs holding busybox, guest-init.sh as /init, the kernel's virtio-blk
+# module (loaded by /init, so disks given to run-vm.sh --disk appear as
+# /dev/vdX) and any extra static programs given with --bin.
 #
 # Usage: vm-images/build.sh [--out DIR] [--cache DIR] [--bin PATH]...
 #                           [--kernel-pkg NAME] [--refresh]
@@ -106,6 +107,36 @@ fi
 
 [ "$remember_kernel" -eq 0 ] || printf '%s\n' "$kernel_pkg" >"$kernel_name_file"
 
+# Kernel drivers the guest needs that this kernel builds as modules, taken
+# out of the package (decompressed: busybox's insmod takes plain .ko files).
+# Paths under lib/modules/VERSION/kernel/, without the .ko suffix.
+modules=(drivers/block/virtio_blk)
+mkdir -p "$kdir/modules"
+for m in "${modules[@]}"; do
+    name=${m##*/}
+    config=CONFIG_$(printf '%s' "$name" | tr '[:lower:]' '[:upper:]')
+    grep -q "^$config=y" "$kdir/config" && continue
+    grep -q "^$config=m" "$kdir/config" || die "$kernel_pkg has no $config; pick another kernel with --kernel-pkg"
+    [ -s "$kdir/modules/$name.ko" ] && continue
+    deb=$(apt_download_cached "$kernel_pkg" "$cache/debs")
+    say "extracting module $name from ${deb##*/}"
+    rm -rf "$kdir/modules.tmp"
+    mkdir -p "$kdir/modules.tmp"
+    dpkg-deb --fsys-tarfile "$deb" |
+        tar -x -C "$kdir/modules.tmp" --wildcards "./lib/modules/*/kernel/$m.ko*"
+    ko=$(find "$kdir/modules.tmp" -name "$name.ko*" | head -n 1)
+    [ -n "$ko" ] || die "${deb##*/} has no $m.ko"
+    case "$ko" in
+    *.ko) cp "$ko" "$kdir/modules/$name.ko.tmp" ;;
+    *.ko.xz) need_command xz xz-utils; xz -dc "$ko" >"$kdir/modules/$name.ko.tmp" ;;
+    *.ko.zst) need_command zstd zstd; zstd -qdc "$ko" >"$kdir/modules/$name.ko.tmp" ;;
+    *.ko.gz) gzip -dc "$ko" >"$kdir/modules/$name.ko.tmp" ;;
+    *) die "cannot unpack $ko" ;;
+    esac
+    mv "$kdir/modules/$name.ko.tmp" "$kdir/modules/$name.ko"
+    rm -rf "$kdir/modules.tmp"
+done
+
 # Refuse a kernel the virtio-fs tests cannot use, with the reason.
 major_minor=$(printf '%s\n' "$kver" | grep -oE '^[0-9]+\.[0-9]+')
 if [ "$(printf '%s\n6.10\n' "$major_minor" | sort -V | head -n 1)" != 6.10 ]; then
@@ -162,6 +193,9 @@ busybox=$bbdir/bin/busybox
 stamp=$( {
     printf 'kernel %s\n' "$kernel_pkg"
     sha256sum "$here/guest-init.sh" "$busybox" "$here/build.sh" | cut -d' ' -f1
+    for ko in "$kdir"/modules/*.ko; do
+        if [ -e "$ko" ]; then printf 'module %s %s\n' "${ko##*/}" "$(sha256sum <"$ko" | cut -d' ' -f1)"; fi
+    done
     for b in "${bins[@]}"; do printf '%s %s\n' "${b##*/}" "$(sha256sum <"$b" | cut -d' ' -f1)"; done
 } | sha256sum | cut -d' ' -f1)
 if [ -s "$out/initramfs.cpio.gz" ] && [ -s "$out/vmlinuz" ] &&
@@ -173,13 +207,16 @@ fi
 
 root=$cache/initramfs-root
 rm -rf "$root"
-mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,root,etc,sluice}
+mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,run,root,etc,sluice,lib/modules}
 cp "$busybox" "$root/bin/busybox"
 # One symlink per applet, where busybox expects it (bin/ls, usr/bin/awk, ...).
 "$busybox" --list-full | while read -r applet; do
     [ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
 done
 install -m 0755 "$here/guest-init.sh" "$root/init"
+for ko in "$kdir"/modules/*.ko; do
+    if [ -e "$ko" ]; then install -m 0644 "$ko" "$root/lib/modules/${ko##*/}"; fi
+done
 for b in "${bins[@]}"; do
     install -m 0755 "$b" "$root/bin/${b##*/}"
 done
@@ -202,6 +239,9 @@ done
     echo "busybox $("$busybox" | head -n 1)"
     echo "init $(sha256sum "$here/guest-init.sh" | cut -d' ' -f1)"
     for b in "${bins[@]}"; do echo "bin /bin/${b##*/} $(sha256sum "$b" | cut -d' ' -f1)"; done
+    for ko in "$kdir"/modules/*.ko; do
+        if [ -e "$ko" ]; then echo "module /lib/modules/${ko##*/} $(sha256sum "$ko" | cut -d' ' -f1)"; fi
+    done
 } >"$out/manifest.txt"
 printf '%s\n' "$stamp" >"$out/.stamp"
 kernels=vmlinuz

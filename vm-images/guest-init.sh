@@ -36,6 +36,11 @@ mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 hostname sluice-guest
 ip link set lo up 2>/dev/null
+# Drivers this kernel has as modules (virtio-blk), put here by build.sh.
+for ko in /lib/modules/*.ko; do
+    [ -e "$ko" ] || continue
+    insmod "$ko" || echo "SLUICE-GUEST-ERROR insmod $ko failed"
+done
 
 uptime_s() {
     read -r up _ </proc/uptime

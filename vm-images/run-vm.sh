@@ -25,13 +25,23 @@
 #   --kernel PATH      guest kernel (default vm-images/out/vmlinux, else vmlinuz)
 #   --initrd PATH      guest initramfs (default vm-images/out/initramfs.cpio.gz)
 #   --append ARGS      extra kernel command line arguments
+#   --disk IMG         a raw disk image as a virtio-blk disk (repeatable; the
+#                      guest sees them as /dev/vda, /dev/vdb, ... in the order
+#                      given, --disk-ro ones included). cache=none: the
+#                      guest's flushes reach the image, and what it had not
+#                      flushed is lost when QEMU is killed, as on a power
+#                      loss (cache=writeback where the image's file system
+#                      has no O_DIRECT: the same for a killed QEMU)
+#   --disk-ro IMG      the same, read-only
+#   --pidfile FILE     QEMU writes its process id there (to kill it)
 #   --log FILE         also write the guest console to FILE
 #   --shell            open a shell in the guest after the script
 #
 # Exit status: the guest script's status (parsed from its
 # "SLUICE-GUEST-EXIT rc=N" console line; 253: mount failed, 254: script
 # missing); 124 when the timeout hit first; 125 when QEMU ended without the
-# marker (QEMU error, guest crash); 2 for bad arguments.
+# marker (QEMU error, guest crash); 137 when QEMU was killed from outside
+# (SIGKILL, as a power-loss test does); 2 for bad arguments.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +66,8 @@ kernel=$here/out/vmlinux
 [ -s "$kernel" ] || kernel=$here/out/vmlinuz
 initrd=$here/out/initramfs.cpio.gz
 extra_append=
+disks=()
+pidfile=
 log=
 shell=0
 
@@ -87,6 +99,9 @@ while [ $# -gt 0 ]; do
     --kernel) kernel=$2; shift 2 ;;
     --initrd) initrd=$2; shift 2 ;;
     --append) extra_append=$2; shift 2 ;;
+    --disk) disks+=("rw:$2"); shift 2 ;;
+    --disk-ro) disks+=("ro:$2"); shift 2 ;;
+    --pidfile) pidfile=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
     --shell) shell=1; shift ;;
     -h | --help) usage; exit 0 ;;
@@ -113,6 +128,10 @@ is_count "$timeout_s" || bad_arg "--timeout must be a whole number of seconds, n
 [ -z "$script" ] || [ -z "$guest_script" ] || bad_arg "give --script or --guest-script, not both"
 [ -z "$script" ] || [ -f "$script" ] || bad_arg "--script $script is not a file"
 [ -z "$socket" ] || [ -S "$socket" ] || bad_arg "--socket $socket is not a socket; start the backend (sluice serve, virtiofsd) first"
+for d in "${disks[@]}"; do
+    [ -f "${d#*:}" ] || bad_arg "disk image ${d#*:} is not a file"
+    [[ "${d#*:}" != *,* ]] || bad_arg "disk image ${d#*:}: QEMU cannot take a path with a comma"
+done
 [ -s "$kernel" ] || bad_arg "no guest kernel at $kernel; run vm-images/build.sh first"
 [ -s "$initrd" ] || bad_arg "no guest initramfs at $initrd; run vm-images/build.sh first"
 
@@ -181,8 +200,25 @@ if [ -n "$socket" ]; then
     qemu+=(-chardev "socket,id=char0,path=$socket"
         -device "vhost-user-fs-pci,chardev=char0,tag=$tag,num-request-queues=$queues,queue-size=$queue_size")
 fi
+n=0
+for d in "${disks[@]}"; do
+    img=${d#*:}
+    # cache=none opens the image with O_DIRECT; a file system without it
+    # (tmpfs) gets the host's page cache instead, which a killed QEMU
+    # leaves intact just the same.
+    cache=none
+    if ! dd if="$img" of=/dev/null bs=4096 count=1 iflag=direct status=none 2>/dev/null; then
+        cache=writeback
+        say "$img: no O_DIRECT on its file system; cache=writeback"
+    fi
+    opts="file=$img,format=raw,if=none,id=disk$n,cache=$cache"
+    [ "${d%%:*}" = rw ] || opts+=",readonly=on"
+    qemu+=(-drive "$opts" -device "virtio-blk-pci,drive=disk$n")
+    n=$((n + 1))
+done
+[ -z "$pidfile" ] || qemu+=(-pidfile "$pidfile")
 
-say "booting ($accel, $cpus vCPUs, $mem${socket:+, virtio-fs $tag on $socket with $queues queue(s) of $queue_size})"
+say "booting ($accel, $cpus vCPUs, $mem${socket:+, virtio-fs $tag on $socket with $queues queue(s) of $queue_size}${disks[*]:+, disks ${disks[*]}})"
 start=$(date +%s.%N)
 qemu_rc=0
 if [ "$shell" -eq 1 ]; then
@@ -197,6 +233,10 @@ if [ -n "$marker" ]; then
     rc=${marker#*rc=}
     say "guest exited with status $rc after ${took}s ($accel)"
     exit "$rc"
+fi
+if [ "$qemu_rc" -eq 137 ] && awk -v t="$took" -v l="$timeout_s" 'BEGIN { exit !(t < l) }'; then
+    say "QEMU was killed after ${took}s, before the guest printed its exit marker"
+    exit 137
 fi
 if [ "$qemu_rc" -eq 124 ] || [ "$qemu_rc" -eq 137 ]; then
     say "error: the guest printed no exit marker within ${timeout_s}s; killed it"
