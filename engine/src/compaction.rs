@@ -66,6 +66,9 @@ pub fn compact_chunk(
     reader.read_pieces(&pieces, ds, &mut buf)?;
     let slice = upload_slice(vol, &buf, ds as u32, threads)?;
     drop(buf);
+    // The new objects are durable before the commit that replaces the old
+    // slices (whose objects it then deletes) can be.
+    vol.store.sync_all()?;
     new.push(slice);
     if last.end() > de {
         new.push(hole(de, last.end()));

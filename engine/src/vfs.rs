@@ -916,16 +916,16 @@ impl Vfs {
         flushed.and(closed)
     }
 
-    /// Commits the file's buffered writes (data reaches the object store
-    /// before the slice is committed, so this is durable); reports a write
-    /// error once per handle.
+    /// Commits the file's buffered writes and makes every commit so far
+    /// durable: once this returns, the file's data and metadata survive a
+    /// power loss. Reports a write error once per handle.
     pub fn fsync(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+        // Every commit, this one and the file's earlier ones, came after a
+        // sync of the objects it names (the writer syncs the store before
+        // it commits; staged and S3 objects are durable when stored), so
+        // syncing the metadata is what is left.
         self.flush_reporting(ino, fh)?;
-        // Block objects are written without fsync (as JuiceFS writes them);
-        // fsync makes them, and everything else on their disk, durable. In
-        // writeback mode they are already durable in local staging (each
-        // staged put is fsync'ed), not yet in the bucket.
-        self.vol.store.sync_all()
+        self.vol.meta.sync()
     }
 
     /// Opens a directory.
@@ -993,9 +993,11 @@ impl Vfs {
             .ok_or(Error::BadHandle)
     }
 
-    /// Directories need no syncing: metadata changes are committed at once.
+    /// Makes the directory's changes (all metadata committed so far)
+    /// durable.
     pub fn fsyncdir(&self, _ctx: &Context, _ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
-        self.handle(fh).map(|_| ())
+        self.handle(fh)?;
+        self.vol.meta.sync()
     }
 
     /// Space and inode usage.

@@ -11,10 +11,12 @@
 //! fsync, release — or early, once the buffer passes its limit — the rest of
 //! each slice is stored, its uploads are waited for, and it is committed with
 //! `Meta::write_chunk`, in write order. So a sequential writer's fsync waits
-//! for about one block, not for the whole buffer. Each committed chunk is
-//! dropped from the reader's [`ChunkCache`] before the commit lock is let
-//! go, and a commit that fails keeps its writes for the next try (the
-//! coherence and sticky-error rules of `engine/DESIGN.md`).
+//! for about one block, not for the whole buffer. Between storing and
+//! committing, one `ObjectStore::sync_all` makes the objects durable: a
+//! commit is never durable before the objects it names. Each committed
+//! chunk is dropped from the reader's [`ChunkCache`] before the commit lock
+//! is let go, and a commit that fails keeps its writes for the next try
+//! (the durability, coherence and sticky-error rules of `engine/DESIGN.md`).
 
 use std::collections::BTreeMap;
 
@@ -448,8 +450,14 @@ pub struct FileWriter {
     failing: AtomicBool,
 }
 
-/// Stores and commits the slices of a taken buffer, in write order; stops at
-/// the first failure and hands back what it did not commit.
+/// Stores the slices of a taken buffer, makes their objects durable with
+/// one [`ObjectStore::sync_all`](crate::object::ObjectStore::sync_all), then
+/// commits them in write order: no commit can become durable (by an fsync,
+/// a SQLite checkpoint, the kernel writing the WAL back) before the objects
+/// it names, so a power loss leaves a file at an earlier state, never
+/// naming a missing object. Stops at the first failure and hands back what
+/// it did not commit (slices already stored keep their stored blocks, so a
+/// retry only syncs and commits them).
 fn commit_buffer(
     vol: &Volume,
     up: Option<&BlockUploader>,
@@ -460,46 +468,69 @@ fn commit_buffer(
 ) -> Outcome {
     let total = taken.bytes;
     let mut out = Outcome::default();
-    let mut rest = std::mem::take(&mut taken.chunks).into_iter();
-    'chunks: while let Some((indx, slices)) = rest.next() {
-        let mut slices = slices.into_iter();
-        while let Some(mut p) = slices.next() {
-            let res = p
-                .finish(vol, up)
-                .and_then(|slice| vol.meta.write_chunk(ino, indx, slice, Timestamp::now()));
-            // Dropped even when the commit failed: its outcome may be
-            // unknown (a lost reply), and a lookup costs little.
-            if let Some(c) = chunks {
-                c.invalidate(ino, indx);
-            }
-            match res {
-                Ok(count) => match out.done.last_mut() {
-                    Some(c) if c.indx == indx => c.slices = count,
-                    _ => out.done.push(Committed {
-                        indx,
-                        slices: count,
-                    }),
-                },
-                Err(e) => {
-                    let mut left = Buffer {
-                        end: taken.end,
-                        ..Buffer::default()
-                    };
-                    let kept: Vec<Pending> = std::iter::once(p).chain(slices).collect();
-                    left.chunks.insert(indx, kept);
-                    left.chunks.extend(rest.by_ref());
-                    left.bytes = left
-                        .chunks
-                        .values()
-                        .flatten()
-                        .map(|p| p.len)
-                        .sum::<usize>()
-                        .min(total);
-                    out.failed = Some((e, left));
-                    break 'chunks;
-                }
+    // Every pending slice in write order: chunk by chunk, oldest first.
+    let mut queue: Vec<(u32, Pending)> = std::mem::take(&mut taken.chunks)
+        .into_iter()
+        .flat_map(|(indx, slices)| slices.into_iter().map(move |p| (indx, p)))
+        .collect();
+    let mut error = None;
+    let mut stored = Vec::with_capacity(queue.len());
+    for (_, p) in &mut queue {
+        match p.finish(vol, up) {
+            Ok(slice) => stored.push(slice),
+            Err(e) => {
+                error = Some(e);
+                break;
             }
         }
+    }
+    if !stored.is_empty()
+        && let Err(e) = vol.store.sync_all()
+    {
+        error = Some(e);
+        stored.clear();
+    }
+    let mut committed = 0;
+    for ((indx, _), slice) in queue.iter().zip(stored) {
+        let res = vol.meta.write_chunk(ino, *indx, slice, Timestamp::now());
+        // Dropped even when the commit failed: its outcome may be unknown
+        // (a lost reply), and a lookup costs little.
+        if let Some(c) = chunks {
+            c.invalidate(ino, *indx);
+        }
+        match res {
+            Ok(count) => {
+                committed += 1;
+                match out.done.last_mut() {
+                    Some(c) if c.indx == *indx => c.slices = count,
+                    _ => out.done.push(Committed {
+                        indx: *indx,
+                        slices: count,
+                    }),
+                }
+            }
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    if let Some(e) = error {
+        let mut left = Buffer {
+            end: taken.end,
+            ..Buffer::default()
+        };
+        for (indx, p) in queue.into_iter().skip(committed) {
+            left.chunks.entry(indx).or_default().push(p);
+        }
+        left.bytes = left
+            .chunks
+            .values()
+            .flatten()
+            .map(|p| p.len)
+            .sum::<usize>()
+            .min(total);
+        out.failed = Some((e, left));
     }
     // The memory of what was committed is given back; what is kept for a
     // retry stays counted.
