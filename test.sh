@@ -5,7 +5,8 @@
 # toolchain and qemu-user (for the arm64 tests).
 #
 # Environment: SLUICE_SKIP_ARM64=1 skips the arm64 cross-build and tests;
-# SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs and the virtiofsd smoke test).
+# SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs, tests/e2e_powerloss.rs and the
+# virtiofsd smoke test).
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
@@ -19,6 +20,8 @@ step "system packages"
 apt_update_once
 need_command python3 python3
 need_command qemu-system-x86_64 qemu-system-x86
+# The power-loss test makes the guest's disks with mkfs.ext4.
+need_command mkfs.ext4 e2fsprogs
 # The Redis metadata engine tests start their own servers (never the service).
 need_command redis-server redis-server
 # The rediss:// (TLS) test makes its certificates with openssl.
