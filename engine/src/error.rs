@@ -61,6 +61,11 @@ pub enum Error {
     /// The file handle is unknown or closed.
     #[error("bad file handle")]
     BadHandle,
+    /// A node id that named a file no longer does: the file was deleted,
+    /// or (in an export) it is out of the client's reach. What a decoded
+    /// NFS / `open_by_handle_at` handle of a deleted file must answer.
+    #[error("the file this handle named no longer exists")]
+    Stale,
     /// The stored data failed its integrity check or could not be read.
     #[error("data integrity or I/O failure: {0}")]
     Corrupt(String),
@@ -108,6 +113,7 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::BadHandle => libc::EBADF,
+            Error::Stale => libc::ESTALE,
             Error::Corrupt(_) | Error::Meta(_) | Error::Object { .. } | Error::WriteBack(_) => {
                 libc::EIO
             }

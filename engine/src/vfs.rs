@@ -21,8 +21,8 @@ use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Result};
 use crate::gc::slice_releaser;
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, CopyRange, Entry, FileType, Ino, RenameFlags, SetAttr, StatFs,
-    TruncateVia, XattrMode,
+    Attr, CHUNK_SIZE, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr,
+    StatFs, TruncateVia, XattrMode,
 };
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
@@ -641,9 +641,48 @@ impl Vfs {
     }
 
     /// Looks up `name` in `parent`.
+    ///
+    /// `.` and `..` are how the kernel decodes a file handle whose inode
+    /// left its cache (`open_by_handle_at`, an NFS server re-exporting the
+    /// mount): `.` answers the node `parent` itself, whatever its type, and
+    /// `..` the parent of the directory `parent`. A path walk never sends
+    /// them, so no search permission is checked: the kernel checked that
+    /// the caller may decode handles. A node that no longer exists answers
+    /// [`Error::Stale`], as a handle of a deleted file must.
     pub fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
-        let (ino, attr) = self.vol.meta.lookup(ctx, parent, name)?;
-        Ok(self.entry(ino, name, attr))
+        match name {
+            b"." => {
+                let attr = self.getattr(ctx, parent).map_err(stale)?;
+                Ok(Entry {
+                    inode: parent,
+                    name: name.to_vec(),
+                    attr,
+                })
+            }
+            b".." => {
+                let attr = self.getattr(ctx, parent).map_err(stale)?;
+                if attr.typ != FileType::Directory {
+                    // A hard-linked file has no single parent; the kernel
+                    // asks only for directories' parents.
+                    return Err(Error::NotDir);
+                }
+                let up = if parent == ROOT_INO {
+                    ROOT_INO
+                } else {
+                    attr.parent
+                };
+                let attr = self.getattr(ctx, up).map_err(stale)?;
+                Ok(Entry {
+                    inode: up,
+                    name: name.to_vec(),
+                    attr,
+                })
+            }
+            _ => {
+                let (ino, attr) = self.vol.meta.lookup(ctx, parent, name)?;
+                Ok(self.entry(ino, name, attr))
+            }
+        }
     }
 
     /// The kernel dropped `nlookup` references; nothing is kept per lookup.
@@ -1216,6 +1255,15 @@ impl Drop for Vfs {
             drop(j.stop);
             let _ = j.thread.join();
         }
+    }
+}
+
+/// A node id that names nothing (any more) is a stale handle, not a
+/// missing name: the answer to `.` / `..` lookups of deleted nodes.
+fn stale(e: Error) -> Error {
+    match e {
+        Error::NotFound => Error::Stale,
+        e => e,
     }
 }
 

@@ -101,12 +101,18 @@ impl Default for Config {
 /// - `AUTO_INVAL_DATA`: cached pages are dropped when another client changes
 ///   a file's mtime or size (volumes are shared between hosts).
 /// - `CACHE_SYMLINKS`: symlink targets never change, so the kernel keeps them.
+/// - `EXPORT_SUPPORT`: file handles (`name_to_handle_at`/`open_by_handle_at`,
+///   an NFS server re-exporting the mount) stay valid while the inode
+///   lives, not only while it is in the kernel's cache: the kernel decodes
+///   a handle of an evicted inode with LOOKUP(node, ".") and finds a
+///   directory's parent with LOOKUP(node, ".."), both answered by the file
+///   system (`Vfs::lookup`). Node ids are JuiceFS inode numbers, which are
+///   never reused, so generation 0 in every entry keeps a handle unique.
 ///
 /// Deliberately not asked for: `ATOMIC_O_TRUNC` (the kernel then truncates
 /// through SETATTR, so `open` never has to), `WRITEBACK_CACHE` (the engine
 /// buffers writes itself, and O_APPEND from several writers must see the
-/// engine's file length), `EXPORT_SUPPORT` (NFS re-export is not a goal),
-/// `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
+/// engine's file length), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
 /// (the kernel applies the umask; the engine gets it again harmlessly),
 /// `HANDLE_KILLPRIV` (the kernel clears setuid bits through SETATTR), and
 /// `SETXATTR_EXT` (so SETXATTR keeps its 8-byte argument).
@@ -118,7 +124,8 @@ pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::DO_READDIRPLUS
     | init_flags::READDIRPLUS_AUTO
     | init_flags::AUTO_INVAL_DATA
-    | init_flags::CACHE_SYMLINKS;
+    | init_flags::CACHE_SYMLINKS
+    | init_flags::EXPORT_SUPPORT;
 
 // COPY_FILE_RANGE answers with a 32-bit count.
 const _: () = assert!(MAX_COPY_LEN <= u32::MAX as u64);

@@ -6,7 +6,12 @@
 //! not given: a guest can put any number in a request's `nodeid`, so node
 //! ids are checked against the set this wrapper handed out (with the
 //! kernel's lookup counts, dropped again on FORGET), `..` at the export's
-//! root stays at the root, and the export's root is node 1 to the client.
+//! root stays at the root, `..` elsewhere must lead to a directory whose
+//! parents reach the export's root (a directory moved out of the export
+//! by the host is out of reach), and the export's root is node 1 to the
+//! client. `.` and `..` lookups (the kernel decoding a file handle) of a
+//! node the client no longer holds answer ESTALE: a confined client's
+//! handles outlive its own inode cache only for nodes it still holds.
 //! Without an export directory the whole volume is visible and nothing is
 //! tracked.
 //!
@@ -17,11 +22,16 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use sluice_engine::meta::{
-    Attr, Context, CopyRange, Entry, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs, XattrMode,
+    Attr, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs,
+    XattrMode,
 };
 use sluice_engine::{Error, Result};
 
 use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+
+/// The most parents [`Export`] follows to check that a directory lies in
+/// the export; a longer chain can only be a loop in corrupt metadata.
+const MAX_DEPTH: usize = 1 << 16;
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]
@@ -91,6 +101,64 @@ impl<F: Filesystem> Export<F> {
         attr
     }
 
+    /// LOOKUP of `.` (the node itself) or `..` (a directory's parent): the
+    /// kernel decoding a file handle. A node id this client does not hold
+    /// is a stale handle (ESTALE, which the kernel reports as such), not a
+    /// bad one. `..` of the export's root is the root, and `..` anywhere
+    /// else must lead to a directory inside the export: a directory the
+    /// host moved out of the export after the client got it has a parent
+    /// the client must not reach, so that answers ESTALE too.
+    fn lookup_dot(&self, ctx: &Context, node: Ino, name: &[u8]) -> Result<Entry> {
+        let ino = self.inode(node).map_err(|e| match e {
+            Error::BadHandle => Error::Stale,
+            e => e,
+        })?;
+        if !self.confined() {
+            return Ok(self.hand_out(self.inner.lookup(ctx, ino, name)?));
+        }
+        if name == b".." && ino == self.root {
+            let attr = self.inner.getattr(ctx, self.root)?;
+            return Ok(self.hand_out(Entry {
+                inode: self.root,
+                name: name.to_vec(),
+                attr,
+            }));
+        }
+        let entry = self.inner.lookup(ctx, ino, name)?;
+        if name == b".." && !self.inside(ctx, entry.inode)? {
+            // The inner file system counted the lookup; give it back.
+            self.inner.forget(entry.inode, 1);
+            log::warn!(
+                "export: refused `..` of node {node}: its parent {} is outside the export",
+                entry.inode
+            );
+            return Err(Error::Stale);
+        }
+        Ok(self.hand_out(entry))
+    }
+
+    /// Whether the directory `dir` is the export's root or below it: its
+    /// chain of parents (a directory has exactly one) reaches the root
+    /// before the volume's root.
+    fn inside(&self, ctx: &Context, dir: Ino) -> Result<bool> {
+        let mut cur = dir;
+        for _ in 0..MAX_DEPTH {
+            if cur == self.root {
+                return Ok(true);
+            }
+            if cur == ROOT_INO {
+                return Ok(false);
+            }
+            let attr = self.inner.getattr(ctx, cur)?;
+            if attr.typ != FileType::Directory || attr.parent == cur {
+                return Ok(false);
+            }
+            cur = attr.parent;
+        }
+        // Deeper than any real tree: a loop in corrupt metadata.
+        Ok(false)
+    }
+
     /// Turns an entry the engine returned into the one the client sees, and
     /// counts it as one lookup. The export's root and its parent (`..` at
     /// the root) both come back as the root.
@@ -115,7 +183,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
             // The exported root must still be a directory when the session
             // starts; a file there would make every request fail oddly.
             let attr = self.inner.getattr(&Context::internal(), self.root)?;
-            if attr.typ != sluice_engine::meta::FileType::Directory {
+            if attr.typ != FileType::Directory {
                 return Err(Error::NotDir);
             }
         }
@@ -131,15 +199,10 @@ impl<F: Filesystem> Filesystem for Export<F> {
     }
 
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
-        let parent = self.inode(parent)?;
-        if self.confined() && parent == self.root && name == b".." {
-            let attr = self.inner.getattr(ctx, self.root)?;
-            return Ok(self.hand_out(Entry {
-                inode: self.root,
-                name: name.to_vec(),
-                attr,
-            }));
+        if name == b"." || name == b".." {
+            return self.lookup_dot(ctx, parent, name);
         }
+        let parent = self.inode(parent)?;
         Ok(self.hand_out(self.inner.lookup(ctx, parent, name)?))
     }
 

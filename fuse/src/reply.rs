@@ -194,13 +194,22 @@ pub fn fuse_attr(ino: Ino, attr: &Attr) -> FuseAttr {
     }
 }
 
+/// The generation of every node. A file handle the kernel builds is
+/// (node id, generation); it must name one inode for that inode's whole
+/// life and never a later one. Node ids are JuiceFS inode numbers, taken
+/// from the volume's `nextInode` counter, which only grows (trash entries
+/// likewise from `nextTrash`): a number is never given to a second inode,
+/// so one constant generation suffices. The root's must be 0 (the kernel
+/// warns and forces it otherwise).
+pub const GENERATION: u64 = 0;
+
 /// `fuse_entry_out` for an entry.
 pub fn entry_out(entry: &Entry, t: &Timeouts) -> EntryOut {
     let (entry_valid, entry_valid_nsec) = valid(t.entry);
     let (attr_valid, attr_valid_nsec) = valid(t.attr);
     EntryOut {
         nodeid: entry.inode,
-        generation: 0,
+        generation: GENERATION,
         entry_valid,
         attr_valid,
         entry_valid_nsec,

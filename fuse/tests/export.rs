@@ -286,3 +286,58 @@ fn read_only_export_through_the_kernel() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// `.` and `..` lookups (how the kernel decodes a file handle) of a
+/// confined client: `.` of a node it holds is that node, of any other node
+/// a stale handle; `..` of a directory the host moved out of the export,
+/// or of one removed since, is stale too, never the parent outside.
+#[test]
+fn dot_lookups_stay_inside_the_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, secret) = populated(dir.path());
+    let fs = Export::new(vfs, data, false);
+    fs.init().unwrap();
+    let ctx = Context::default();
+    let host = Context::internal();
+
+    let inside = fs.lookup(&ctx, ROOT_INO, b"inside").unwrap();
+    let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
+    let me = fs.lookup(&ctx, file.inode, b".").unwrap();
+    assert_eq!((me.inode, me.attr.length), (file.inode, 10));
+    assert_eq!(
+        fs.lookup(&ctx, inside.inode, b"..").unwrap().inode,
+        ROOT_INO
+    );
+    assert_eq!(fs.lookup(&ctx, ROOT_INO, b"..").unwrap().inode, ROOT_INO);
+    assert_eq!(fs.lookup(&ctx, ROOT_INO, b".").unwrap().inode, ROOT_INO);
+    assert!(matches!(fs.lookup(&ctx, secret, b"."), Err(Error::Stale)));
+    assert!(matches!(
+        fs.lookup(&ctx, secret - 1, b".."),
+        Err(Error::Stale)
+    ));
+
+    // A directory made and removed: its `..` is gone with it.
+    let gone = fs.mkdir(&ctx, ROOT_INO, b"x", 0o755, 0).unwrap();
+    fs.rmdir(&ctx, ROOT_INO, b"x").unwrap();
+    assert!(matches!(
+        fs.lookup(&ctx, gone.inode, b".."),
+        Err(Error::Stale)
+    ));
+
+    // The host moves `inside` out of the export: its parent is out of reach.
+    let outside = secret - 1;
+    fs.inner()
+        .rename(
+            &host,
+            data,
+            b"inside",
+            outside,
+            b"moved",
+            RenameFlags::default(),
+        )
+        .unwrap();
+    assert!(matches!(
+        fs.lookup(&ctx, inside.inode, b".."),
+        Err(Error::Stale)
+    ));
+}

@@ -1358,3 +1358,81 @@ fn reads_move_access_times_by_the_atime_mode() {
     assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().atime, before);
     t.vfs.release(&ctx(), ino, fh).unwrap();
 }
+
+/// `.` and `..` are the lookups the kernel sends to decode a file handle
+/// whose inode left its cache: `.` is the node itself (any type, hard
+/// links and renames included), `..` a directory's parent, and a deleted
+/// node answers ESTALE, not ENOENT.
+#[test]
+fn dot_and_dotdot_lookups_decode_handles() {
+    let t = setup();
+    let vfs = &t.vfs;
+    let root = Context::default();
+    let dir = vfs.mkdir(&root, ROOT_INO, b"d", 0o700, 0).unwrap();
+    let sub = vfs.mkdir(&root, dir.inode, b"sub", 0o755, 0).unwrap();
+    let (file, out) = vfs
+        .create(&root, dir.inode, b"f", 0o600, 0, libc::O_RDWR as u32)
+        .unwrap();
+    let fh = out.fh;
+    vfs.write(&root, file.inode, fh, 0, b"hello").unwrap();
+
+    // No search permission is needed: `d` is 0700 root's.
+    let other = Context {
+        uid: 1000,
+        gid: 1000,
+        ..Context::default()
+    };
+    let me = vfs.lookup(&other, file.inode, b".").unwrap();
+    assert_eq!(me.inode, file.inode);
+    assert_eq!(me.attr.typ, FileType::File);
+    assert_eq!(me.attr.length, 5, "buffered writes count");
+    assert!(matches!(
+        vfs.lookup(&other, file.inode, b".."),
+        Err(Error::NotDir)
+    ));
+    assert_eq!(
+        vfs.lookup(&other, sub.inode, b"..").unwrap().inode,
+        dir.inode
+    );
+    assert_eq!(
+        vfs.lookup(&other, dir.inode, b"..").unwrap().inode,
+        ROOT_INO
+    );
+    assert_eq!(vfs.lookup(&other, ROOT_INO, b"..").unwrap().inode, ROOT_INO);
+    assert_eq!(vfs.lookup(&other, ROOT_INO, b".").unwrap().inode, ROOT_INO);
+    vfs.release(&root, file.inode, fh).unwrap();
+
+    // Renamed, hard-linked, the first name gone: still the same node.
+    let other_dir = vfs.mkdir(&root, ROOT_INO, b"e", 0o755, 0).unwrap();
+    vfs.rename(
+        &root,
+        dir.inode,
+        b"sub",
+        other_dir.inode,
+        b"moved",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        vfs.lookup(&root, sub.inode, b"..").unwrap().inode,
+        other_dir.inode
+    );
+    vfs.link(&root, file.inode, other_dir.inode, b"g").unwrap();
+    vfs.unlink(&root, dir.inode, b"f").unwrap();
+    let me = vfs.lookup(&root, file.inode, b".").unwrap();
+    assert_eq!((me.inode, me.attr.nlink), (file.inode, 1));
+
+    // Deleted: stale.
+    vfs.unlink(&root, other_dir.inode, b"g").unwrap();
+    vfs.rmdir(&root, other_dir.inode, b"moved").unwrap();
+    let gone: [(Ino, &[u8]); 3] = [(file.inode, b"."), (sub.inode, b"."), (sub.inode, b"..")];
+    for (node, name) in gone {
+        let e = vfs.lookup(&root, node, name).unwrap_err();
+        assert!(matches!(e, Error::Stale), "{node} {name:?}: {e}");
+        assert_eq!(e.errno(), libc::ESTALE);
+    }
+    assert!(matches!(
+        vfs.lookup(&root, 1 << 40, b"."),
+        Err(Error::Stale)
+    ));
+}
