@@ -114,7 +114,7 @@ install_packages() {
 	local -a pkgs=(autoconf automake libtool make gcc uuid-dev libattr1-dev
 		libacl1-dev libaio-dev liburing-dev xfslibs-dev libgdbm-dev pkg-config
 		xfsprogs attr acl bc psmisc fuse3 zstd util-linux quota python3-venv
-		e2fsprogs file)
+		e2fsprogs file gawk fio acct)
 	local -a missing=() p
 	for p in "${pkgs[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -256,14 +256,15 @@ export RESULT_BASE=$results/results
 EOF
 }
 
-# Counts from check.log-style output of ./check.
+# Counts from ./check's output: "Ran:" lists every test started, "Not run:"
+# those that skipped themselves, "Failures:" those that failed.
 summarize() {
 	local out=$1
 	local ran notrun failed
 	ran=$(sed -n 's/^Ran: //p' "$out" | tail -1 | wc -w)
 	notrun=$(sed -n 's/^Not run: //p' "$out" | tail -1 | wc -w)
 	failed=$(sed -n 's/^Failures: //p' "$out" | tail -1 | wc -w)
-	echo "$fs: $((ran - failed)) pass / $failed fail / $notrun not run (of $((ran + notrun)))"
+	echo "$fs: $((ran - notrun - failed)) pass / $failed fail / $notrun not run (of $ran)"
 }
 
 install_packages
