@@ -43,6 +43,17 @@ step "workspace tests"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 
+step "xfstests: the CI subset (tests/xfstests/ci.list) on a sluice mount"
+# The xfstests source comes with the shared tools (../shared/tools/xfstests);
+# run.sh builds it once under /var/tmp/sluice-xfstests.
+if compgen -G "../shared/tools/xfstests/xfstests-src-*.tar.zst" >/dev/null ||
+    compgen -G "/work/shared/tools/xfstests/xfstests-src-*.tar.zst" >/dev/null; then
+    cargo build --bin sluice
+    bash tests/xfstests/run.sh --ci --sluice-bin "${CARGO_TARGET_DIR:-target}/debug/sluice"
+else
+    echo "SKIPPED: no xfstests source (../shared/tools/xfstests/xfstests-src-*.tar.zst)" >&2
+fi
+
 if [ "${SLUICE_SKIP_ARM64:-0}" != 1 ]; then
     step "arm64: cross toolchain, simd and numa tests under qemu-aarch64, release cross-build"
     bash .ci/aarch64.sh setup

@@ -10,7 +10,8 @@
 #   tests/xfstests/run.sh --setup-only             install, build, format, configure
 #
 # It installs the Debian packages and users xfstests needs, builds xfstests
-# from /work/shared/tools/xfstests/xfstests-src-*.tar.zst (or --tarball) into
+# from ../shared/tools/xfstests/xfstests-src-*.tar.zst next to the
+# repository, /work/shared/tools/xfstests/ (or --tarball) into
 # --xfstests-dir, patches the built copy (see patch_xfstests), builds sluice
 # (cargo build --release, unless --sluice-bin), installs the mount helper as
 # /sbin/mount.fuse.FS, formats fresh TEST and SCRATCH
@@ -138,8 +139,15 @@ build_xfstests() {
 		return 0
 	fi
 	if [[ -z $tarball ]]; then
-		local -a found=(/work/shared/tools/xfstests/xfstests-src-*.tar.zst)
-		[[ -e ${found[0]} ]] && tarball=${found[0]}
+		local -a found=("$repo"/../shared/tools/xfstests/xfstests-src-*.tar.zst
+			/work/shared/tools/xfstests/xfstests-src-*.tar.zst)
+		local f
+		for f in "${found[@]}"; do
+			if [[ -e $f ]]; then
+				tarball=$f
+				break
+			fi
+		done
 	fi
 	[[ -n $tarball && -r $tarball ]] || {
 		echo "no xfstests source: pass --tarball FILE (xfstests-src-*.tar.zst)" >&2
@@ -229,6 +237,9 @@ unmount_all() {
 
 setup_volumes() {
 	local vdir=$state/$fs
+	# A mount left by an earlier run whose daemon died makes mkdir fail
+	# (ENOTCONN): detach it first.
+	unmount_all
 	mkdir -p "$vdir" "$test_dir" "$scratch_mnt" "$results"
 	case $fs in
 	sluice)
