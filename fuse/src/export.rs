@@ -2,18 +2,27 @@
 //! optionally read-only.
 //!
 //! A guest (or a host mount) addresses files by node ids the server handed
-//! out. Inside an export the server must never act on a node the client was
-//! not given: a guest can put any number in a request's `nodeid`, so node
-//! ids are checked against the set this wrapper handed out (with the
-//! kernel's lookup counts, dropped again on FORGET), `..` at the export's
-//! root stays at the root, `..` elsewhere must lead to a directory whose
-//! parents reach the export's root (a directory moved out of the export
-//! by the host is out of reach), and the export's root is node 1 to the
-//! client. `.` and `..` lookups (the kernel decoding a file handle) of a
-//! node the client no longer holds answer ESTALE: a confined client's
-//! handles outlive its own inode cache only for nodes it still holds.
-//! Without an export directory the whole volume is visible and nothing is
-//! tracked.
+//! out. Inside an export the server must never act on a node that is not
+//! under the export's directory. Two checks, both on every request:
+//!
+//! - *What was handed out.* A guest can put any number in a request's
+//!   `nodeid`, so node ids are checked against the set this wrapper handed
+//!   out (with the kernel's lookup counts, dropped again on FORGET); any
+//!   other id is EBADF, and the export's root is node 1 to the client.
+//! - *Where it is now* ([`crate::confine`]). A handed-out node can leave
+//!   the export afterwards: the host or another client renames it away, or
+//!   it is removed into the trash. Every request that names a node (not an
+//!   open handle, which stays valid as an open descriptor does) checks that
+//!   its parents still reach the export's root; one that left answers
+//!   ESTALE, and RENAME or LINK into a directory that left answers EXDEV.
+//!   `..` at the root stays at the root, and `..` elsewhere must be inside
+//!   too. So the trash (`.trash` at the volume's root) and everything in
+//!   it is out of reach of a confined client.
+//!
+//! `.` and `..` lookups (the kernel decoding a file handle) of a node the
+//! client no longer holds answer ESTALE: a confined client's handles
+//! outlive its own inode cache only for nodes it still holds. Without an
+//! export directory the whole volume is visible and nothing is tracked.
 //!
 //! Read-only refuses every change with `EROFS`, opens for writing
 //! included, before the engine sees the request.
@@ -27,11 +36,8 @@ use sluice_engine::meta::{
 };
 use sluice_engine::{Error, Result};
 
+use crate::confine::{Ancestry, RECHECK};
 use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
-
-/// The most parents [`Export`] follows to check that a directory lies in
-/// the export; a longer chain can only be a loop in corrupt metadata.
-const MAX_DEPTH: usize = 1 << 16;
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]
@@ -42,6 +48,8 @@ pub struct Export<F> {
     /// Node ids handed out, with their lookup counts; only kept when
     /// `root` is not the volume's root.
     handed: Mutex<HashMap<Ino, u64>>,
+    /// Whether a node is (still) below `root`.
+    ancestry: Ancestry,
 }
 
 impl<F: Filesystem> Export<F> {
@@ -53,7 +61,21 @@ impl<F: Filesystem> Export<F> {
             root,
             read_only,
             handed: Mutex::new(HashMap::new()),
+            ancestry: Ancestry::new(root, RECHECK),
         }
+    }
+
+    /// How long a node found inside the export is trusted before its
+    /// parents are read again ([`RECHECK`] by default; zero checks on every
+    /// request). Changes through this export are seen at once either way.
+    pub fn with_recheck(mut self, recheck: std::time::Duration) -> Export<F> {
+        self.ancestry = Ancestry::new(self.root, recheck);
+        self
+    }
+
+    /// (walks, parent reads) the ancestry checks have done so far.
+    pub fn ancestry_work(&self) -> (u64, u64) {
+        self.ancestry.work()
     }
 
     /// The wrapped file system.
@@ -91,6 +113,38 @@ impl<F: Filesystem> Export<F> {
         }
     }
 
+    /// The engine inode a client node id names, if the client may use it
+    /// and it still lies in the export: what every request that names a
+    /// node (rather than an open handle) goes through. A node that left
+    /// the export is a stale handle.
+    fn reach(&self, node: Ino) -> Result<Ino> {
+        let ino = self.inode(node)?;
+        self.still_inside(node, ino, None)?;
+        Ok(ino)
+    }
+
+    /// [`Export::reach`] for a node whose attributes are at hand.
+    fn still_inside(&self, node: Ino, ino: Ino, attr: Option<&Attr>) -> Result<()> {
+        if !self.confined() || ino == self.root {
+            return Ok(());
+        }
+        if self.ancestry.inside(&self.inner, ino, attr)? {
+            Ok(())
+        } else {
+            log::debug!("export: refused node {node}: it is no longer in the export");
+            Err(Error::Stale)
+        }
+    }
+
+    /// [`Export::reach`] for the target directories of RENAME and LINK: one
+    /// the client holds that left the export is another file system to it.
+    fn reach_target(&self, node: Ino) -> Result<Ino> {
+        self.reach(node).map_err(|e| match e {
+            Error::Stale => Error::CrossDevice,
+            e => e,
+        })
+    }
+
     /// The node id the client sees for an engine inode.
     fn node(&self, ino: Ino) -> Ino {
         if ino == self.root { ROOT_INO } else { ino }
@@ -124,8 +178,13 @@ impl<F: Filesystem> Export<F> {
                 attr,
             }));
         }
+        self.still_inside(node, ino, None)?;
         let entry = self.inner.lookup(ctx, ino, name)?;
-        if name == b".." && !self.inside(ctx, entry.inode)? {
+        if name == b".."
+            && !self
+                .ancestry
+                .inside(&self.inner, entry.inode, Some(&entry.attr))?
+        {
             // The inner file system counted the lookup; give it back.
             self.inner.forget(entry.inode, 1);
             log::warn!(
@@ -135,28 +194,6 @@ impl<F: Filesystem> Export<F> {
             return Err(Error::Stale);
         }
         Ok(self.hand_out(entry))
-    }
-
-    /// Whether the directory `dir` is the export's root or below it: its
-    /// chain of parents (a directory has exactly one) reaches the root
-    /// before the volume's root.
-    fn inside(&self, ctx: &Context, dir: Ino) -> Result<bool> {
-        let mut cur = dir;
-        for _ in 0..MAX_DEPTH {
-            if cur == self.root {
-                return Ok(true);
-            }
-            if cur == ROOT_INO {
-                return Ok(false);
-            }
-            let attr = self.inner.getattr(ctx, cur)?;
-            if attr.typ != FileType::Directory || attr.parent == cur {
-                return Ok(false);
-            }
-            cur = attr.parent;
-        }
-        // Deeper than any real tree: a loop in corrupt metadata.
-        Ok(false)
     }
 
     /// Turns an entry the engine returned into the one the client sees, and
@@ -202,28 +239,37 @@ impl<F: Filesystem> Filesystem for Export<F> {
         if name == b"." || name == b".." {
             return self.lookup_dot(ctx, parent, name);
         }
-        let parent = self.inode(parent)?;
-        Ok(self.hand_out(self.inner.lookup(ctx, parent, name)?))
+        let parent = self.reach(parent)?;
+        let entry = self.inner.lookup(ctx, parent, name)?;
+        self.ancestry.found_in(parent, entry.inode);
+        Ok(self.hand_out(entry))
     }
 
     fn forget(&self, node: Ino, nlookup: u64) {
+        // Resolved before the count drops: the last FORGET must still reach
+        // the engine.
+        let ino = self.inode(node);
         if self.confined() && node != ROOT_INO {
             let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(count) = handed.get_mut(&node) {
                 *count = count.saturating_sub(nlookup);
                 if *count == 0 {
                     handed.remove(&node);
+                    self.ancestry.forget(node);
                 }
             }
         }
-        if let Ok(ino) = self.inode(node) {
+        if let Ok(ino) = ino {
             self.inner.forget(ino, nlookup)
         }
     }
 
     fn getattr(&self, ctx: &Context, ino: Ino) -> Result<Attr> {
-        let ino = self.inode(ino)?;
-        Ok(self.fix_attr(self.inner.getattr(ctx, ino)?))
+        let node = ino;
+        let ino = self.inode(node)?;
+        let attr = self.inner.getattr(ctx, ino)?;
+        self.still_inside(node, ino, Some(&attr))?;
+        Ok(self.fix_attr(attr))
     }
 
     fn setattr(
@@ -235,12 +281,12 @@ impl<F: Filesystem> Filesystem for Export<F> {
         size: Option<u64>,
     ) -> Result<Attr> {
         self.writable()?;
-        let ino = self.inode(ino)?;
+        let ino = self.reach(ino)?;
         Ok(self.fix_attr(self.inner.setattr(ctx, ino, fh, set, size)?))
     }
 
     fn readlink(&self, ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
-        self.inner.readlink(ctx, self.inode(ino)?)
+        self.inner.readlink(ctx, self.reach(ino)?)
     }
 
     fn mknod(
@@ -253,8 +299,10 @@ impl<F: Filesystem> Filesystem for Export<F> {
         rdev: u32,
     ) -> Result<Entry> {
         self.writable()?;
-        let parent = self.inode(parent)?;
-        Ok(self.hand_out(self.inner.mknod(ctx, parent, name, mode, umask, rdev)?))
+        let parent = self.reach(parent)?;
+        let entry = self.inner.mknod(ctx, parent, name, mode, umask, rdev)?;
+        self.ancestry.found_in(parent, entry.inode);
+        Ok(self.hand_out(entry))
     }
 
     fn mkdir(
@@ -266,24 +314,33 @@ impl<F: Filesystem> Filesystem for Export<F> {
         umask: u32,
     ) -> Result<Entry> {
         self.writable()?;
-        let parent = self.inode(parent)?;
-        Ok(self.hand_out(self.inner.mkdir(ctx, parent, name, mode, umask)?))
+        let parent = self.reach(parent)?;
+        let entry = self.inner.mkdir(ctx, parent, name, mode, umask)?;
+        self.ancestry.found_in(parent, entry.inode);
+        Ok(self.hand_out(entry))
     }
 
     fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
         self.writable()?;
-        self.inner.unlink(ctx, self.inode(parent)?, name)
+        let r = self.inner.unlink(ctx, self.reach(parent)?, name);
+        // The file may have gone to the trash, out of the export.
+        self.ancestry.moved();
+        r
     }
 
     fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
         self.writable()?;
-        self.inner.rmdir(ctx, self.inode(parent)?, name)
+        let r = self.inner.rmdir(ctx, self.reach(parent)?, name);
+        self.ancestry.moved();
+        r
     }
 
     fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
         self.writable()?;
-        let parent = self.inode(parent)?;
-        Ok(self.hand_out(self.inner.symlink(ctx, parent, name, target)?))
+        let parent = self.reach(parent)?;
+        let entry = self.inner.symlink(ctx, parent, name, target)?;
+        self.ancestry.found_in(parent, entry.inode);
+        Ok(self.hand_out(entry))
     }
 
     fn rename(
@@ -296,24 +353,29 @@ impl<F: Filesystem> Filesystem for Export<F> {
         flags: RenameFlags,
     ) -> Result<()> {
         self.writable()?;
-        let parent = self.inode(parent)?;
-        let new_parent = self.inode(new_parent)?;
-        self.inner
-            .rename(ctx, parent, name, new_parent, new_name, flags)
+        let parent = self.reach_target(parent)?;
+        let new_parent = self.reach_target(new_parent)?;
+        let r = self
+            .inner
+            .rename(ctx, parent, name, new_parent, new_name, flags);
+        self.ancestry.moved();
+        r
     }
 
     fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
         self.writable()?;
-        let ino = self.inode(ino)?;
-        let new_parent = self.inode(new_parent)?;
-        Ok(self.hand_out(self.inner.link(ctx, ino, new_parent, new_name)?))
+        let ino = self.reach_target(ino)?;
+        let new_parent = self.reach_target(new_parent)?;
+        let entry = self.inner.link(ctx, ino, new_parent, new_name)?;
+        self.ancestry.found_in(new_parent, entry.inode);
+        Ok(self.hand_out(entry))
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
         if opens_for_change(flags) {
             self.writable()?;
         }
-        let ino = self.inode(ino)?;
+        let ino = self.reach(ino)?;
         let mut out = self.inner.open(ctx, ino, flags)?;
         out.attr = self.fix_attr(out.attr);
         Ok(out)
@@ -329,8 +391,9 @@ impl<F: Filesystem> Filesystem for Export<F> {
         flags: u32,
     ) -> Result<(Entry, OpenOut)> {
         self.writable()?;
-        let parent = self.inode(parent)?;
+        let parent = self.reach(parent)?;
         let (entry, mut out) = self.inner.create(ctx, parent, name, mode, umask, flags)?;
+        self.ancestry.found_in(parent, entry.inode);
         out.attr = self.fix_attr(out.attr);
         Ok((self.hand_out(entry), out))
     }
@@ -370,7 +433,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     }
 
     fn opendir(&self, ctx: &Context, ino: Ino) -> Result<Fh> {
-        self.inner.opendir(ctx, self.inode(ino)?)
+        self.inner.opendir(ctx, self.reach(ino)?)
     }
 
     fn readdir(
@@ -381,7 +444,9 @@ impl<F: Filesystem> Filesystem for Export<F> {
         offset: u64,
         plus: bool,
     ) -> Result<Vec<Entry>> {
-        let dir = self.inode(ino)?;
+        // A listing names nodes: the directory must still be in the export,
+        // even through a handle opened while it was.
+        let dir = self.reach(ino)?;
         let entries = self.inner.readdir(ctx, dir, fh, offset, plus)?;
         if !self.confined() {
             return Ok(entries);
@@ -394,6 +459,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
                 }
                 if plus && entry.name != b"." && entry.name != b".." {
                     // The kernel counts a READDIRPLUS entry as a lookup.
+                    self.ancestry.found_in(dir, entry.inode);
                     self.hand_out(entry)
                 } else {
                     entry.inode = self.node(entry.inode);
@@ -413,7 +479,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     }
 
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
-        self.inner.statfs(ctx, self.inode(ino)?)
+        self.inner.statfs(ctx, self.reach(ino)?)
     }
 
     fn setxattr(
@@ -426,27 +492,27 @@ impl<F: Filesystem> Filesystem for Export<F> {
     ) -> Result<()> {
         self.writable()?;
         self.inner
-            .setxattr(ctx, self.inode(ino)?, name, value, mode)
+            .setxattr(ctx, self.reach(ino)?, name, value, mode)
     }
 
     fn getxattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        self.inner.getxattr(ctx, self.inode(ino)?, name)
+        self.inner.getxattr(ctx, self.reach(ino)?, name)
     }
 
     fn listxattr(&self, ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.inner.listxattr(ctx, self.inode(ino)?)
+        self.inner.listxattr(ctx, self.reach(ino)?)
     }
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         self.writable()?;
-        self.inner.removexattr(ctx, self.inode(ino)?, name)
+        self.inner.removexattr(ctx, self.reach(ino)?, name)
     }
 
     fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
         if mask & libc::W_OK as u32 != 0 {
             self.writable()?;
         }
-        self.inner.access(ctx, self.inode(ino)?, mask)
+        self.inner.access(ctx, self.reach(ino)?, mask)
     }
 
     fn fallocate(

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod abi;
+pub mod confine;
 pub mod dev;
 pub mod dispatch;
 pub mod engine_fs;

@@ -10,12 +10,16 @@ use std::path::{Path, PathBuf};
 use sluice_engine::Error;
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
-use sluice_engine::meta::{Context, CopyRange, Ino, ROOT_INO, RenameFlags};
+use sluice_engine::meta::{Context, CopyRange, Ino, ROOT_INO, RenameFlags, TRASH_INO};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
 use sluice_fuse::{Config, DevError, Export, Filesystem, MountOptions, Session};
 
 fn volume(dir: &Path) -> Vfs {
+    volume_with_trash(dir, 0)
+}
+
+fn volume_with_trash(dir: &Path, trash_days: u32) -> Vfs {
     let url = format!("sqlite3://{}/meta.db", dir.display());
     let meta = open_meta(&url).expect("open meta");
     format_volume(
@@ -24,7 +28,7 @@ fn volume(dir: &Path) -> Vfs {
         &dir.join("bucket"),
         1024,
         Compression::None,
-        0,
+        trash_days,
     )
     .expect("format");
     let config = VfsConfig {
@@ -38,7 +42,10 @@ fn volume(dir: &Path) -> Vfs {
 /// `/outside/secret` and `/data/inside/file` on a fresh volume; returns the
 /// vfs, the inode of `/data` and of `/outside/secret`.
 fn populated(dir: &Path) -> (Vfs, Ino, Ino) {
-    let vfs = volume(dir);
+    populated_on(volume(dir))
+}
+
+fn populated_on(vfs: Vfs) -> (Vfs, Ino, Ino) {
     let ctx = Context::internal();
     let outside = vfs.mkdir(&ctx, ROOT_INO, b"outside", 0o755, 0).unwrap();
     let (secret, out) = vfs
@@ -340,4 +347,166 @@ fn dot_lookups_stay_inside_the_export() {
         fs.lookup(&ctx, inside.inode, b".."),
         Err(Error::Stale)
     ));
+}
+
+/// The trash escape: a confined client that makes and removes a directory,
+/// then asks for its `..`, must not land in the trash, whose contents are
+/// another tenant's deleted files; nor may it guess the trash's node ids.
+#[test]
+fn the_trash_is_out_of_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, secret) = populated_on(volume_with_trash(dir.path(), 1));
+    let host = Context::internal();
+    // Another tenant's file goes to the trash.
+    vfs.unlink(&host, secret - 1, b"secret").unwrap();
+    let fs = Export::new(vfs, data, false).with_recheck(std::time::Duration::ZERO);
+    fs.init().unwrap();
+    let ctx = Context::default();
+
+    let d = fs.mkdir(&ctx, ROOT_INO, b"x", 0o755, 0).unwrap();
+    fs.rmdir(&ctx, ROOT_INO, b"x").unwrap();
+    for name in [b"..".as_slice(), b".", b"secret"] {
+        let r = fs.lookup(&ctx, d.inode, name);
+        assert!(matches!(r, Err(Error::Stale)), "{name:?}: {r:?}");
+    }
+    assert!(matches!(fs.getattr(&ctx, d.inode), Err(Error::Stale)));
+    assert!(matches!(fs.opendir(&ctx, d.inode), Err(Error::Stale)));
+    // A file removed by the client goes to the trash too: out of reach by
+    // node id (an open handle would keep reading, as a descriptor does).
+    let (f, out) = fs
+        .create(&ctx, ROOT_INO, b"mine", 0o644, 0, libc::O_RDWR as u32)
+        .unwrap();
+    fs.release(&ctx, f.inode, out.fh).unwrap();
+    fs.unlink(&ctx, ROOT_INO, b"mine").unwrap();
+    assert!(matches!(fs.getattr(&ctx, f.inode), Err(Error::Stale)));
+    assert!(matches!(
+        fs.open(&ctx, f.inode, libc::O_RDONLY as u32),
+        Err(Error::Stale)
+    ));
+    // Trash node ids were never handed out.
+    for guess in [TRASH_INO, TRASH_INO + 1, TRASH_INO + 2] {
+        assert!(matches!(fs.getattr(&ctx, guess), Err(Error::BadHandle)));
+        assert!(matches!(fs.lookup(&ctx, guess, b".."), Err(Error::Stale)));
+    }
+    assert!(matches!(
+        fs.lookup(&ctx, ROOT_INO, b".trash"),
+        Err(Error::NotFound)
+    ));
+}
+
+/// A directory the client holds that the host renames out of the export:
+/// every request naming it, or a node below it, is refused (ESTALE), and
+/// a RENAME or LINK into it is EXDEV; an open handle keeps working.
+#[test]
+fn a_directory_moved_out_by_the_host_is_out_of_reach() {
+    for read_only in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (vfs, data, secret) = populated(dir.path());
+        let fs = Export::new(vfs, data, read_only).with_recheck(std::time::Duration::ZERO);
+        fs.init().unwrap();
+        let ctx = Context::default();
+        let host = Context::internal();
+        let inside = fs.lookup(&ctx, ROOT_INO, b"inside").unwrap();
+        let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
+        let out = fs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
+        // Deep `..` works while it is inside.
+        let deep = if read_only {
+            None
+        } else {
+            let a = fs.mkdir(&ctx, inside.inode, b"a", 0o755, 0).unwrap();
+            let b = fs.mkdir(&ctx, a.inode, b"b", 0o755, 0).unwrap();
+            assert_eq!(fs.lookup(&ctx, b.inode, b"..").unwrap().inode, a.inode);
+            Some(b)
+        };
+
+        let outside = secret - 1;
+        fs.inner()
+            .rename(
+                &host,
+                data,
+                b"inside",
+                outside,
+                b"moved",
+                RenameFlags::default(),
+            )
+            .unwrap();
+        let stale = |r: Result<(), Error>| assert!(matches!(r, Err(Error::Stale)), "{r:?}");
+        stale(fs.getattr(&ctx, inside.inode).map(drop));
+        stale(fs.lookup(&ctx, inside.inode, b"file").map(drop));
+        stale(fs.lookup(&ctx, inside.inode, b"..").map(drop));
+        stale(fs.getattr(&ctx, file.inode).map(drop));
+        stale(fs.open(&ctx, file.inode, libc::O_RDONLY as u32).map(drop));
+        stale(fs.getxattr(&ctx, file.inode, b"user.a").map(drop));
+        stale(fs.listxattr(&ctx, file.inode).map(drop));
+        stale(fs.readlink(&ctx, file.inode).map(drop));
+        stale(fs.access(&ctx, file.inode, libc::R_OK as u32));
+        stale(fs.opendir(&ctx, inside.inode).map(drop));
+        if let Some(b) = &deep {
+            stale(fs.lookup(&ctx, b.inode, b"..").map(drop));
+            stale(fs.getattr(&ctx, b.inode).map(drop));
+        }
+        // The open handle still reads, as a descriptor would.
+        let mut buf = [0u8; 64];
+        let n = fs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"guest data");
+        fs.release(&ctx, file.inode, out.fh).unwrap();
+        if !read_only {
+            let (f, o) = fs
+                .create(&ctx, ROOT_INO, b"f", 0o644, 0, libc::O_RDWR as u32)
+                .unwrap();
+            fs.release(&ctx, f.inode, o.fh).unwrap();
+            let xdev =
+                |r: Result<(), Error>| assert!(matches!(r, Err(Error::CrossDevice)), "{r:?}");
+            xdev(fs.rename(
+                &ctx,
+                ROOT_INO,
+                b"f",
+                inside.inode,
+                b"f",
+                RenameFlags::default(),
+            ));
+            xdev(fs.link(&ctx, f.inode, inside.inode, b"g").map(drop));
+            // Nothing reached the directory outside.
+            assert!(fs.inner().lookup(&host, inside.inode, b"f").is_err());
+            assert!(fs.inner().lookup(&host, inside.inode, b"g").is_err());
+        }
+    }
+}
+
+/// The ancestry check remembers what it found, so a client working inside
+/// the export pays a walk of the parents once, not per request; a change
+/// through the export (here a rename) makes it check again.
+#[test]
+fn ancestry_checks_are_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, _) = populated(dir.path());
+    let fs = Export::new(vfs, data, false).with_recheck(std::time::Duration::from_secs(3600));
+    fs.init().unwrap();
+    let ctx = Context::default();
+    let inside = fs.lookup(&ctx, ROOT_INO, b"inside").unwrap();
+    let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
+    let before = fs.ancestry_work();
+    for _ in 0..1000 {
+        fs.getattr(&ctx, file.inode).unwrap();
+        fs.getattr(&ctx, inside.inode).unwrap();
+        fs.lookup(&ctx, inside.inode, b"file").unwrap();
+    }
+    assert_eq!(fs.ancestry_work(), before, "found by name inside: no walk");
+    fs.rename(
+        &ctx,
+        inside.inode,
+        b"file",
+        inside.inode,
+        b"file2",
+        RenameFlags::default(),
+    )
+    .unwrap();
+    fs.getattr(&ctx, file.inode).unwrap();
+    let (walks, steps) = fs.ancestry_work();
+    assert_eq!(walks, before.0 + 1);
+    assert!(steps - before.1 <= 2, "{steps}");
+    for _ in 0..1000 {
+        fs.getattr(&ctx, file.inode).unwrap();
+    }
+    assert_eq!(fs.ancestry_work().0, walks);
 }
