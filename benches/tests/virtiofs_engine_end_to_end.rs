@@ -275,6 +275,7 @@ fn bench_drives_the_sluice_device() {
         file_size: 8 << 20,
         queue_size: 128,
         vs_socket: None,
+        meta: false,
     })
     .expect("bench");
     assert!(report.ops > 0);

@@ -177,6 +177,7 @@ fn bench_runs_against_virtiofsd() {
         file_size: 4 << 20,
         queue_size: 128,
         vs_socket: Some(other.socket.clone()),
+        meta: false,
     })
     .expect("bench run");
     let reference = report.reference.as_ref().expect("reference measured");

@@ -49,6 +49,11 @@ pub struct VirtiofsArgs {
     /// in the same run, printed beside the first with the ratio.
     #[arg(long)]
     pub vs_socket: Option<PathBuf>,
+    /// Measure metadata instead of READs: one queue sends LOOKUP of each
+    /// component of `--file` (a path, which must exist) and GETATTR of the
+    /// file, one request at a time; IOPS counts these requests.
+    #[arg(long)]
+    pub meta: bool,
 }
 
 /// Latency percentiles in microseconds.
@@ -83,6 +88,8 @@ pub struct Report {
     pub ops: u64,
     /// Bytes read.
     pub bytes: u64,
+    /// Whether LOOKUP/GETATTR were measured (`--meta`) rather than READs.
+    pub meta: bool,
     /// READs per second.
     pub iops: f64,
     /// Read throughput in GB/s (10^9 bytes).
@@ -97,6 +104,33 @@ pub struct Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.meta {
+            writeln!(
+                f,
+                "virtiofs lookup+getattr  tag={}  time={:.2}s",
+                self.tag.as_deref().unwrap_or("-"),
+                self.elapsed.as_secs_f64()
+            )?;
+            writeln!(
+                f,
+                "  {:>12.0} requests/s  latency us: p50 {:.1}  p99 {:.1}  max {:.1}",
+                self.iops, self.latency.p50, self.latency.p99, self.latency.max
+            )?;
+            if let Some(reference) = &self.reference {
+                writeln!(
+                    f,
+                    "  reference {:>12.0} requests/s  latency us: p50 {:.1}  p99 {:.1}",
+                    reference.iops, reference.latency.p50, reference.latency.p99
+                )?;
+                writeln!(
+                    f,
+                    "  ours/reference: requests/s {:.3}  p50 latency {:.3}",
+                    ratio(self.iops, reference.iops),
+                    ratio(self.latency.p50, reference.latency.p50)
+                )?;
+            }
+            return Ok(());
+        }
         writeln!(
             f,
             "virtiofs read  tag={}  queues={}  block={}  depth={}  time={:.2}s",
@@ -195,6 +229,9 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
 
 /// Measures READs against the device at `socket`.
 fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Report> {
+    if args.meta {
+        return measure_meta(socket, args);
+    }
     let block = u32::try_from(args.block_size)
         .map_err(|_| anyhow::anyhow!("--block-size must be below 4 GiB"))?;
     anyhow::ensure!(args.queues >= 1, "--queues must be at least 1");
@@ -307,8 +344,66 @@ fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Repo
         elapsed,
         ops,
         bytes,
+        meta: false,
         iops: ops as f64 / secs,
         gb_per_s: bytes as f64 / secs / 1e9,
+        latency: percentiles(&mut latencies),
+        memcpy_gb_per_s: None,
+        reference: None,
+    })
+}
+
+/// Measures LOOKUP (each component of `--file`) and GETATTR (the file),
+/// one request at a time on one queue, for `--seconds`.
+fn measure_meta(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Report> {
+    let mut device = Device::connect(
+        socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: args.queue_size,
+            memory_size: 4 << 20,
+        },
+    )?;
+    let tag = device.tag().map(str::to_owned);
+    let mut q = FuseQueue::new(&mut device, 1, 64 << 10)?;
+    q.init()?;
+    let names: Vec<&str> = args.file.split('/').filter(|c| !c.is_empty()).collect();
+    anyhow::ensure!(!names.is_empty(), "--file names no path");
+    let mut latencies = Vec::new();
+    let mut looked_up: Vec<(u64, u64)> = Vec::new();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    while Instant::now() < deadline {
+        let mut node = ROOT_ID;
+        for name in &names {
+            let t = Instant::now();
+            node = q.lookup(node, name.as_bytes())?.nodeid;
+            latencies.push(t.elapsed().as_nanos() as u64);
+            match looked_up.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, count)) => *count += 1,
+                None => looked_up.push((node, 1)),
+            }
+        }
+        let t = Instant::now();
+        q.getattr(node)?;
+        latencies.push(t.elapsed().as_nanos() as u64);
+    }
+    let elapsed = started.elapsed();
+    for (node, count) in looked_up {
+        q.forget(node, count)?;
+    }
+    let ops = latencies.len() as u64;
+    Ok(Report {
+        tag,
+        queues: 1,
+        block_size: 0,
+        depth: 1,
+        elapsed,
+        ops,
+        bytes: 0,
+        meta: true,
+        iops: ops as f64 / elapsed.as_secs_f64(),
+        gb_per_s: 0.0,
         latency: percentiles(&mut latencies),
         memcpy_gb_per_s: None,
         reference: None,
