@@ -340,6 +340,23 @@ impl Vfs {
             .ok_or(Error::BadHandle)
     }
 
+    /// Removes handle `fh` if it is a handle of `ino` of the right kind (a
+    /// file's when `dir` is false), in one step: a handle is released once,
+    /// and a request naming a handle of another kind or another inode
+    /// releases nothing (EBADF).
+    fn take_handle(&self, ino: Ino, fh: Fh, dir: bool) -> Result<Arc<Handle>> {
+        let mut handles = self.handles.lock();
+        let fits = match handles.get(&fh).map(|h| &**h) {
+            Some(Handle::File { ino: i, .. }) => !dir && *i == ino,
+            Some(Handle::Dir { ino: i, .. }) => dir && *i == ino,
+            None => false,
+        };
+        if !fits {
+            return Err(Error::BadHandle);
+        }
+        handles.remove(&fh).ok_or(Error::BadHandle)
+    }
+
     fn file_handle(&self, ino: Ino, fh: Fh) -> Result<(Arc<OpenFile>, bool)> {
         match &*self.handle(fh)? {
             Handle::File {
@@ -933,8 +950,11 @@ impl Vfs {
     /// its writes still cannot be stored, they are dropped (flush and fsync
     /// reported the error; the kernel ignores RELEASE's reply).
     pub fn release(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        let (file, _) = self.file_handle(ino, fh)?;
-        self.handles.lock().remove(&fh);
+        let h = self.take_handle(ino, fh, false)?;
+        let Handle::File { file, .. } = &*h else {
+            return Err(Error::BadHandle);
+        };
+        let file = file.clone();
         let flushed = self.flush_file(ino, &file);
         {
             let mut files = self.files.lock();
@@ -1024,18 +1044,17 @@ impl Vfs {
     }
 
     /// Closes a directory handle.
-    pub fn releasedir(&self, _ctx: &Context, _ino: Ino, fh: Fh) -> Result<()> {
-        self.handles
-            .lock()
-            .remove(&fh)
-            .map(|_| ())
-            .ok_or(Error::BadHandle)
+    pub fn releasedir(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        self.take_handle(ino, fh, true).map(drop)
     }
 
     /// Makes the directory's changes (all metadata committed so far)
     /// durable.
-    pub fn fsyncdir(&self, _ctx: &Context, _ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
-        self.handle(fh)?;
+    pub fn fsyncdir(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+        match &*self.handle(fh)? {
+            Handle::Dir { ino: i, .. } if *i == ino => {}
+            _ => return Err(Error::BadHandle),
+        }
         self.vol.meta.sync()
     }
 

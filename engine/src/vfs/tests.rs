@@ -1436,3 +1436,42 @@ fn dot_and_dotdot_lookups_decode_handles() {
         Err(Error::Stale)
     ));
 }
+
+/// A handle is what it claims to be: RELEASE of a directory handle,
+/// RELEASEDIR or FSYNCDIR of a file handle, or any of them naming another
+/// inode than the handle's, answer EBADF and release nothing; a handle is
+/// released once.
+#[test]
+fn handles_are_released_only_as_what_they_are() {
+    let t = setup();
+    let vfs = &t.vfs;
+    let (ino, fh) = t.create("f");
+    t.write(ino, fh, 0, b"kept");
+    let dir = vfs.mkdir(&ctx(), ROOT_INO, b"d", 0o755, 0).unwrap();
+    let dh = vfs.opendir(&ctx(), dir.inode).unwrap();
+    let bad = |r: Result<()>| assert!(matches!(r, Err(Error::BadHandle)), "{r:?}");
+
+    bad(vfs.releasedir(&ctx(), ino, fh));
+    bad(vfs.fsyncdir(&ctx(), ino, fh, false));
+    bad(vfs.release(&ctx(), dir.inode, dh));
+    bad(vfs.release(&ctx(), dir.inode, fh));
+    bad(vfs.releasedir(&ctx(), ino, dh));
+    bad(vfs.fsyncdir(&ctx(), ino, dh, false));
+    // Both handles still work.
+    assert_eq!(t.read(ino, fh, 0, 4), b"kept");
+    assert!(
+        !vfs.readdir(&ctx(), dir.inode, dh, 0, false)
+            .unwrap()
+            .is_empty()
+    );
+    vfs.fsyncdir(&ctx(), dir.inode, dh, false).unwrap();
+
+    vfs.release(&ctx(), ino, fh).unwrap();
+    bad(vfs.release(&ctx(), ino, fh));
+    vfs.releasedir(&ctx(), dir.inode, dh).unwrap();
+    bad(vfs.releasedir(&ctx(), dir.inode, dh));
+    // The write was committed by the one real release.
+    let out = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(t.read(ino, out.fh, 0, 4), b"kept");
+    vfs.release(&ctx(), ino, out.fh).unwrap();
+}
