@@ -38,7 +38,7 @@ const REQUESTS_PER_QUEUE: u64 = 3000;
 fn replies_match_requests_across_queues() {
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("fs.sock");
-    let mut listener = sluice_vhost::listen(&socket).expect("listen");
+    let mut listener = sluice_vhost::listen(&socket, None).expect("listen");
     let mut config = DeviceConfig::new("queues", QUEUES);
     config.queue_size = 256;
     let handler = Arc::new(EchoHandler::default());

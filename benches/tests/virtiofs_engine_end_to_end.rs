@@ -59,7 +59,7 @@ fn serve_in(dir: tempfile::TempDir) -> Served {
     let config = DeviceConfig::new("sluice-e2e", REQUEST_QUEUES);
     let handler = FuseHandler::new(Dispatcher::new(vfs, Config::default()), config.num_queues());
     let socket = dir.path().join("vhost-fs.sock");
-    let mut listener = sluice_vhost::listen(&socket).expect("listen");
+    let mut listener = sluice_vhost::listen(&socket, None).expect("listen");
     let device = VirtioFsDevice::new(config, Arc::new(handler)).expect("device");
     let server = std::thread::spawn(move || device.serve(&mut listener));
     Served {

@@ -72,7 +72,7 @@ fn start(mode: GuestIoMode) -> Running {
         file: File::open(&path).expect("open object"),
     };
     let socket = dir.path().join("fs.sock");
-    let mut listener = sluice_vhost::listen(&socket).expect("listen");
+    let mut listener = sluice_vhost::listen(&socket, None).expect("listen");
     let mut config = DeviceConfig::new("guest-io", 1);
     config.queue_size = 256;
     config.guest_io = mode;

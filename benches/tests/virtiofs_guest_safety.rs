@@ -42,7 +42,7 @@ struct Running {
 fn start(max_request_size: usize) -> Running {
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("fs.sock");
-    let mut listener = sluice_vhost::listen(&socket).expect("listen");
+    let mut listener = sluice_vhost::listen(&socket, None).expect("listen");
     let mut config = DeviceConfig::new("safety", 2);
     config.max_request_size = max_request_size;
     config.queue_size = 256;

@@ -8,8 +8,7 @@
 //! warming or dropping caches is an operator's action.
 
 use std::io::{BufRead, BufReader, Read as _, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,22 +83,20 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Listens on `path` (a stale socket there is replaced).
-    pub fn start(path: &Path, slot: ReaderSlot) -> anyhow::Result<ControlServer> {
+    /// Listens on `path` (a stale socket there is replaced), mode 0600, or
+    /// 0660 owned by `group`; created with that mode, never chmod-ed after.
+    pub fn start(
+        path: &Path,
+        slot: ReaderSlot,
+        group: Option<u32>,
+    ) -> anyhow::Result<ControlServer> {
         use anyhow::Context as _;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("cannot replace {}", path.display()));
-            }
-            _ => {}
-        }
-        let listener = UnixListener::bind(path)
+        let listener = sluice_vhost::socket::bind_private(path, group)
             .with_context(|| format!("cannot listen on {}", path.display()))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()

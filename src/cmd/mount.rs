@@ -154,6 +154,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let control = super::control::ControlServer::start(
         &super::control::socket_for_mount(&mountpoint),
         slot.clone(),
+        None,
     )
     .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this mount: {e:#}"))
     .ok();

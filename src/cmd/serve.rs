@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// Refuse every change from the guest (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// Give the vhost-user socket (and the control socket) to this group,
+    /// mode 0660, for a QEMU that runs as another user of the group
+    /// (libvirt's `qemu` user); without it the sockets are 0600, for QEMU
+    /// running as the daemon's user.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
     /// When reads and directory listings move access times: never
     /// (`noatime`, no metadata write per read, as JuiceFS defaults),
     /// `relatime` (Linux's rule: when older than the last change, or a day
@@ -117,7 +123,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let volume = args
         .writeback
         .open_volume(&args.meta_url, &args.cache.staging_root()?)?;
-    let mut listener = sluice_vhost::listen(&args.socket)
+    let group = args
+        .socket_group
+        .as_deref()
+        .map(|g| {
+            sluice_vhost::socket::group_id(g)
+                .with_context(|| format!("--socket-group {g}: no such group"))
+        })
+        .transpose()?;
+    let mut listener = sluice_vhost::listen(&args.socket, group)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
     log::info!(
         "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
@@ -139,6 +153,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _control = super::control::ControlServer::start(
         &super::control::socket_for_serve(&args.socket),
         slot.clone(),
+        group,
     )
     .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}"))
     .ok();

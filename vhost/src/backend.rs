@@ -178,7 +178,7 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
 /// # use std::sync::Arc;
 /// # fn demo(handler: Arc<dyn sluice_vhost::RequestHandler>) -> sluice_vhost::Result<()> {
 /// let config = sluice_vhost::DeviceConfig::new("training", 4);
-/// let mut listener = sluice_vhost::listen("/run/sluice/fs.sock")?;
+/// let mut listener = sluice_vhost::listen("/run/sluice/fs.sock", None)?;
 /// loop {
 ///     // One connection at a time: QEMU reconnects after a restart.
 ///     sluice_vhost::VirtioFsDevice::new(config.clone(), handler.clone())?.serve(&mut listener)?;
@@ -268,11 +268,48 @@ fn daemon_error(e: vhost_user_backend::Error) -> Error {
     Error::Daemon(e.to_string())
 }
 
-/// Creates the vhost-user socket at `path`, replacing a stale one.
-pub fn listen(path: impl AsRef<Path>) -> Result<Listener> {
+/// A listening vhost-user socket; its file is removed when it is dropped.
+pub struct Socket {
+    listener: Listener,
+    path: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Socket {
+    type Target = Listener;
+    fn deref(&self) -> &Listener {
+        &self.listener
+    }
+}
+
+impl std::ops::DerefMut for Socket {
+    fn deref_mut(&mut self) -> &mut Listener {
+        &mut self.listener
+    }
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket").field("path", &self.path).finish()
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Creates the vhost-user socket at `path`, replacing a stale one: mode
+/// 0600, or 0660 owned by `group` when QEMU runs as another user of that
+/// group; never reachable with a wider mode ([`crate::socket`]).
+pub fn listen(path: impl AsRef<Path>, group: Option<u32>) -> Result<Socket> {
     let path = path.as_ref();
-    Listener::new(path, true).map_err(|cause| Error::Listen {
+    let listener = crate::socket::bind_private(path, group).map_err(|e| Error::Listen {
         path: path.display().to_string(),
-        cause,
+        cause: vhost::vhost_user::Error::SocketError(e),
+    })?;
+    Ok(Socket {
+        listener: Listener::from(listener),
+        path: path.to_owned(),
     })
 }

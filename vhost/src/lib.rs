@@ -20,11 +20,12 @@ mod error;
 pub mod frame;
 mod fuse_handler;
 pub mod guest_io;
+pub mod socket;
 mod worker;
 
 use std::io;
 
-pub use backend::{DEVICE_FEATURES, VirtioFsDevice, listen, protocol_features};
+pub use backend::{DEVICE_FEATURES, Socket, VirtioFsDevice, listen, protocol_features};
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
