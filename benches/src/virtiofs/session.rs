@@ -177,6 +177,21 @@ impl FuseQueue {
         EntryOut::decode(&mut wire::Decoder::new(opcode::LOOKUP, &payload))
     }
 
+    /// FUSE_MKDIR of `name` in `parent`.
+    pub fn mkdir(&mut self, parent: u64, name: &[u8], mode: u32) -> Result<EntryOut> {
+        let args = wire::Encoder::new().u32(mode).u32(0).name(name).finish();
+        let payload = self.call(opcode::MKDIR, parent, &args)?.ok(opcode::MKDIR)?;
+        EntryOut::decode(&mut wire::Decoder::new(opcode::MKDIR, &payload))
+    }
+
+    /// FUSE_RMDIR of `name` in `parent`.
+    pub fn rmdir(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        let args = wire::Encoder::new().name(name).finish();
+        self.call(opcode::RMDIR, parent, &args)?
+            .ok(opcode::RMDIR)
+            .map(drop)
+    }
+
     /// FUSE_GETATTR.
     pub fn getattr(&mut self, nodeid: u64) -> Result<wire::Attr> {
         let payload = self

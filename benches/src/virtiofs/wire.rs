@@ -26,6 +26,8 @@ pub mod opcode {
     pub const LOOKUP: u32 = 1;
     pub const FORGET: u32 = 2;
     pub const GETATTR: u32 = 3;
+    pub const MKDIR: u32 = 9;
+    pub const RMDIR: u32 = 11;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
     pub const WRITE: u32 = 16;
