@@ -36,6 +36,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("xattrs", xattrs),
     ("setattr_rules", setattr_rules),
     ("permissions", permissions),
+    ("exec_open_needs_execute", exec_open_needs_execute),
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
     ("compact_chunk", compact_chunk),
@@ -763,6 +764,42 @@ pub(crate) fn setattr_rules(m: &dyn Meta) {
         "nanoseconds survive storage"
     );
     assert!(a.ctime > t);
+}
+
+/// execve opens its file with `O_RDONLY|__FMODE_EXEC` and Linux checks
+/// execute, not read, for it (`may_open` with MAY_EXEC): a `--x` file runs
+/// for a user who may not read it, and a readable file without x does not.
+/// xfstests generic/126.
+pub(crate) fn exec_open_needs_execute(m: &dyn Meta) {
+    const FMODE_EXEC: u32 = 0x20;
+    formatted(m, 0);
+    let other = user(2000);
+    let exec = libc::O_RDONLY as u32 | FMODE_EXEC;
+    let (f, _) = m.create(&root(), ROOT_INO, b"t", 0o711, 0).expect("t");
+    m.close(f).expect("close");
+    m.open(&other, f, exec)
+        .and_then(|_| m.close(f))
+        .expect("exec of a --x file");
+    assert_err(
+        m.open(&other, f, libc::O_RDONLY as u32),
+        |e| matches!(e, Error::Access),
+        "read open of a --x file",
+    );
+    let (g, _) = m.create(&root(), ROOT_INO, b"r", 0o644, 0).expect("r");
+    m.close(g).expect("close");
+    assert_err(
+        m.open(&other, g, exec),
+        |e| matches!(e, Error::Access),
+        "exec of an r-- file",
+    );
+    assert_err(
+        m.open(&root(), g, exec),
+        |e| matches!(e, Error::Access),
+        "root exec of a file with no x bit",
+    );
+    m.open(&other, g, libc::O_RDONLY as u32)
+        .and_then(|_| m.close(g))
+        .expect("read open of an r-- file");
 }
 
 /// Permission bits and sticky directories.

@@ -470,8 +470,9 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
         mode: u16,
         umask: u16,
     ) -> Result<(Ino, Attr)>;
-    /// Checks `flags` (`O_ACCMODE` bits) against the node's permissions and
-    /// records that this session holds it open.
+    /// Checks `flags` (`O_ACCMODE` bits; an execve's `__FMODE_EXEC` open
+    /// needs execute, not read) against the node's permissions and records
+    /// that this session holds it open.
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr>;
     /// Records one close; the last close of an unlinked file releases it.
     fn close(&self, ino: Ino) -> Result<()>;

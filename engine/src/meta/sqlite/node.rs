@@ -197,6 +197,42 @@ pub(crate) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
     if ok { Ok(()) } else { Err(Error::Access) }
 }
 
+/// The kernel's `__FMODE_EXEC` in an open's flags: the open is execve(2)
+/// (or uselib) loading the file, not a read.
+pub(crate) const FMODE_EXEC: u32 = 0x20;
+
+/// The permission an open with `flags` needs, as Linux's `may_open`: read,
+/// write or both by `O_ACCMODE`; an exec open (`O_RDONLY|__FMODE_EXEC`, the
+/// FUSE_OPEN execve sends) needs execute instead of read, so a file with
+/// `--x` runs for a user who may not read it.
+pub(crate) fn open_mask(flags: u32) -> u8 {
+    match flags & libc::O_ACCMODE as u32 {
+        x if x == libc::O_WRONLY as u32 => MASK_W,
+        x if x == libc::O_RDWR as u32 => MASK_R | MASK_W,
+        _ if flags & FMODE_EXEC != 0 => MASK_X,
+        _ => MASK_R,
+    }
+}
+
+/// Whether `ctx` may open a node with `attr` with `flags` (open(2) and
+/// execve(2)): the mode (see [`open_mask`]), and the immutable and
+/// append-only flags and the trash, which refuse writing opens and
+/// truncation.
+pub(crate) fn check_open(ctx: &Context, attr: &Attr, flags: u32) -> Result<()> {
+    let mask = open_mask(flags);
+    check_access(ctx, attr, mask)?;
+    let writing = mask & MASK_W != 0;
+    if writing && (attr.flags & FLAG_IMMUTABLE != 0 || attr.parent > crate::meta::TRASH_INO) {
+        return Err(Error::Perm);
+    }
+    if attr.flags & FLAG_APPEND != 0
+        && ((writing && flags & libc::O_APPEND as u32 == 0) || flags & libc::O_TRUNC as u32 != 0)
+    {
+        return Err(Error::Perm);
+    }
+    Ok(())
+}
+
 /// The sticky-directory rule: in a sticky directory only the owner of the
 /// entry, the owner of the directory or root may remove or rename it.
 pub(crate) fn check_sticky(ctx: &Context, dir: &Attr, entry: &Attr) -> Result<()> {

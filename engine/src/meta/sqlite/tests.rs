@@ -51,6 +51,7 @@ conformance_tests!(
     set_atime_alone,
     setattr_rules,
     permissions,
+    exec_open_needs_execute,
     write_read_and_refs,
     truncate_and_fallocate,
     compact_chunk,
