@@ -279,6 +279,13 @@ pub struct SetAttr {
     pub atime: Option<TimeChange>,
     /// New modification time.
     pub mtime: Option<TimeChange>,
+    /// Clear the setuid/setgid bits of a regular file as a change of its
+    /// data by the caller does (Linux's `file_remove_privs`: setuid always,
+    /// setgid when group-executable or the caller is not in the file's
+    /// group; nothing for root). Set by the Vfs alongside a write,
+    /// truncate or fallocate the caller was allowed to make, never from a
+    /// request alone.
+    pub kill_suidgid: bool,
 }
 
 /// How a truncate was asked for, which decides what it checks (JuiceFS's

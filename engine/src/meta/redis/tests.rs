@@ -305,6 +305,8 @@ conformance_tests!(
     xattrs,
     set_atime_alone,
     setattr_rules,
+    chown_chgrp_rules,
+    data_changes_drop_setid,
     permissions,
     exec_open_needs_execute,
     write_read_and_refs,
