@@ -235,6 +235,22 @@ pub struct Vfs {
     disk_cache: Option<Arc<DiskCache>>,
 }
 
+/// Whether `name` is one of the extended attributes through which Linux
+/// sets and reads POSIX ACLs. sluice does not enforce ACLs (permissions are
+/// the mode bits alone), so it refuses them with EOPNOTSUPP, as JuiceFS
+/// does on a volume formatted without `--enable-acl`: storing them as
+/// plain attributes would let `setfacl` succeed while granting and denying
+/// nothing. The FUSE kernel passes these names through to the file system
+/// when it was not offered FUSE_POSIX_ACL, so this is the one place that
+/// decides, for host mounts and virtio-fs guests alike.
+fn is_posix_acl(name: &[u8]) -> bool {
+    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+}
+
+fn acls_not_supported() -> Error {
+    Error::NotSupported("POSIX ACLs are not supported".into())
+}
+
 /// Whether a mode carries setuid or setgid.
 fn has_setid(a: &Attr) -> bool {
     a.mode & 0o6000 != 0
@@ -1056,7 +1072,8 @@ impl Vfs {
         self.vol.meta.statfs(ctx, ino)
     }
 
-    /// Sets an extended attribute.
+    /// Sets an extended attribute. POSIX ACLs are refused (see
+    /// [`is_posix_acl`]).
     pub fn setxattr(
         &self,
         ctx: &Context,
@@ -1065,21 +1082,35 @@ impl Vfs {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
+        if is_posix_acl(name) {
+            return Err(acls_not_supported());
+        }
         self.vol.meta.setxattr(ctx, ino, name, value, mode)
     }
 
-    /// Reads an extended attribute.
+    /// Reads an extended attribute. A POSIX ACL is never there (ENODATA:
+    /// the file's mode is its whole ACL, which is what `getfacl` then
+    /// shows), whatever an older client stored under its name.
     pub fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if is_posix_acl(name) {
+            return Err(Error::NoXattr);
+        }
         self.vol.meta.getxattr(ino, name)
     }
 
-    /// Lists extended attribute names.
+    /// Lists extended attribute names, without POSIX ACLs.
     pub fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.vol.meta.listxattr(ino)
+        let mut names = self.vol.meta.listxattr(ino)?;
+        names.retain(|n| !is_posix_acl(n));
+        Ok(names)
     }
 
-    /// Removes an extended attribute.
+    /// Removes an extended attribute. POSIX ACLs are refused, as setting
+    /// them is.
     pub fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        if is_posix_acl(name) {
+            return Err(acls_not_supported());
+        }
         self.vol.meta.removexattr(ctx, ino, name)
     }
 

@@ -121,7 +121,8 @@ impl Default for Config {
 /// `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
 /// (the kernel applies the umask; the engine gets it again harmlessly),
 /// `HANDLE_KILLPRIV` (v1: every write, truncate and chown would have to
-/// clear the bits, CAP_FSETID or not), and `SETXATTR_EXT` (so SETXATTR keeps
+/// clear the bits, CAP_FSETID or not), `POSIX_ACL` (the engine enforces no
+/// ACLs and refuses their attributes), and `SETXATTR_EXT` (so SETXATTR keeps
 /// its 8-byte argument).
 pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::ASYNC_DIO

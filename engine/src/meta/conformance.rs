@@ -23,6 +23,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("format_and_load", format_and_load),
     ("refuse_different_volume", refuse_different_volume),
     ("refuse_encrypted", refuse_encrypted),
+    ("refuse_acl_volume", refuse_acl_volume),
     ("create_lookup_getattr", create_lookup_getattr),
     ("names_are_checked", names_are_checked),
     ("mkdir_rmdir_nlink", mkdir_rmdir_nlink),
@@ -178,6 +179,16 @@ pub(crate) fn refuse_encrypted(m: &dyn Meta) {
     match m.init(&f) {
         Err(Error::NotSupported(msg)) => assert!(msg.contains("encrypted"), "{msg}"),
         other => panic!("encrypted volume accepted: {other:?}"),
+    }
+}
+
+/// A volume with POSIX ACLs enabled is refused: sluice would ignore them.
+pub(crate) fn refuse_acl_volume(m: &dyn Meta) {
+    let mut f = test_format(0);
+    f.enable_acl = true;
+    match m.init(&f) {
+        Err(Error::NotSupported(msg)) => assert!(msg.contains("ACL"), "{msg}"),
+        other => panic!("volume with ACLs accepted: {other:?}"),
     }
 }
 

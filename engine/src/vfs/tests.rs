@@ -1429,3 +1429,45 @@ fn data_changes_by_a_non_root_caller_drop_setuid_and_setgid() {
         .unwrap();
     assert_eq!(mode(ino), 0o666, "truncate");
 }
+
+/// POSIX ACLs are refused, not stored as attributes that enforce nothing
+/// (xfstests generic/099, 319, 375, 444 then see no ACL support); one an
+/// older client stored is neither read nor listed.
+#[test]
+fn posix_acls_are_refused() {
+    let t = setup();
+    let (ino, fh) = t.create("f");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    // user::rw- group::r-- other::r-- in Linux's xattr form.
+    let acl = [
+        2u8, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 4, 0, 4, 0, 255, 255, 255, 255, 32, 0, 4, 0,
+        255, 255, 255, 255,
+    ];
+    for name in [
+        &b"system.posix_acl_access"[..],
+        &b"system.posix_acl_default"[..],
+    ] {
+        let err = t
+            .vfs
+            .setxattr(&ctx(), ino, name, &acl, XattrMode::Any)
+            .unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP);
+        let err = t.vfs.removexattr(&ctx(), ino, name).unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP);
+        // As if an older client had stored it.
+        t.vfs
+            .vol
+            .meta
+            .setxattr(&ctx(), ino, name, &acl, XattrMode::Any)
+            .unwrap();
+        let err = t.vfs.getxattr(&ctx(), ino, name).unwrap_err();
+        assert_eq!(err.errno(), libc::ENODATA);
+    }
+    t.vfs
+        .setxattr(&ctx(), ino, b"user.k", b"v", XattrMode::Any)
+        .unwrap();
+    assert_eq!(
+        t.vfs.listxattr(&ctx(), ino).unwrap(),
+        vec![b"user.k".to_vec()]
+    );
+}

@@ -292,6 +292,7 @@ conformance_tests!(
     format_and_load,
     refuse_different_volume,
     refuse_encrypted,
+    refuse_acl_volume,
     create_lookup_getattr,
     names_are_checked,
     mkdir_rmdir_nlink,
