@@ -2,7 +2,9 @@
 //! binary, checked as an unprivileged user (the engine lets root do
 //! anything): `ftruncate(2)` on a descriptor opened for writing works
 //! whatever the file's mode, as on a local file system, while `truncate(2)`
-//! by path still obeys the mode.
+//! by path still obeys the mode; a `--x` program runs for a user who may not
+//! read it; and a write or fallocate by a user without CAP_FSETID drops
+//! setuid, and setgid as Linux does, while root's keep them.
 
 mod common;
 
@@ -101,5 +103,125 @@ fn ftruncate_of_a_0444_file_opened_for_writing() {
     assert_eq!(code, 0, "as nobody: see the exit codes above");
     let md = fs::metadata(&path).expect("stat");
     assert_eq!((md.len(), md.mode() & 0o7777, md.uid()), (50, 0o444, 65534));
+    mount.unmount();
+}
+
+/// A volume mounted with a directory everyone may write, and the mount.
+fn open_to_nobody(name: &str) -> (Volume, common::Mount, std::path::PathBuf) {
+    let vol = Volume::format(name, &[]);
+    fs::set_permissions(vol.dir.path(), fs::Permissions::from_mode(0o755))
+        .expect("open the test directory to nobody");
+    let mount = vol.mount("mnt");
+    let dir = mount.path.join("shared");
+    fs::create_dir(&dir).expect("mkdir");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod 777");
+    (vol, mount, dir)
+}
+
+/// xfstests generic/126: execve opens the program with
+/// `O_RDONLY|__FMODE_EXEC`, which needs execute, not read.
+#[test]
+fn a_program_without_read_permission_runs() {
+    let _dog = Watchdog::new("exec_711", Duration::from_secs(300));
+    let (_vol, mount, dir) = open_to_nobody("exec");
+    let prog = dir.join("true");
+    fs::copy("/bin/true", &prog).expect("copy /bin/true");
+    fs::set_permissions(&prog, fs::Permissions::from_mode(0o711)).expect("chmod 711");
+    let p = cstr(&prog);
+    let argv = [p.as_ptr(), std::ptr::null()];
+    // Exit codes: 0 the program ran, 1 execv failed with EACCES (the bug),
+    // 2 execv failed otherwise.
+    let code = as_nobody(|| {
+        // SAFETY: `p` and `argv` (NULL-terminated) outlive the call, which
+        // only returns on failure.
+        unsafe { libc::execv(p.as_ptr(), argv.as_ptr()) };
+        if errno() == libc::EACCES { 1 } else { 2 }
+    });
+    assert_eq!(code, 0, "exec of a 0711 file as nobody: see the exit codes");
+    mount.unmount();
+}
+
+/// A root-owned file with `mode` (and `gid`) holding some data.
+fn setid_file(path: &Path, mode: u32, gid: u32) -> CString {
+    fs::write(path, b"a").expect("write");
+    std::os::unix::fs::chown(path, Some(0), Some(gid)).expect("chown");
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+    assert_eq!(fs::metadata(path).expect("stat").mode() & 0o7777, mode);
+    cstr(path)
+}
+
+/// Opens `p` read-write and changes its data with `change`; exit code 0
+/// when both worked, 1 when the open failed, 2 when the change did.
+fn change_data(p: &CString, change: impl FnOnce(i32) -> bool) -> i32 {
+    // SAFETY: `p` is a NUL-terminated path alive across the call.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR) };
+    if fd < 0 {
+        return 1;
+    }
+    let ok = change(fd);
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+    if ok { 0 } else { 2 }
+}
+
+fn mode_of(path: &Path) -> u32 {
+    fs::metadata(path).expect("stat").mode() & 0o7777
+}
+
+/// xfstests generic/683–685 (and the write case of generic/193's rules):
+/// a write, fallocate, punch hole or zero range by a user without
+/// CAP_FSETID drops setuid always and setgid when the file is
+/// group-executable or the user is outside its group; root's keep both.
+#[test]
+fn data_changes_by_a_user_drop_setuid_and_setgid() {
+    let _dog = Watchdog::new("kill_suidgid", Duration::from_secs(300));
+    let (_vol, mount, dir) = open_to_nobody("killpriv");
+    type Change = fn(i32) -> bool;
+    let write: Change = |fd| {
+        // SAFETY: writes one byte from a static buffer to an open descriptor.
+        unsafe { libc::pwrite(fd, b"b".as_ptr().cast(), 1, 1) == 1 }
+    };
+    let falloc: Change = |fd| {
+        // SAFETY: fallocate on an open descriptor.
+        unsafe { libc::fallocate(fd, 0, 0, 8192) == 0 }
+    };
+    let punch: Change = |fd| {
+        // SAFETY: as above.
+        unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                4096,
+            ) == 0
+        }
+    };
+    let zero: Change = |fd| {
+        // SAFETY: as above.
+        unsafe { libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 0, 4096) == 0 }
+    };
+    // (what, change, mode before, group, mode after a change by nobody)
+    let cases: [(&str, Change, u32, u32, u32); 7] = [
+        ("write", write, 0o6666, 0, 0o0666),
+        ("write", write, 0o6666, 65534, 0o2666),
+        ("write", write, 0o6676, 65534, 0o0676),
+        ("fallocate", falloc, 0o6666, 0, 0o0666),
+        ("fallocate", falloc, 0o6666, 65534, 0o2666),
+        ("punch hole", punch, 0o6676, 65534, 0o0676),
+        ("zero range", zero, 0o6666, 0, 0o0666),
+    ];
+    for (i, (what, change, before, gid, after)) in cases.into_iter().enumerate() {
+        let path = dir.join(format!("s{i}"));
+        let p = setid_file(&path, before, gid);
+        assert_eq!(change_data(&p, change), 0, "{what} by root");
+        assert_eq!(mode_of(&path), before, "{what} by root keeps {before:o}");
+        let code = as_nobody(|| change_data(&p, change));
+        assert_eq!(code, 0, "{what} of {before:o} (group {gid}) by nobody");
+        assert_eq!(
+            mode_of(&path),
+            after,
+            "{what} of {before:o} (group {gid}) by nobody"
+        );
+    }
     mount.unmount();
 }

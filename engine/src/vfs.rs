@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -181,6 +181,11 @@ struct OpenFile {
     length: AtomicU64,
     /// Open handles.
     handles: AtomicU64,
+    /// Whether the file's mode had setuid or setgid when this host last saw
+    /// it (at each open, and each setattr here): a write that must drop
+    /// those bits asks the metadata engine only then. Another host's chmod
+    /// is seen at the next open here (close-to-open).
+    setid: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -228,6 +233,27 @@ pub struct Vfs {
     uploader: Arc<BlockUploader>,
     janitor: Mutex<Option<Janitor>>,
     disk_cache: Option<Arc<DiskCache>>,
+}
+
+/// Whether `name` is one of the extended attributes through which Linux
+/// sets and reads POSIX ACLs. sluice does not enforce ACLs (permissions are
+/// the mode bits alone), so it refuses them with EOPNOTSUPP, as JuiceFS
+/// does on a volume formatted without `--enable-acl`: storing them as
+/// plain attributes would let `setfacl` succeed while granting and denying
+/// nothing. The FUSE kernel passes these names through to the file system
+/// when it was not offered FUSE_POSIX_ACL, so this is the one place that
+/// decides, for host mounts and virtio-fs guests alike.
+fn is_posix_acl(name: &[u8]) -> bool {
+    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+}
+
+fn acls_not_supported() -> Error {
+    Error::NotSupported("POSIX ACLs are not supported".into())
+}
+
+/// Whether a mode carries setuid or setgid.
+fn has_setid(a: &Attr) -> bool {
+    a.mode & 0o6000 != 0
 }
 
 fn enxio() -> Error {
@@ -403,7 +429,8 @@ impl Vfs {
     }
 
     /// Registers one more open handle of `ino` and returns its state.
-    fn open_file(&self, ino: Ino, length: u64) -> Arc<OpenFile> {
+    fn open_file(&self, ino: Ino, attr: &Attr) -> Arc<OpenFile> {
+        let length = attr.length;
         let mut files = self.files.lock();
         let f = files.entry(ino).or_insert_with(|| {
             Arc::new(OpenFile {
@@ -414,8 +441,10 @@ impl Vfs {
                 ),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
+                setid: AtomicBool::new(false),
             })
         });
+        f.setid.store(has_setid(attr), Ordering::Release);
         if f.handles.load(Ordering::Relaxed) == 0 {
             f.length
                 .store(length.max(f.writer.end()), Ordering::Relaxed);
@@ -428,7 +457,7 @@ impl Vfs {
         let acc = flags & libc::O_ACCMODE as u32;
         let readable = acc == libc::O_RDONLY as u32 || acc == libc::O_RDWR as u32;
         let writable = acc == libc::O_WRONLY as u32 || acc == libc::O_RDWR as u32;
-        let file = self.open_file(ino, attr.length);
+        let file = self.open_file(ino, &attr);
         // Errors from before the open are not this handle's to report.
         let reported = AtomicU64::new(file.writer.errors());
         let fh = self.add_handle(Handle::File {
@@ -731,6 +760,9 @@ impl Vfs {
     /// Changes attributes; `size` truncates (or extends) a regular file.
     /// With `fh` (ftruncate, or an `O_TRUNC` open) a handle open for writing
     /// proves the right to truncate, whatever the mode says now.
+    /// `set.kill_suidgid` (FATTR_KILL_SUIDGID: the caller lacks CAP_FSETID)
+    /// counts only with a size change: the truncate drops setuid/setgid as
+    /// a write does.
     pub fn setattr(
         &self,
         ctx: &Context,
@@ -756,8 +788,16 @@ impl Vfs {
             }
             attr = Some(a);
         }
-        if *set != SetAttr::default() {
-            attr = Some(self.vol.meta.setattr(ctx, ino, set)?);
+        let set = SetAttr {
+            kill_suidgid: set.kill_suidgid && size.is_some(),
+            ..set.clone()
+        };
+        if set != SetAttr::default() {
+            let a = self.vol.meta.setattr(ctx, ino, &set)?;
+            if let Some(f) = self.open_state(ino) {
+                f.setid.store(has_setid(&a), Ordering::Release);
+            }
+            attr = Some(a);
         }
         match attr {
             Some(a) => Ok(self.with_buffered(ino, a)),
@@ -940,6 +980,33 @@ impl Vfs {
         Ok(data.len())
     }
 
+    /// Drops the setuid/setgid bits a write by `ctx` to `ino` through `fh`
+    /// drops (Linux's `file_remove_privs`; the kernel asks with
+    /// FUSE_WRITE_KILL_SUIDGID, having granted the file system
+    /// HANDLE_KILLPRIV_V2): call it before the write.
+    pub fn kill_suidgid(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        let (file, writable) = self.file_handle(ino, fh)?;
+        if !writable {
+            return Err(Error::BadHandle);
+        }
+        self.drop_setid(ctx, ino, &file)
+    }
+
+    /// Clears the setuid/setgid bits a change of the open file's data by
+    /// `ctx` drops ([`SetAttr::kill_suidgid`]), when this host saw any.
+    fn drop_setid(&self, ctx: &Context, ino: Ino, file: &OpenFile) -> Result<()> {
+        if !file.setid.load(Ordering::Acquire) || ctx.privileged || ctx.uid == 0 {
+            return Ok(());
+        }
+        let kill = SetAttr {
+            kill_suidgid: true,
+            ..SetAttr::default()
+        };
+        let a = self.vol.meta.setattr(ctx, ino, &kill)?;
+        file.setid.store(has_setid(&a), Ordering::Release);
+        Ok(())
+    }
+
     /// Commits the file's buffered writes (at each close of a descriptor);
     /// reports a write error once per handle.
     pub fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
@@ -1063,7 +1130,8 @@ impl Vfs {
         self.vol.meta.statfs(ctx, ino)
     }
 
-    /// Sets an extended attribute.
+    /// Sets an extended attribute. POSIX ACLs are refused (see
+    /// [`is_posix_acl`]).
     pub fn setxattr(
         &self,
         ctx: &Context,
@@ -1072,21 +1140,35 @@ impl Vfs {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
+        if is_posix_acl(name) {
+            return Err(acls_not_supported());
+        }
         self.vol.meta.setxattr(ctx, ino, name, value, mode)
     }
 
-    /// Reads an extended attribute.
+    /// Reads an extended attribute. A POSIX ACL is never there (ENODATA:
+    /// the file's mode is its whole ACL, which is what `getfacl` then
+    /// shows), whatever an older client stored under its name.
     pub fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if is_posix_acl(name) {
+            return Err(Error::NoXattr);
+        }
         self.vol.meta.getxattr(ino, name)
     }
 
-    /// Lists extended attribute names.
+    /// Lists extended attribute names, without POSIX ACLs.
     pub fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        self.vol.meta.listxattr(ino)
+        let mut names = self.vol.meta.listxattr(ino)?;
+        names.retain(|n| !is_posix_acl(n));
+        Ok(names)
     }
 
-    /// Removes an extended attribute.
+    /// Removes an extended attribute. POSIX ACLs are refused, as setting
+    /// them is.
     pub fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+        if is_posix_acl(name) {
+            return Err(acls_not_supported());
+        }
         self.vol.meta.removexattr(ctx, ino, name)
     }
 
@@ -1109,6 +1191,10 @@ impl Vfs {
         if !writable {
             return Err(Error::BadHandle);
         }
+        // Linux drops setuid/setgid on every fallocate by a caller without
+        // CAP_FSETID (file_modified); FALLOCATE carries no flag for it, and
+        // with HANDLE_KILLPRIV_V2 the kernel leaves it to the file system.
+        self.drop_setid(ctx, ino, &file)?;
         self.flush_file(ino, &file)?;
         let attr = self.vol.meta.fallocate(ctx, ino, mode, offset, len)?;
         self.reader.invalidate_inode(ino);
@@ -1125,7 +1211,7 @@ impl Vfs {
     /// as for a short write), 0 from the source's end on.
     pub fn copy_file_range(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         req: &CopyRange,
         fh_in: Fh,
         fh_out: Fh,
@@ -1133,6 +1219,9 @@ impl Vfs {
         req.check()?;
         self.copy_handle(req.fin, fh_in, false)?;
         let dst = self.copy_handle(req.fout, fh_out, true)?;
+        // The destination's data changes: setuid/setgid go as for a write
+        // (the kernel's file_modified, left to the file system).
+        self.drop_setid(ctx, req.fout, &dst)?;
         // The copy shows every write made before it, to either file.
         self.flush_ino(req.fin)?;
         self.flush_ino(req.fout)?;

@@ -140,6 +140,10 @@ pub mod fattr {
     pub const KILL_SUIDGID: u32 = 1 << 11;
 }
 
+/// `fuse_write_in.write_flags`: the writer lacks CAP_FSETID, so the write
+/// drops setuid/setgid (sent with `HANDLE_KILLPRIV_V2`, and on direct I/O).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+
 /// `fuse_open_out.open_flags` bits.
 pub mod fopen {
     #![allow(missing_docs)]

@@ -108,14 +108,28 @@ impl Default for Config {
 ///   directory's parent with LOOKUP(node, ".."), both answered by the file
 ///   system (`Vfs::lookup`). Node ids are JuiceFS inode numbers, which are
 ///   never reused, so generation 0 in every entry keeps a handle unique.
+/// - `HANDLE_KILLPRIV_V2`: the engine drops setuid/setgid when a caller
+///   without CAP_FSETID changes a file's data — WRITE with
+///   `WRITE_KILL_SUIDGID`, SETATTR of the size with `KILL_SUIDGID`, and
+///   every FALLOCATE and COPY_FILE_RANGE by a non-root caller, which carry
+///   no flag. Without it the kernel clears the bits itself by a SETATTR of
+///   the mode sent as the writer (whom the engine must then let clear
+///   them, and still accepts for kernels before 5.11), and keeps setgid
+///   unless the file is group-executable, where Linux also drops it for a
+///   writer outside the file's group (xfstests generic/683–685). The
+///   engine applies the kernel's own rule (`setattr_should_drop_suidgid`).
+///   OPEN's `OPEN_KILL_SUIDGID` is not needed: without `ATOMIC_O_TRUNC` an
+///   `O_TRUNC` open truncates through SETATTR, which carries the flag.
 ///
 /// Deliberately not asked for: `ATOMIC_O_TRUNC` (the kernel then truncates
 /// through SETATTR, so `open` never has to), `WRITEBACK_CACHE` (the engine
 /// buffers writes itself, and O_APPEND from several writers must see the
 /// engine's file length), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
 /// (the kernel applies the umask; the engine gets it again harmlessly),
-/// `HANDLE_KILLPRIV` (the kernel clears setuid bits through SETATTR), and
-/// `SETXATTR_EXT` (so SETXATTR keeps its 8-byte argument).
+/// `HANDLE_KILLPRIV` (v1: every write, truncate and chown would have to
+/// clear the bits, CAP_FSETID or not), `POSIX_ACL` (the engine enforces no
+/// ACLs and refuses their attributes), and `SETXATTR_EXT` (so SETXATTR keeps
+/// its 8-byte argument).
 pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::ASYNC_DIO
     | init_flags::BIG_WRITES
@@ -125,7 +139,8 @@ pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::READDIRPLUS_AUTO
     | init_flags::AUTO_INVAL_DATA
     | init_flags::CACHE_SYMLINKS
-    | init_flags::EXPORT_SUPPORT;
+    | init_flags::EXPORT_SUPPORT
+    | init_flags::HANDLE_KILLPRIV_V2;
 
 // COPY_FILE_RANGE answers with a 32-bit count.
 const _: () = assert!(MAX_COPY_LEN <= u32::MAX as u64);
@@ -436,6 +451,7 @@ impl<F: Filesystem> Dispatcher<F> {
                     gid: (v & fattr::GID != 0).then_some(s.gid),
                     atime: time_change(v, fattr::ATIME, fattr::ATIME_NOW, s.atime, s.atimensec),
                     mtime: time_change(v, fattr::MTIME, fattr::MTIME_NOW, s.mtime, s.mtimensec),
+                    kill_suidgid: v & fattr::KILL_SUIDGID != 0,
                 };
                 let size = (v & fattr::SIZE != 0).then_some(s.size);
                 let fh = (v & fattr::FH != 0).then_some(s.fh);
@@ -512,9 +528,13 @@ impl<F: Filesystem> Dispatcher<F> {
                 return Ok(Outcome::Continue);
             }
             Operation::Write {
-                fh, offset, data, ..
+                fh,
+                offset,
+                data,
+                write_flags,
             } => {
-                let n = fs.write(&ctx, ino, fh, offset, data)?.min(data.len());
+                let kill = write_flags & abi::WRITE_KILL_SUIDGID != 0;
+                let n = fs.write(&ctx, ino, fh, offset, data, kill)?.min(data.len());
                 // n ≤ data.len() ≤ max_write, which is a u32.
                 ReplyHead::write(u, n as u32)
             }
@@ -805,8 +825,16 @@ mod tests {
         fn read(&self, _: &Context, ino: Ino, fh: Fh, off: u64, b: &mut [u8]) -> Result<usize> {
             self.refuse(format!("read {ino} {fh} {off} {}", b.len()))
         }
-        fn write(&self, _: &Context, ino: Ino, fh: Fh, off: u64, d: &[u8]) -> Result<usize> {
-            self.refuse(format!("write {ino} {fh} {off} {d:?}"))
+        fn write(
+            &self,
+            _: &Context,
+            ino: Ino,
+            fh: Fh,
+            off: u64,
+            d: &[u8],
+            kill: bool,
+        ) -> Result<usize> {
+            self.refuse(format!("write {ino} {fh} {off} {d:?} {kill}"))
         }
         fn flush(&self, _: &Context, ino: Ino, fh: Fh) -> Result<()> {
             self.refuse(format!("flush {ino} {fh}"))
@@ -1028,7 +1056,8 @@ mod tests {
                 | fattr::FH
                 | fattr::ATIME
                 | fattr::ATIME_NOW
-                | fattr::MTIME,
+                | fattr::MTIME
+                | fattr::KILL_SUIDGID,
             fh: 9,
             size: 100,
             mode: libc::S_IFREG | 0o4755,
@@ -1047,6 +1076,7 @@ mod tests {
             fh: 4,
             offset: 8,
             size: 2,
+            write_flags: abi::WRITE_KILL_SUIDGID,
             ..Default::default()
         };
         let fsync = abi::FsyncIn {
@@ -1068,12 +1098,13 @@ mod tests {
             d.filesystem().calls(),
             vec![
                 "setattr 5 Some(9) SetAttr { mode: Some(2541), uid: None, gid: None, \
-                 atime: Some(Now), mtime: Some(At(Timestamp { secs: 50, nsecs: 7 })) } \
+                 atime: Some(Now), mtime: Some(At(Timestamp { secs: 50, nsecs: 7 })), \
+                 kill_suidgid: true } \
                  Some(100)"
                     .to_owned(),
                 "link 70 60 [110, 101, 119]".to_owned(),
                 "mknod 1 [112] 10600 22 3".to_owned(),
-                "write 5 4 8 [104, 105]".to_owned(),
+                "write 5 4 8 [104, 105] true".to_owned(),
                 "fsyncdir 1 6 true".to_owned(),
             ]
         );

@@ -111,7 +111,18 @@ impl Filesystem for Vfs {
     ) -> Result<usize> {
         Vfs::read_fragments(self, ino, fh, offset, size, put)
     }
-    fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
+    fn write(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        if kill_suidgid {
+            Vfs::kill_suidgid(self, ctx, ino, fh)?;
+        }
         Vfs::write(self, ctx, ino, fh, offset, data)
     }
     fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {

@@ -415,9 +415,18 @@ impl<F: Filesystem> Filesystem for Export<F> {
             .read_fragments(ctx, self.inode(ino)?, fh, offset, size, put)
     }
 
-    fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
+    fn write(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
         self.writable()?;
-        self.inner.write(ctx, self.inode(ino)?, fh, offset, data)
+        self.inner
+            .write(ctx, self.inode(ino)?, fh, offset, data, kill_suidgid)
     }
 
     fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {

@@ -109,8 +109,19 @@ pub trait Filesystem: Send + Sync {
         put(Fragment::Data(&buf[..n]))?;
         Ok(n)
     }
-    /// Writes `data` at `offset`; returns the bytes taken.
-    fn write(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, data: &[u8]) -> Result<usize>;
+    /// Writes `data` at `offset`; returns the bytes taken. With
+    /// `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the writer lacks
+    /// CAP_FSETID) the write first drops setuid/setgid as Linux's
+    /// `file_remove_privs` does.
+    fn write(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize>;
     /// `close(2)` of one file descriptor: commit buffered writes.
     fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
     /// The last reference to the open file is gone: flush and close.

@@ -223,7 +223,7 @@ fn read_only_refuses_every_change() {
         sluice_engine::meta::XattrMode::Any,
     ));
     let out = fs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
-    ro(fs.write(&ctx, file.inode, out.fh, 0, b"x").map(drop));
+    ro(fs.write(&ctx, file.inode, out.fh, 0, b"x", false).map(drop));
     let req = CopyRange {
         fin: file.inode,
         off_in: 0,

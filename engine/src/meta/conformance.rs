@@ -23,6 +23,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("format_and_load", format_and_load),
     ("refuse_different_volume", refuse_different_volume),
     ("refuse_encrypted", refuse_encrypted),
+    ("refuse_acl_volume", refuse_acl_volume),
     ("create_lookup_getattr", create_lookup_getattr),
     ("names_are_checked", names_are_checked),
     ("mkdir_rmdir_nlink", mkdir_rmdir_nlink),
@@ -35,7 +36,10 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("mknod_special_files", mknod_special_files),
     ("xattrs", xattrs),
     ("setattr_rules", setattr_rules),
+    ("chown_chgrp_rules", chown_chgrp_rules),
+    ("data_changes_drop_setid", data_changes_drop_setid),
     ("permissions", permissions),
+    ("exec_open_needs_execute", exec_open_needs_execute),
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
     ("compact_chunk", compact_chunk),
@@ -175,6 +179,16 @@ pub(crate) fn refuse_encrypted(m: &dyn Meta) {
     match m.init(&f) {
         Err(Error::NotSupported(msg)) => assert!(msg.contains("encrypted"), "{msg}"),
         other => panic!("encrypted volume accepted: {other:?}"),
+    }
+}
+
+/// A volume with POSIX ACLs enabled is refused: sluice would ignore them.
+pub(crate) fn refuse_acl_volume(m: &dyn Meta) {
+    let mut f = test_format(0);
+    f.enable_acl = true;
+    match m.init(&f) {
+        Err(Error::NotSupported(msg)) => assert!(msg.contains("ACL"), "{msg}"),
+        other => panic!("volume with ACLs accepted: {other:?}"),
     }
 }
 
@@ -763,6 +777,213 @@ pub(crate) fn setattr_rules(m: &dyn Meta) {
         "nanoseconds survive storage"
     );
     assert!(a.ctime > t);
+}
+
+fn chmod(m: &dyn Meta, ctx: &Context, ino: Ino, mode: u16) -> crate::Result<u16> {
+    let set = SetAttr {
+        mode: Some(mode),
+        ..SetAttr::default()
+    };
+    m.setattr(ctx, ino, &set).map(|a| a.mode)
+}
+
+fn chown(
+    m: &dyn Meta,
+    ctx: &Context,
+    ino: Ino,
+    uid: Option<u32>,
+    gid: Option<u32>,
+) -> crate::Result<u16> {
+    let set = SetAttr {
+        uid,
+        gid,
+        ..SetAttr::default()
+    };
+    m.setattr(ctx, ino, &set).map(|a| a.mode)
+}
+
+fn kill_setid(m: &dyn Meta, ctx: &Context, ino: Ino) -> u16 {
+    let set = SetAttr {
+        kill_suidgid: true,
+        ..SetAttr::default()
+    };
+    m.setattr(ctx, ino, &set).expect("kill setid").mode
+}
+
+/// Linux's `setattr_prepare` for owners and groups (xfstests
+/// generic/193): a chown or chgrp that names the current owner or group
+/// is still refused to anyone but the owner (or root); the owner may chgrp
+/// only to its group or one it is in; chown clears setuid even by root and
+/// setgid only from a group-executable file (or for a caller outside the
+/// group); explicit times need ownership even when they do not change.
+pub(crate) fn chown_chgrp_rules(m: &dyn Meta) {
+    formatted(m, 0);
+    let perm = |e: &Error| matches!(e, Error::Perm);
+    chmod(m, &root(), ROOT_INO, 0o777).expect("chmod root");
+    let owner = user(1000);
+    let other = user(2000);
+    let (r, _) = m.create(&root(), ROOT_INO, b"r", 0o644, 0).expect("r");
+    m.close(r).expect("close");
+    assert_err(
+        chown(m, &other, r, Some(0), None),
+        perm,
+        "no-op chown by other",
+    );
+    assert_err(
+        chown(m, &other, r, None, Some(0)),
+        perm,
+        "no-op chgrp by other",
+    );
+    assert_err(
+        chown(m, &other, r, Some(2000), None),
+        perm,
+        "chown by other",
+    );
+    assert_err(
+        chown(m, &other, r, None, Some(2000)),
+        perm,
+        "chgrp by other",
+    );
+    let (f, _) = m.create(&owner, ROOT_INO, b"f", 0o644, 0).expect("f");
+    m.close(f).expect("close");
+    chown(m, &owner, f, Some(1000), None).expect("owner chowns to itself");
+    assert_err(chown(m, &owner, f, Some(0), None), perm, "owner gives away");
+    chown(m, &owner, f, None, Some(1000)).expect("owner chgrp to its group");
+    assert_err(
+        chown(m, &owner, f, None, Some(0)),
+        perm,
+        "chgrp to a foreign group",
+    );
+    let member = Context {
+        gids: vec![1000, 3000],
+        ..user(1000)
+    };
+    chown(m, &member, f, None, Some(3000)).expect("chgrp to a supplementary group");
+    chown(m, &owner, f, None, Some(3000)).expect("chgrp to the current group");
+
+    // setid on chown, as Linux's chown_common.
+    for (before, by, after) in [
+        (0o6644, root(), 0o2644),
+        (0o6744, root(), 0o2744),
+        (0o6654, root(), 0o0654),
+        (0o6754, root(), 0o0754),
+        (0o6644, owner.clone(), 0o0644),
+        (0o6644, member.clone(), 0o2644),
+    ] {
+        chmod(m, &root(), f, before).expect("chmod");
+        let gid = if by.uid == 0 { 0 } else { 3000 };
+        let mode = chown(m, &by, f, None, Some(gid)).expect("chgrp");
+        assert_eq!(mode, after, "chgrp of {before:o} by uid {}", by.uid);
+        chown(m, &root(), f, None, Some(3000)).expect("back to group 3000");
+    }
+    let (d, _) = m.mkdir(&root(), ROOT_INO, b"d", 0o2755, 0).expect("d");
+    assert_eq!(
+        chown(m, &root(), d, Some(1000), None).expect("chown dir"),
+        0o2755,
+        "a directory keeps setgid"
+    );
+
+    // utimes with explicit times: owner only, changed or not.
+    let cur = m.getattr(f).expect("getattr");
+    let same = SetAttr {
+        atime: Some(TimeChange::At(cur.atime)),
+        mtime: Some(TimeChange::At(cur.mtime)),
+        ..SetAttr::default()
+    };
+    chmod(m, &root(), f, 0o666).expect("chmod 666");
+    assert_err(m.setattr(&other, f, &same), perm, "utimes by other");
+    m.setattr(&owner, f, &same).expect("utimes by owner");
+    let now = SetAttr {
+        mtime: Some(TimeChange::Now),
+        ..SetAttr::default()
+    };
+    m.setattr(&other, f, &now).expect("touch by a writer");
+}
+
+/// What a change of a file's data drops (Linux's
+/// `setattr_should_drop_suidgid`, xfstests generic/683–685): setuid always,
+/// setgid when the file is group-executable or the caller is outside its
+/// group, nothing for root; and a writer without HANDLE_KILLPRIV_V2 may
+/// clear exactly those bits by SETATTR of the mode.
+pub(crate) fn data_changes_drop_setid(m: &dyn Meta) {
+    formatted(m, 0);
+    let perm = |e: &Error| matches!(e, Error::Perm);
+    let writer = user(2000);
+    let (f, _) = m.create(&root(), ROOT_INO, b"s", 0o644, 0).expect("s");
+    m.close(f).expect("close");
+    for (before, gid, after) in [
+        (0o6666, 0, 0o0666),
+        (0o6676, 0, 0o0676),
+        (0o2666, 0, 0o0666),
+        (0o6666, 2000, 0o2666),
+        (0o6676, 2000, 0o0676),
+        (0o4777, 2000, 0o0777),
+        (0o0666, 0, 0o0666),
+    ] {
+        chown(m, &root(), f, None, Some(gid)).expect("chgrp");
+        chmod(m, &root(), f, before).expect("chmod");
+        assert_eq!(
+            kill_setid(m, &writer, f),
+            after,
+            "data change of {before:o} (group {gid}) by a non-root writer"
+        );
+        chmod(m, &root(), f, before).expect("chmod");
+        assert_eq!(kill_setid(m, &root(), f), before, "root keeps {before:o}");
+    }
+    let (d, _) = m.mkdir(&root(), ROOT_INO, b"d", 0o2777, 0).expect("d");
+    assert_eq!(kill_setid(m, &writer, d), 0o2777, "not for a directory");
+
+    // The kernel's own clearing (SETATTR of the mode, sent as the writer).
+    chown(m, &root(), f, None, Some(0)).expect("chgrp");
+    chmod(m, &root(), f, 0o6666).expect("chmod");
+    assert_eq!(chmod(m, &writer, f, 0o2666).expect("clear setuid"), 0o2666);
+    assert_eq!(chmod(m, &writer, f, 0o0666).expect("clear setgid"), 0o0666);
+    chmod(m, &root(), f, 0o6666).expect("chmod");
+    assert_err(chmod(m, &writer, f, 0o6666), perm, "no change");
+    assert_err(chmod(m, &writer, f, 0o2777), perm, "clears and adds");
+    assert_err(chmod(m, &writer, f, 0o0644), perm, "clears and changes");
+    chmod(m, &root(), f, 0o6644).expect("chmod");
+    assert_err(
+        chmod(m, &writer, f, 0o2644),
+        perm,
+        "a caller that cannot write",
+    );
+}
+
+/// execve opens its file with `O_RDONLY|__FMODE_EXEC` and Linux checks
+/// execute, not read, for it (`may_open` with MAY_EXEC): a `--x` file runs
+/// for a user who may not read it, and a readable file without x does not.
+/// xfstests generic/126.
+pub(crate) fn exec_open_needs_execute(m: &dyn Meta) {
+    const FMODE_EXEC: u32 = 0x20;
+    formatted(m, 0);
+    let other = user(2000);
+    let exec = libc::O_RDONLY as u32 | FMODE_EXEC;
+    let (f, _) = m.create(&root(), ROOT_INO, b"t", 0o711, 0).expect("t");
+    m.close(f).expect("close");
+    m.open(&other, f, exec)
+        .and_then(|_| m.close(f))
+        .expect("exec of a --x file");
+    assert_err(
+        m.open(&other, f, libc::O_RDONLY as u32),
+        |e| matches!(e, Error::Access),
+        "read open of a --x file",
+    );
+    let (g, _) = m.create(&root(), ROOT_INO, b"r", 0o644, 0).expect("r");
+    m.close(g).expect("close");
+    assert_err(
+        m.open(&other, g, exec),
+        |e| matches!(e, Error::Access),
+        "exec of an r-- file",
+    );
+    assert_err(
+        m.open(&root(), g, exec),
+        |e| matches!(e, Error::Access),
+        "root exec of a file with no x bit",
+    );
+    m.open(&other, g, libc::O_RDONLY as u32)
+        .and_then(|_| m.close(g))
+        .expect("read open of an r-- file");
 }
 
 /// Permission bits and sticky directories.

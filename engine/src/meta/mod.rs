@@ -279,6 +279,13 @@ pub struct SetAttr {
     pub atime: Option<TimeChange>,
     /// New modification time.
     pub mtime: Option<TimeChange>,
+    /// Clear the setuid/setgid bits of a regular file as a change of its
+    /// data by the caller does (Linux's `file_remove_privs`: setuid always,
+    /// setgid when group-executable or the caller is not in the file's
+    /// group; nothing for root). Set by the Vfs alongside a write,
+    /// truncate or fallocate the caller was allowed to make, never from a
+    /// request alone.
+    pub kill_suidgid: bool,
 }
 
 /// How a truncate was asked for, which decides what it checks (JuiceFS's
@@ -470,8 +477,9 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
         mode: u16,
         umask: u16,
     ) -> Result<(Ino, Attr)>;
-    /// Checks `flags` (`O_ACCMODE` bits) against the node's permissions and
-    /// records that this session holds it open.
+    /// Checks `flags` (`O_ACCMODE` bits; an execve's `__FMODE_EXEC` open
+    /// needs execute, not read) against the node's permissions and records
+    /// that this session holds it open.
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr>;
     /// Records one close; the last close of an unlinked file releases it.
     fn close(&self, ino: Ino) -> Result<()>;

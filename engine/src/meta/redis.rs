@@ -387,22 +387,7 @@ impl RedisMeta {
     /// The attributes of `ino` if `ctx` may open it with `flags`.
     fn check_open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
         let attr = self.getattr(ino)?;
-        let mask = match flags & libc::O_ACCMODE as u32 {
-            x if x == libc::O_WRONLY as u32 => rules::MASK_W,
-            x if x == libc::O_RDWR as u32 => rules::MASK_R | rules::MASK_W,
-            _ => rules::MASK_R,
-        };
-        rules::check_access(ctx, &attr, mask)?;
-        let writing = mask & rules::MASK_W != 0;
-        if writing && (attr.flags & rules::FLAG_IMMUTABLE != 0 || attr.parent > TRASH_INO) {
-            return Err(Error::Perm);
-        }
-        if attr.flags & rules::FLAG_APPEND != 0
-            && ((writing && flags & libc::O_APPEND as u32 == 0)
-                || flags & libc::O_TRUNC as u32 != 0)
-        {
-            return Err(Error::Perm);
-        }
+        rules::check_open(ctx, &attr, flags)?;
         Ok(attr)
     }
 }

@@ -830,24 +830,7 @@ impl Meta for SqliteMeta {
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
         let attr = self.getattr(ino)?;
-        let mask = match flags & libc::O_ACCMODE as u32 {
-            x if x == libc::O_WRONLY as u32 => node::MASK_W,
-            x if x == libc::O_RDWR as u32 => node::MASK_R | node::MASK_W,
-            _ => node::MASK_R,
-        };
-        node::check_access(ctx, &attr, mask)?;
-        let writing = mask & node::MASK_W != 0;
-        if writing
-            && (attr.flags & node::FLAG_IMMUTABLE != 0 || attr.parent > crate::meta::TRASH_INO)
-        {
-            return Err(Error::Perm);
-        }
-        if attr.flags & node::FLAG_APPEND != 0
-            && ((writing && flags & libc::O_APPEND as u32 == 0)
-                || flags & libc::O_TRUNC as u32 != 0)
-        {
-            return Err(Error::Perm);
-        }
+        node::check_open(ctx, &attr, flags)?;
         session::opened(&self.inner, ino);
         Ok(attr)
     }

@@ -1475,3 +1475,116 @@ fn handles_are_released_only_as_what_they_are() {
     assert_eq!(t.read(ino, out.fh, 0, 4), b"kept");
     vfs.release(&ctx(), ino, out.fh).unwrap();
 }
+
+fn user_ctx(uid: u32) -> Context {
+    Context {
+        uid,
+        gid: uid,
+        gids: vec![uid],
+        pid: 1,
+        privileged: false,
+    }
+}
+
+/// A root-owned `mode` file and a handle of a non-root writer on it.
+fn setid_file(t: &TestVol, name: &str, mode: u16) -> (Ino, Fh, Context) {
+    let (ino, fh) = t.create(name);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let chmod = SetAttr {
+        mode: Some(mode),
+        ..SetAttr::default()
+    };
+    t.vfs.setattr(&ctx(), ino, None, &chmod, None).unwrap();
+    let writer = user_ctx(2000);
+    let out = t.vfs.open(&writer, ino, libc::O_RDWR as u32).unwrap();
+    (ino, out.fh, writer)
+}
+
+/// xfstests generic/683–685 at the Vfs: a non-root caller's write (the
+/// kernel's FUSE_WRITE_KILL_SUIDGID), fallocate (plain, punch hole, zero
+/// range: no flag on the wire) and truncate (FATTR_KILL_SUIDGID) drop
+/// setuid, and setgid from a writer outside the file's group; root's keep
+/// them, and the flag alone (no size change) drops nothing.
+#[test]
+fn data_changes_by_a_non_root_caller_drop_setuid_and_setgid() {
+    let t = setup();
+    let mode = |ino| t.vfs.getattr(&ctx(), ino).unwrap().mode;
+
+    let (ino, fh, writer) = setid_file(&t, "w", 0o6666);
+    t.vfs.kill_suidgid(&writer, ino, fh).unwrap();
+    t.vfs.write(&writer, ino, fh, 0, b"b").unwrap();
+    assert_eq!(mode(ino), 0o666, "write");
+
+    for (name, falloc) in [
+        ("falloc", 0),
+        (
+            "fpunch",
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        ),
+        ("fzero", libc::FALLOC_FL_ZERO_RANGE),
+    ] {
+        let (ino, fh, writer) = setid_file(&t, name, 0o6666);
+        t.vfs
+            .fallocate(&ctx(), ino, fh, falloc as u32, 0, 4096)
+            .unwrap();
+        assert_eq!(mode(ino), 0o6666, "{name} by root");
+        t.vfs
+            .fallocate(&writer, ino, fh, falloc as u32, 0, 4096)
+            .unwrap();
+        assert_eq!(mode(ino), 0o666, "{name} by a writer");
+    }
+
+    let (ino, fh, writer) = setid_file(&t, "t", 0o6666);
+    let kill = SetAttr {
+        kill_suidgid: true,
+        ..SetAttr::default()
+    };
+    t.vfs.setattr(&writer, ino, Some(fh), &kill, None).unwrap();
+    assert_eq!(mode(ino), 0o6666, "the flag without a size change");
+    t.vfs
+        .setattr(&writer, ino, Some(fh), &kill, Some(0))
+        .unwrap();
+    assert_eq!(mode(ino), 0o666, "truncate");
+}
+
+/// POSIX ACLs are refused, not stored as attributes that enforce nothing
+/// (xfstests generic/099, 319, 375, 444 then see no ACL support); one an
+/// older client stored is neither read nor listed.
+#[test]
+fn posix_acls_are_refused() {
+    let t = setup();
+    let (ino, fh) = t.create("f");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    // user::rw- group::r-- other::r-- in Linux's xattr form.
+    let acl = [
+        2u8, 0, 0, 0, 1, 0, 6, 0, 255, 255, 255, 255, 4, 0, 4, 0, 255, 255, 255, 255, 32, 0, 4, 0,
+        255, 255, 255, 255,
+    ];
+    for name in [
+        &b"system.posix_acl_access"[..],
+        &b"system.posix_acl_default"[..],
+    ] {
+        let err = t
+            .vfs
+            .setxattr(&ctx(), ino, name, &acl, XattrMode::Any)
+            .unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP);
+        let err = t.vfs.removexattr(&ctx(), ino, name).unwrap_err();
+        assert_eq!(err.errno(), libc::EOPNOTSUPP);
+        // As if an older client had stored it.
+        t.vfs
+            .vol
+            .meta
+            .setxattr(&ctx(), ino, name, &acl, XattrMode::Any)
+            .unwrap();
+        let err = t.vfs.getxattr(&ctx(), ino, name).unwrap_err();
+        assert_eq!(err.errno(), libc::ENODATA);
+    }
+    t.vfs
+        .setxattr(&ctx(), ino, b"user.k", b"v", XattrMode::Any)
+        .unwrap();
+    assert_eq!(
+        t.vfs.listxattr(&ctx(), ino).unwrap(),
+        vec![b"user.k".to_vec()]
+    );
+}
