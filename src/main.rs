@@ -69,3 +69,55 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// A command line's arguments, dumped with `{:?}` (a log line, a panic),
+    /// show no password and no secret key.
+    #[test]
+    fn no_parsed_command_line_debug_prints_a_secret() {
+        let url = "redis://user:s3cret-pw@127.0.0.1:6379/1";
+        let lines: [&[&str]; 7] = [
+            &[
+                "format",
+                url,
+                "vol",
+                "--storage",
+                "s3",
+                "--bucket",
+                "http://127.0.0.1:9000/b",
+                "--access-key",
+                "AK",
+                "--secret-key",
+                "s3cret-key",
+            ],
+            &["mount", url, "/mnt"],
+            &["serve", url, "--socket", "/tmp/s.sock"],
+            &["info", url],
+            &["gc", url],
+            &["status", url],
+            &[
+                "objbench",
+                "--storage",
+                "s3",
+                "--bucket",
+                "http://127.0.0.1:9000/b",
+                "--access-key",
+                "AK",
+                "--secret-key",
+                "s3cret-key",
+            ],
+        ];
+        for args in lines {
+            let cli = Cli::try_parse_from(std::iter::once("sluice").chain(args.iter().copied()))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            for dump in [format!("{cli:?}"), format!("{cli:#?}")] {
+                assert!(!dump.contains("s3cret"), "{args:?}: {dump}");
+            }
+        }
+    }
+}

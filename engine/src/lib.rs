@@ -17,6 +17,7 @@ pub mod info;
 pub mod object;
 pub mod readahead;
 pub mod reader;
+pub mod redact;
 pub mod vfs;
 pub mod volume;
 pub mod warmup;

@@ -4,7 +4,7 @@
 use anyhow::{Context as _, bail};
 use sluice_engine::Error;
 use sluice_engine::format::{Compression, Credentials, Secret};
-use sluice_engine::meta::open_meta;
+use sluice_engine::meta::{MetaUrl, open_meta};
 use sluice_engine::object::S3Options;
 use sluice_engine::volume::{Storage, format_volume_on};
 
@@ -12,7 +12,7 @@ use sluice_engine::volume::{Storage, format_volume_on};
 #[derive(Debug, clap::Args)]
 pub struct FormatArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
-    pub meta_url: String,
+    pub meta_url: MetaUrl,
     /// Volume name (letters, digits, '-' and '_'); also the object-key prefix.
     pub name: String,
     /// Object storage kind: file or s3.
@@ -23,12 +23,14 @@ pub struct FormatArgs {
     /// (the bucket is created if missing).
     #[arg(long)]
     pub bucket: String,
-    /// S3 access key id; kept in the volume settings as JuiceFS keeps it.
-    /// Without it the environment's (AWS_ACCESS_KEY_ID, ...) or the AWS
-    /// profile's keys are used, and not stored.
+    /// S3 access key id; kept in the volume settings as JuiceFS keeps it
+    /// (default: $ACCESS_KEY). Without either, the environment's
+    /// (AWS_ACCESS_KEY_ID, ...) or the AWS profile's keys are used, and not
+    /// stored.
     #[arg(long)]
     pub access_key: Option<String>,
-    /// S3 secret access key; stored sealed with the volume UUID, never printed.
+    /// S3 secret access key; stored sealed with the volume UUID, never
+    /// printed (default: $SECRET_KEY, which keeps it off the command line).
     #[arg(long)]
     pub secret_key: Option<Secret>,
     /// S3 region to sign for while formatting (default: the AWS host's, then
@@ -47,7 +49,18 @@ pub struct FormatArgs {
 }
 
 /// Runs `sluice format`.
-pub fn run(args: FormatArgs) -> anyhow::Result<()> {
+pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
+    // As `juicefs format`: keys from ACCESS_KEY/SECRET_KEY when the flags
+    // are absent, so the secret need not be on the command line.
+    if args.storage == "s3" {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if args.access_key.is_none() {
+            args.access_key = env("ACCESS_KEY");
+        }
+        if args.secret_key.is_none() {
+            args.secret_key = env("SECRET_KEY").map(Secret::from);
+        }
+    }
     if args.storage == "file" && (args.access_key.is_some() || args.secret_key.is_some()) {
         bail!("--access-key and --secret-key are for --storage s3");
     }
@@ -62,7 +75,7 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         "zstd" => Compression::Zstd,
         _ => Compression::None,
     };
-    let meta = open_meta(&args.meta_url)
+    let meta = open_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open metadata engine {}", args.meta_url))?;
     match meta.load() {
         Ok(existing) if existing.name != args.name => bail!(

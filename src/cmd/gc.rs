@@ -4,13 +4,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use sluice_engine::gc::collect_garbage;
+use sluice_engine::meta::MetaUrl;
 use sluice_engine::volume::open_volume_url;
 
 /// Arguments of `sluice gc`.
 #[derive(Debug, clap::Args)]
 pub struct GcArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
-    pub meta_url: String,
+    pub meta_url: MetaUrl,
     /// Delete the leaked objects (without it, only report them).
     #[arg(long)]
     pub delete: bool,
@@ -21,7 +22,7 @@ pub struct GcArgs {
 
 /// Runs `sluice gc`.
 pub fn run(args: GcArgs) -> anyhow::Result<()> {
-    let volume = open_volume_url(&args.meta_url)
+    let volume = open_volume_url(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let report = collect_garbage(&volume, Duration::from_secs(args.min_age), !args.delete)?;
     println!(

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use sluice_engine::info::file_chunks;
-use sluice_engine::meta::{Context, FileType, ROOT_INO};
+use sluice_engine::meta::{Context, FileType, MetaUrl, ROOT_INO};
+use sluice_engine::redact::redact_url;
 use sluice_engine::volume::open_volume_url;
 
 use super::mount::sluice_mount_of;
@@ -15,7 +16,7 @@ use super::mount::sluice_mount_of;
 #[derive(Debug, clap::Args)]
 pub struct InfoArgs {
     /// A metadata URL (sqlite3://PATH) or a path inside a sluice mount.
-    pub target: String,
+    pub target: MetaUrl,
 }
 
 /// Settings that must never be printed.
@@ -23,10 +24,10 @@ const SECRETS: [&str; 4] = ["AccessKey", "SecretKey", "SessionToken", "EncryptKe
 
 /// Runs `sluice info`.
 pub fn run(args: InfoArgs) -> anyhow::Result<()> {
-    if args.target.contains("://") {
+    if args.target.expose().contains("://") {
         return volume_info(&args.target);
     }
-    let path = std::path::absolute(&args.target)?;
+    let path = std::path::absolute(args.target.expose())?;
     let meta = std::fs::symlink_metadata(&path)
         .with_context(|| format!("cannot stat {}", path.display()))?;
     let Some((mountpoint, meta_url)) = sluice_mount_of(&path)? else {
@@ -35,11 +36,11 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             path.display()
         );
     };
-    file_info(&meta_url, &mountpoint, &path, meta.ino())
+    file_info(&MetaUrl::new(meta_url), &mountpoint, &path, meta.ino())
 }
 
-fn volume_info(meta_url: &str) -> anyhow::Result<()> {
-    let volume = open_volume_url(meta_url)
+fn volume_info(meta_url: &MetaUrl) -> anyhow::Result<()> {
+    let volume = open_volume_url(meta_url.expose())
         .with_context(|| format!("cannot open the volume at {meta_url}"))?;
     let mut settings = serde_json::to_value(&volume.format)?;
     if let Some(map) = settings.as_object_mut() {
@@ -47,6 +48,10 @@ fn volume_info(meta_url: &str) -> anyhow::Result<()> {
             if map.contains_key(key) {
                 map.insert(key.into(), "(removed)".into());
             }
+        }
+        // JuiceFS keeps a bucket URL as given, keys and all for some stores.
+        if let Some(serde_json::Value::String(bucket)) = map.get_mut("Bucket") {
+            *bucket = redact_url(bucket);
         }
     }
     println!("{}", serde_json::to_string_pretty(&settings)?);
@@ -61,8 +66,8 @@ fn volume_info(meta_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn file_info(meta_url: &str, mountpoint: &Path, path: &Path, ino: u64) -> anyhow::Result<()> {
-    let volume = open_volume_url(meta_url)
+fn file_info(meta_url: &MetaUrl, mountpoint: &Path, path: &Path, ino: u64) -> anyhow::Result<()> {
+    let volume = open_volume_url(meta_url.expose())
         .with_context(|| format!("cannot open the volume at {meta_url}"))?;
     let attr = volume.meta.getattr(ino)?;
     println!("{}", path.display());

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use sluice_engine::meta::MetaUrl;
 use sluice_engine::vfs::{AtimeMode, Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
@@ -20,7 +21,7 @@ use super::writeback_args::WritebackArgs;
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
-    pub meta_url: String,
+    pub meta_url: MetaUrl,
     /// An existing, empty directory to mount on.
     pub mountpoint: PathBuf,
     /// Return once the mount is ready and keep serving it in the background.
@@ -131,7 +132,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let options = MountOptions {
         // The source column of /proc/mounts names the metadata URL, so that
         // `sluice info PATH` finds the volume (credentials removed).
-        fsname: redact_url(&args.meta_url),
+        fsname: args.meta_url.redacted(),
         read_only: args.read_only,
         ..MountOptions::default()
     };
@@ -230,16 +231,6 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
-}
-
-/// `scheme://user:pass@host/...` without the credentials.
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// The innermost sluice mount holding `path`: (mount point, metadata URL).

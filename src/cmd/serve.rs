@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use sluice_engine::meta::{Context, FileType, Ino, ROOT_INO};
+use sluice_engine::meta::{Context, FileType, Ino, MetaUrl, ROOT_INO};
 use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
@@ -18,7 +18,7 @@ use super::writeback_args::WritebackArgs;
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
-    pub meta_url: String,
+    pub meta_url: MetaUrl,
     /// The vhost-user socket QEMU connects to (a stale socket is replaced).
     #[arg(long)]
     pub socket: PathBuf,

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use sluice_engine::meta::MetaUrl;
 use sluice_engine::object::writeback::{read_status, staged_on_disk, volume_dir};
 
 use super::writeback_args::{DEFAULT_CACHE_DIR, first_cache_dir};
@@ -15,7 +16,7 @@ use super::writeback_args::{DEFAULT_CACHE_DIR, first_cache_dir};
 pub struct StatusArgs {
     /// Metadata engine URL of the volume (default: every volume found under
     /// --cache-dir).
-    pub meta_url: Option<String>,
+    pub meta_url: Option<MetaUrl>,
     /// The cache directories given to `sluice mount`/`serve` (the first one
     /// holds the staging folders).
     #[arg(long, value_name = "DIR[:DIR...]", default_value = DEFAULT_CACHE_DIR)]
@@ -27,7 +28,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let root = first_cache_dir(&args.cache_dir)?;
     let dirs: Vec<PathBuf> = match &args.meta_url {
         Some(url) => {
-            let meta = sluice_engine::meta::open_meta(url)
+            let meta = sluice_engine::meta::open_meta(url.expose())
                 .with_context(|| format!("cannot open the metadata at {url}"))?;
             let format = meta
                 .load()

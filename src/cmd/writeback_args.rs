@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use sluice_engine::meta::MetaUrl;
 use sluice_engine::object::writeback::volume_dir;
 use sluice_engine::object::{S3Options, WritebackOptions, WritebackStore};
 use sluice_engine::volume::{Volume, open_volume_with};
@@ -65,9 +66,9 @@ impl WritebackArgs {
     /// `--max-uploads`, and with `--writeback` wraps its object store in the
     /// staging store under `root` (which queues blocks an earlier run left
     /// staged).
-    pub fn open_volume(&self, meta_url: &str, root: &Path) -> anyhow::Result<Arc<Volume>> {
+    pub fn open_volume(&self, meta_url: &MetaUrl, root: &Path) -> anyhow::Result<Arc<Volume>> {
         self.validate()?;
-        let meta = sluice_engine::meta::open_meta(meta_url)
+        let meta = sluice_engine::meta::open_meta(meta_url.expose())
             .with_context(|| format!("cannot open the volume at {meta_url}"))?;
         let s3 = S3Options {
             max_uploads: self.max_uploads,

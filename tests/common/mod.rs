@@ -380,20 +380,26 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     persistent: bool,
+    password: Option<String>,
     dir: tempfile::TempDir,
 }
 
 impl RedisServer {
     pub fn start(test: &str) -> Option<RedisServer> {
-        Self::start_with(test, false)
+        Self::start_with(test, false, None)
     }
 
     /// A server whose data survives [`RedisServer::restart`].
     pub fn start_persistent(test: &str) -> Option<RedisServer> {
-        Self::start_with(test, true)
+        Self::start_with(test, true, None)
     }
 
-    fn start_with(test: &str, persistent: bool) -> Option<RedisServer> {
+    /// A server that asks for `password` (`requirepass`).
+    pub fn start_with_password(test: &str, password: &str) -> Option<RedisServer> {
+        Self::start_with(test, false, Some(password.to_owned()))
+    }
+
+    fn start_with(test: &str, persistent: bool, password: Option<String>) -> Option<RedisServer> {
         if std::env::var("SLUICE_SKIP_REDIS").is_ok_and(|v| v == "1") {
             eprintln!("{test}: skipped: SLUICE_SKIP_REDIS=1");
             return None;
@@ -411,11 +417,12 @@ impl RedisServer {
             .expect("a free port")
             .port();
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let child = spawn_redis(port, dir.path(), persistent);
+        let child = spawn_redis(port, dir.path(), persistent, password.as_deref());
         Some(RedisServer {
             child,
             port,
             persistent,
+            password,
             dir,
         })
     }
@@ -428,7 +435,7 @@ impl RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::thread::sleep(down);
-        self.child = spawn_redis(self.port, self.dir.path(), true);
+        self.child = spawn_redis(self.port, self.dir.path(), true, self.password.as_deref());
     }
 
     /// The server's port.
@@ -444,7 +451,7 @@ impl RedisServer {
 
 /// Starts `redis-server` on `port` in `dir` and waits until it accepts
 /// connections.
-fn spawn_redis(port: u16, dir: &Path, persistent: bool) -> Child {
+fn spawn_redis(port: u16, dir: &Path, persistent: bool, password: Option<&str>) -> Child {
     let persistence: &[&str] = if persistent {
         &["--appendonly", "yes", "--appendfsync", "always"]
     } else {
@@ -457,6 +464,7 @@ fn spawn_redis(port: u16, dir: &Path, persistent: bool) -> Child {
         .args(["--save", ""])
         .args(persistence)
         .args(["--daemonize", "no"])
+        .args(password.map(|p| ["--requirepass", p]).into_iter().flatten())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -50,14 +50,15 @@ pub struct EngineSource {
 impl EngineSource {
     /// Opens the volume whose metadata engine `meta_url` names (`sqlite3:///PATH/meta.db`).
     pub fn open(meta_url: &str) -> Result<EngineSource, MlperfError> {
+        let shown = sluice_engine::redact::redact_url(meta_url);
         let fail = |source| MlperfError::Engine {
-            url: meta_url.to_string(),
+            url: shown.clone(),
             source,
         };
         let vol = open_volume_url(meta_url).map_err(fail)?;
         let vfs = Vfs::new(vol, VfsConfig::default()).map_err(fail)?;
         Ok(EngineSource {
-            url: meta_url.to_string(),
+            url: shown,
             served: Arc::new(Served { vfs }),
             ctx: Context::internal(),
         })

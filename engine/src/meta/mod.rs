@@ -17,7 +17,7 @@ pub mod url;
 pub use copy_range::{CopyRange, MAX_COPY_LEN};
 pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
-pub use url::open_meta;
+pub use url::{MetaUrl, open_meta};
 
 use crate::error::Result;
 use crate::format::Format;

@@ -104,20 +104,6 @@ impl std::fmt::Debug for RedisMeta {
     }
 }
 
-/// A URL with its password replaced, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// What a Redis server with these persistence settings (`CONFIG GET`
 /// answers; `None`: not reported) cannot promise about fsync'ed writes.
 fn persistence_gap(
@@ -246,7 +232,7 @@ impl RedisMeta {
     /// from the environment is used, as JuiceFS does.
     pub fn open(url: &str) -> Result<RedisMeta> {
         use redis::IntoConnectionInfo;
-        let shown = redact(url);
+        let shown = crate::redact::redact_url(url);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let hosts = base
             .split_once("://")

@@ -201,6 +201,56 @@ impl std::fmt::Debug for SqliteMeta {
     }
 }
 
+/// Mode of a database file sluice creates: the volume's settings hold the
+/// object store's secret key, sealed with the volume's UUID from the same
+/// database, so whoever reads the file has the key.
+const DB_MODE: u32 = 0o600;
+
+/// Creates the database file with [`DB_MODE`] before SQLite opens it, so
+/// that neither a permissive umask nor SQLite's default (0644) applies;
+/// SQLite gives the `-wal` and `-shm` files the mode of the database file.
+/// An existing file keeps its mode (it is the owner's choice, and a
+/// database JuiceFS made is 0644): one that others may read or write gets
+/// a warning naming the fix.
+fn create_private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(DB_MODE)
+        .open(path);
+    match created {
+        // umask can only have removed bits; set exactly ours on our new file.
+        Ok(file) => file
+            .set_permissions(std::fs::Permissions::from_mode(DB_MODE))
+            .map_err(|e| {
+                Error::Meta(format!(
+                    "cannot set the mode of the new SQLite database {}: {e}",
+                    path.display()
+                ))
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if let Ok(md) = std::fs::metadata(path)
+                && md.permissions().mode() & 0o006 != 0
+            {
+                log::warn!(
+                    "SQLite database {} is {:o}: other users can read (or change) the \
+                     volume, its object-store keys included; `chmod 600 {}` (and its -wal \
+                     and -shm files) unless that is intended",
+                    path.display(),
+                    md.permissions().mode() & 0o777,
+                    path.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(Error::Meta(format!(
+            "cannot create SQLite database {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
 /// Opens one connection in WAL mode with the options' settings; the flag
 /// says whether WAL mode is on (a file system without shared memory keeps
 /// the rollback journal).
@@ -310,6 +360,7 @@ impl SqliteMeta {
                 dir.display()
             )));
         }
+        create_private(&path)?;
         let (writer, wal) = open_connection(&path, &opts)?;
         let readers = (0..READERS)
             .map(|_| open_connection(&path, &opts).map(|(c, _)| Mutex::new(c)))

@@ -7,6 +7,50 @@ use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::meta::redis::RedisMeta;
 use crate::meta::sqlite::{SqliteMeta, SqliteOptions, Synchronous};
+use crate::redact::redact_url;
+
+/// A metadata URL as the user gave it, password included. `Display` and
+/// `Debug` show it through [`redact_url`], so that formatting one into a
+/// message or dumping a command line's arguments never prints the
+/// password; [`MetaUrl::expose`] is the one way to the whole text, for
+/// opening the engine.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MetaUrl(String);
+
+impl MetaUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> MetaUrl {
+        MetaUrl(url.into())
+    }
+
+    /// The URL with its secrets, for the one place that connects.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL without its secrets (what `Display` shows).
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl From<String> for MetaUrl {
+    fn from(url: String) -> MetaUrl {
+        MetaUrl(url)
+    }
+}
+
+impl std::fmt::Display for MetaUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Debug for MetaUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MetaUrl({:?})", self.redacted())
+    }
+}
 
 /// Opens the metadata engine a URL names: `sqlite3://PATH`
 /// (`sqlite3:///abs/path.db` or `sqlite3://relative.db`), or a Redis server:
@@ -15,9 +59,10 @@ use crate::meta::sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 /// driver options after `?`, `_sync`/`_synchronous` (`normal` or `full`) and
 /// `_timeout`/`_busy_timeout` (milliseconds) are honoured, others ignored.
 pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
+    let shown = redact_url(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(Error::Invalid(format!(
-            "metadata URL {url:?} has no scheme; use sqlite3://PATH"
+            "metadata URL {shown:?} has no scheme; use sqlite3://PATH"
         )));
     };
     match scheme.to_ascii_lowercase().as_str() {
@@ -25,7 +70,7 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
             let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
             if path.is_empty() {
                 return Err(Error::Invalid(format!(
-                    "metadata URL {url:?} names no database file; use sqlite3://PATH"
+                    "metadata URL {shown:?} names no database file; use sqlite3://PATH"
                 )));
             }
             Ok(Arc::new(SqliteMeta::open_with(
@@ -40,7 +85,7 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
             )))
         }
         _ => Err(Error::Invalid(format!(
-            "unknown metadata engine {scheme:?} in {url:?}; use sqlite3://PATH"
+            "unknown metadata engine {scheme:?} in {shown:?}; use sqlite3://PATH"
         ))),
     }
 }
@@ -118,5 +163,35 @@ mod tests {
         for url in ["redis://127.0.0.1:1/1", "/tmp/x.db", "ftp://x"] {
             assert!(!err(url).contains('\n'));
         }
+    }
+
+    #[test]
+    fn no_error_shows_a_password() {
+        for url in [
+            "redis://:s3cret@127.0.0.1:1/1",
+            "redis://user:s3cret@127.0.0.1:1/1",
+            "redis://:p@s3cret@127.0.0.1:1/1",
+            "redis://user:s3cret/x@127.0.0.1:1/1",
+            "rediss://:s3cret@127.0.0.1:1/1?insecure-skip-verify=maybe",
+            "redis://:s3cret@mymaster,h1,h2:26379/2",
+            "redis://:s3cret@127.0.0.1:1/notadb",
+            "unix:///nonexistent/redis.sock?db=1&pass=s3cret",
+            "mysql://u:s3cret@(h:3306)/db",
+            "ftp://u:s3cret@x",
+        ] {
+            let e = err(url);
+            assert!(!e.contains("s3cret"), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_meta_url_formats_without_its_password() {
+        let url = MetaUrl::from("redis://user:s3cret@host:6379/1".to_string());
+        assert_eq!(url.to_string(), "redis://user@host:6379/1");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert!(!format!("{url:#?}").contains("s3cret"));
+        assert_eq!(url.expose(), "redis://user:s3cret@host:6379/1");
+        let sqlite = MetaUrl::new("sqlite3:///tmp/vol.db");
+        assert_eq!(sqlite.to_string(), "sqlite3:///tmp/vol.db");
     }
 }

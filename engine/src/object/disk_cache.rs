@@ -57,7 +57,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -449,7 +449,10 @@ impl ReactorIo {
                 let mut o = fs::OpenOptions::new();
                 o.read(true);
                 if write {
-                    o.write(true).create(true).truncate(false);
+                    o.write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(CACHE_FILE_MODE);
                 }
                 o.open(path)
             }
@@ -734,6 +737,19 @@ impl std::fmt::Debug for DiskCache {
     }
 }
 
+/// Mode of cached blocks: they are file data, so the owner's only (as
+/// JuiceFS's default `--cache-mode 0600`).
+const CACHE_FILE_MODE: u32 = 0o600;
+
+/// Creates `dir` and its missing parents 0700 (the owner's only, whatever
+/// the umask); existing ones keep their modes.
+fn create_private_dirs(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 fn cache_err(path: &Path, source: io::Error) -> Error {
     Error::Object {
         key: format!("disk cache {}", path.display()),
@@ -775,7 +791,7 @@ impl DiskCache {
         let mut shards = Vec::new();
         for (i, dir) in cfg.dirs.iter().enumerate() {
             let root = dir.path.join(uuid).join("raw");
-            fs::create_dir_all(&root).map_err(|e| cache_err(&root, e))?;
+            create_private_dirs(&root).map_err(|e| cache_err(&root, e))?;
             let (tx, rx) = crossbeam_channel::unbounded();
             let mut threads = Vec::new();
             for t in 0..IO_THREADS {
@@ -1138,7 +1154,7 @@ impl DiskCache {
             }
         });
         if let Some(dir) = tmp_path.parent()
-            && let Err(e) = fs::create_dir_all(dir)
+            && let Err(e) = create_private_dirs(dir)
         {
             done(Err(e));
             return;

@@ -6,8 +6,11 @@
 //! path ending in '/'); directories are created as needed with mode 0777 and
 //! objects are written with mode 0666 (the mount process runs with umask 0),
 //! through a temporary file `.{name}.tmp{random}` in the same directory that
-//! is renamed over the final name. sluice does the same, sets the modes
-//! explicitly so the result does not depend on its own umask. Like JuiceFS it
+//! is renamed over the final name. sluice lays objects out the same way but
+//! keeps them private to the owner: the bucket, the directories it creates
+//! and the objects are 0700 / 0700 / 0600 whatever the umask (objects are
+//! file data; on a shared host other users must not read or replace them).
+//! Directories and objects that exist already keep their modes. Like JuiceFS it
 //! does not fsync each object: the write + rename is atomic and survives a
 //! crash of the process; [`ObjectStore::sync_all`] — one `syncfs` of the
 //! bucket's file system, shared by concurrent callers, which the writer
@@ -39,10 +42,11 @@ use crate::error::{Error, Result};
 /// The extended attribute holding an object's CRC32C (4 bytes, big-endian).
 pub const CRC_XATTR: &str = "user.sluice.crc32c";
 
-/// Mode of object files, as JuiceFS's mount leaves them.
-const OBJECT_MODE: u32 = 0o666;
-/// Mode of the directories between the bucket and the objects.
-const DIR_MODE: u32 = 0o777;
+/// Mode of object files: the owner's only (JuiceFS's mount leaves 0666).
+const OBJECT_MODE: u32 = 0o600;
+/// Mode of the bucket and the directories below it that sluice creates
+/// (JuiceFS's: 0777).
+const DIR_MODE: u32 = 0o700;
 
 /// The `file://` object store: one file per object under a root directory.
 #[derive(Debug)]
@@ -52,10 +56,6 @@ pub struct FileStore {
     no_xattr: AtomicBool,
     /// Distinguishes temporary files of concurrent puts.
     tmp_seq: AtomicU64,
-    /// Mode of object files.
-    file_mode: u32,
-    /// Mode of the directories between the root and the objects.
-    dir_mode: u32,
     /// Whether `put` makes the object durable (file and directory fsync'ed)
     /// before it returns.
     durable: bool,
@@ -142,7 +142,7 @@ impl FileStore {
         let root = root.as_ref().to_path_buf();
         fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o755)
+            .mode(DIR_MODE)
             .create(&root)
             .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
         let root_dir = File::open(&root).map_err(|e| obj_err(&root.to_string_lossy(), e))?;
@@ -152,27 +152,15 @@ impl FileStore {
             root_dir,
             syncs: SyncGroup::default(),
             tmp_seq: AtomicU64::new(u64::from(std::process::id()) << 32),
-            file_mode: OBJECT_MODE,
-            dir_mode: DIR_MODE,
             durable: false,
         })
     }
 
     /// A store for objects that must survive a power loss as soon as `put`
     /// returns (the writeback staging area): each put fsyncs the object and
-    /// the directories it changed. Objects hold file data that has not
-    /// reached the bucket yet, so they are private to the owner (0600 files,
-    /// 0700 directories) rather than JuiceFS's bucket modes.
+    /// the directories it changed.
     pub fn durable(root: impl AsRef<Path>) -> Result<FileStore> {
-        let root = root.as_ref();
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(root)
-            .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
         Ok(FileStore {
-            file_mode: 0o600,
-            dir_mode: 0o700,
             durable: true,
             ..FileStore::new(root)?
         })
@@ -211,7 +199,7 @@ impl FileStore {
             OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(self.file_mode)
+                .mode(OBJECT_MODE)
                 .open(&tmp)
         };
         let (file, created) = match open() {
@@ -219,10 +207,9 @@ impl FileStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::DirBuilder::new()
                     .recursive(true)
-                    .mode(self.dir_mode)
+                    .mode(DIR_MODE)
                     .create(dir)
                     .map_err(|e| obj_err(key, e))?;
-                fix_dir_modes(&self.root, dir, self.dir_mode);
                 (open().map_err(|e| obj_err(key, e))?, true)
             }
             Err(e) => return Err(obj_err(key, e)),
@@ -294,7 +281,7 @@ impl FileStore {
         };
         let written = (|| -> io::Result<bool> {
             let direct = write_object(&file, data)?;
-            file.set_permissions(fs::Permissions::from_mode(self.file_mode))?;
+            file.set_permissions(fs::Permissions::from_mode(OBJECT_MODE))?;
             Ok(direct)
         })();
         let direct = written.map_err(|e| obj_err(key, e))?;
@@ -512,19 +499,6 @@ fn start_writeback(file: &File) {
     let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
 }
 
-/// Gives the directories from `root` (exclusive) down to `dir` the store's
-/// mode (JuiceFS's for a bucket), whatever our umask did to them.
-fn fix_dir_modes(root: &Path, dir: &Path, mode: u32) {
-    let mut d = Some(dir);
-    while let Some(p) = d {
-        if p == root || !p.starts_with(root) {
-            break;
-        }
-        let _ = fs::set_permissions(p, fs::Permissions::from_mode(mode));
-        d = p.parent();
-    }
-}
-
 impl FileStore {
     /// Opens an object for reads of parts of it. Those are the random-read
     /// path (sequential readers fetch whole blocks), so the kernel is told
@@ -710,6 +684,8 @@ mod tests {
         assert_eq!(md.permissions().mode() & 0o777, OBJECT_MODE);
         let d = fs::metadata(path.parent().unwrap()).unwrap();
         assert_eq!(d.permissions().mode() & 0o777, DIR_MODE);
+        let root = fs::metadata(dir.path().join("vol")).unwrap();
+        assert_eq!(root.permissions().mode() & 0o777, DIR_MODE);
         // No temporary file is left beside the object.
         let names: Vec<_> = fs::read_dir(path.parent().unwrap())
             .unwrap()

@@ -103,9 +103,17 @@ impl S3Location {
     /// or `http(s)://HOST[:PORT]/BUCKET` for other services. Without a
     /// scheme, https is meant.
     pub fn parse(url: &str) -> Result<S3Location> {
+        // Keys written into the URL never reach the message.
+        let shown = if url.contains("://") {
+            crate::redact::redact_url(url)
+        } else {
+            crate::redact::redact_url(&format!("https://{url}"))
+                .trim_start_matches("https://")
+                .to_string()
+        };
         let bad = |why: &str| {
             Error::Invalid(format!(
-                "bucket URL {url:?} {why}; use http(s)://HOST[:PORT]/BUCKET or https://BUCKET.s3.REGION.amazonaws.com"
+                "bucket URL {shown:?} {why}; use http(s)://HOST[:PORT]/BUCKET or https://BUCKET.s3.REGION.amazonaws.com"
             ))
         };
         let (scheme, rest) = match url.split_once("://") {
@@ -116,7 +124,9 @@ impl S3Location {
             return Err(bad("has a scheme other than http or https"));
         }
         let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-        if host.is_empty() || host.contains('@') {
+        // No host, bucket or option holds an '@': one anywhere means keys
+        // (whose secret may hold '/' or '?') are written into the URL.
+        if host.is_empty() || rest.contains('@') {
             return Err(bad(
                 "has no host (or carries credentials; pass them as --access-key/--secret-key)",
             ));

@@ -42,11 +42,13 @@ pub struct DirectAlign {
 }
 
 /// Opens `path` with O_DIRECT for reading, or reading and writing (creating it) when `write`.
+/// A file it creates is the owner's only (mode 0600, less what the umask removes): what goes
+/// through direct I/O here is cached file data.
 pub fn open_direct(path: &Path, write: bool) -> Result<File, DirectError> {
     let mut options = OpenOptions::new();
     options.read(true).custom_flags(libc::O_DIRECT);
     if write {
-        options.write(true).create(true).truncate(false);
+        options.write(true).create(true).truncate(false).mode(0o600);
     }
     options
         .open(path)

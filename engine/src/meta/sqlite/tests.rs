@@ -726,3 +726,21 @@ fn released_objects_are_deleted_only_once_the_release_is_durable() {
         );
     }
 }
+
+#[test]
+fn a_new_database_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, m) = fresh();
+    conformance::format_and_load(&m);
+    for name in ["meta.db", "meta.db-wal", "meta.db-shm"] {
+        let md = std::fs::metadata(dir.path().join(name)).expect(name);
+        assert_eq!(md.permissions().mode() & 0o777, 0o600, "{name}");
+    }
+    drop(m);
+    // An existing database keeps the mode its owner gave it.
+    let path = dir.path().join("meta.db");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let _m = SqliteMeta::open(&path).expect("reopen");
+    let md = std::fs::metadata(&path).expect("stat");
+    assert_eq!(md.permissions().mode() & 0o777, 0o640);
+}

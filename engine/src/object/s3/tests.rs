@@ -99,6 +99,20 @@ fn bucket_urls_parse_as_juicefs_names_them() {
 }
 
 #[test]
+fn keys_in_a_bucket_url_stay_out_of_the_refusal() {
+    for bad in [
+        "http://AKID:XYZZY@127.0.0.1:9000/b",
+        "http://AKID:XY/ZZY@127.0.0.1:9000/b",
+        "https://AKID:XY@ZZY@bucket.s3.us-east-1.amazonaws.com",
+        "AKID:XYZZY@minio.local/b",
+    ] {
+        let err = S3Location::parse(bad).unwrap_err().to_string();
+        assert!(err.contains("credentials"), "{bad}: {err}");
+        assert!(!err.contains("XY") && !err.contains("ZZY"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn put_get_range_head_delete_round_trip() {
     let f = fixture(fast_options());
     let s = &f.store;
