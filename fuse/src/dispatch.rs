@@ -546,19 +546,19 @@ impl<F: Filesystem> Dispatcher<F> {
                 size,
                 plus,
             } => {
-                let entries = fs.readdir(&ctx, ino, fh, offset, plus)?;
+                // The file system hands out entries only while they fit:
+                // a call costs the entries in the reply, and READDIRPLUS
+                // counts a lookup only for those.
                 let mut packer = DirentPacker::new(&mut scratch.list, size as usize);
-                for (i, e) in entries.iter().enumerate() {
-                    let next = offset.saturating_add(i as u64 + 1);
-                    let fits = if plus {
+                let mut next = offset;
+                fs.readdir(&ctx, ino, fh, offset, plus, &mut |e| {
+                    next = next.saturating_add(1);
+                    if plus {
                         packer.push_plus(e, next, t)
                     } else {
                         packer.push(e.inode, next, reply::dirent_type(&e.attr), &e.name)
-                    };
-                    if !fits {
-                        break;
                     }
-                }
+                })?;
                 sink.send(&ReplyHead::data(u, scratch.list.len()), &scratch.list)?;
                 return Ok(Outcome::Continue);
             }
@@ -827,7 +827,8 @@ mod tests {
             fh: Fh,
             off: u64,
             plus: bool,
-        ) -> Result<Vec<Entry>> {
+            _: &mut dyn FnMut(&Entry) -> bool,
+        ) -> Result<()> {
             self.refuse(format!("readdir {ino} {fh} {off} {plus}"))
         }
         fn releasedir(&self, _: &Context, ino: Ino, fh: Fh) -> Result<()> {

@@ -164,15 +164,22 @@ impl<F: Filesystem> Export<F> {
     /// the root) both come back as the root.
     fn hand_out(&self, mut entry: Entry) -> Entry {
         if self.confined() {
+            self.count_lookup(entry.inode);
             if entry.inode == self.root || entry.inode == ROOT_INO {
                 entry.inode = ROOT_INO;
-            } else {
-                let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
-                *handed.entry(entry.inode).or_insert(0) += 1;
             }
         }
         entry.attr = self.fix_attr(entry.attr);
         entry
+    }
+
+    /// Counts one lookup of an engine inode handed to the client (the
+    /// export's root and the volume's root are node 1, never counted).
+    fn count_lookup(&self, ino: Ino) {
+        if ino != self.root && ino != ROOT_INO {
+            let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            *handed.entry(ino).or_insert(0) += 1;
+        }
     }
 }
 
@@ -380,28 +387,28 @@ impl<F: Filesystem> Filesystem for Export<F> {
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<Vec<Entry>> {
+        add: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<()> {
         let dir = self.inode(ino)?;
-        let entries = self.inner.readdir(ctx, dir, fh, offset, plus)?;
         if !self.confined() {
-            return Ok(entries);
+            return self.inner.readdir(ctx, dir, fh, offset, plus, add);
         }
-        Ok(entries
-            .into_iter()
-            .map(|mut entry| {
-                if dir == self.root && entry.name == b".." {
-                    entry.inode = self.root;
-                }
-                if plus && entry.name != b"." && entry.name != b".." {
-                    // The kernel counts a READDIRPLUS entry as a lookup.
-                    self.hand_out(entry)
-                } else {
-                    entry.inode = self.node(entry.inode);
-                    entry.attr = self.fix_attr(entry.attr);
-                    entry
-                }
-            })
-            .collect())
+        self.inner.readdir(ctx, dir, fh, offset, plus, &mut |e| {
+            let mut entry = e.clone();
+            if dir == self.root && entry.name == b".." {
+                entry.inode = self.root;
+            }
+            let ino = entry.inode;
+            entry.inode = self.node(ino);
+            entry.attr = self.fix_attr(entry.attr);
+            let sent = add(&entry);
+            if sent && plus && entry.name != b"." && entry.name != b".." {
+                // The kernel counts a READDIRPLUS entry it received as a
+                // lookup; one that did not fit the reply it never saw.
+                self.count_lookup(ino);
+            }
+            sent
+        })
     }
 
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
