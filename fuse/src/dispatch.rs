@@ -20,6 +20,7 @@ use sluice_engine::reader::Fragment;
 
 use crate::abi::{self, fattr, init_flags};
 use crate::filesystem::Filesystem;
+use crate::log_limit::{LogLimit, suppressed_note};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
 use crate::request::{BadRequest, Limits, Operation, Request, opcode_name};
 
@@ -674,7 +675,11 @@ impl From<sluice_engine::Error> for Failure {
     fn from(e: sluice_engine::Error) -> Failure {
         let errno = e.errno();
         if errno == libc::EIO {
-            log::warn!("request failed: {e}");
+            // A client can make requests fail as fast as it sends them.
+            static REQUEST_FAILED: LogLimit = LogLimit::new();
+            if let Some(left_out) = REQUEST_FAILED.allow() {
+                log::warn!("request failed: {e}{}", suppressed_note(left_out));
+            }
         }
         Failure::Errno(errno)
     }

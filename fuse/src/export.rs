@@ -28,6 +28,7 @@ use sluice_engine::meta::{
 use sluice_engine::{Error, Result};
 
 use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+use crate::log_limit::{LogLimit, suppressed_note};
 
 /// The most parents [`Export`] follows to check that a directory lies in
 /// the export; a longer chain can only be a loop in corrupt metadata.
@@ -42,6 +43,10 @@ pub struct Export<F> {
     /// Node ids handed out, with their lookup counts; only kept when
     /// `root` is not the volume's root.
     handed: Mutex<HashMap<Ino, u64>>,
+    /// Rate limits of the warnings a client causes: a node id it was never
+    /// given, a `..` that leads out of the export.
+    refused_node: LogLimit,
+    refused_parent: LogLimit,
 }
 
 impl<F: Filesystem> Export<F> {
@@ -53,6 +58,8 @@ impl<F: Filesystem> Export<F> {
             root,
             read_only,
             handed: Mutex::new(HashMap::new()),
+            refused_node: LogLimit::new(),
+            refused_parent: LogLimit::new(),
         }
     }
 
@@ -86,7 +93,12 @@ impl<F: Filesystem> Export<F> {
         if handed.contains_key(&node) {
             Ok(node)
         } else {
-            log::warn!("export: refused node id {node}, which was never handed out");
+            if let Some(left_out) = self.refused_node.allow() {
+                log::warn!(
+                    "export: refused node id {node}, which was never handed out{}",
+                    suppressed_note(left_out)
+                );
+            }
             Err(Error::BadHandle)
         }
     }
@@ -128,10 +140,13 @@ impl<F: Filesystem> Export<F> {
         if name == b".." && !self.inside(ctx, entry.inode)? {
             // The inner file system counted the lookup; give it back.
             self.inner.forget(entry.inode, 1);
-            log::warn!(
-                "export: refused `..` of node {node}: its parent {} is outside the export",
-                entry.inode
-            );
+            if let Some(left_out) = self.refused_parent.allow() {
+                log::warn!(
+                    "export: refused `..` of node {node}: its parent {} is outside the export{}",
+                    entry.inode,
+                    suppressed_note(left_out)
+                );
+            }
             return Err(Error::Stale);
         }
         Ok(self.hand_out(entry))
