@@ -342,6 +342,13 @@ impl Vfs {
         self.reader.cache().stats()
     }
 
+    /// What the metadata engine's range operations visited (chunks, probes,
+    /// scans, transactions), for a metrics endpoint and the bounded-work
+    /// tests.
+    pub fn meta_work(&self) -> crate::meta::WorkStats {
+        self.vol.meta.work()
+    }
+
     /// The disk cache's counters (None without a disk cache), for a metrics
     /// endpoint.
     pub fn disk_cache_stats(&self) -> Option<DiskCacheCounters> {
@@ -1067,7 +1074,8 @@ impl Vfs {
         }))
     }
 
-    /// Entries from index `offset` of the snapshot taken at offset 0.
+    /// Entries from index `offset` of the snapshot taken at offset 0, all
+    /// of them (see [`Vfs::readdir_each`] for a bounded call).
     pub fn readdir(
         &self,
         ctx: &Context,
@@ -1076,6 +1084,29 @@ impl Vfs {
         offset: u64,
         plus: bool,
     ) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        self.readdir_each(ctx, ino, fh, offset, plus, &mut |e| {
+            out.push(e.clone());
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Hands the entries from index `offset` of the snapshot taken at
+    /// offset 0 to `add`, in order, until it returns `false` (the caller's
+    /// reply is full). The snapshot is shared, never copied: a call costs
+    /// the entries it hands out, so listing a directory of N entries in
+    /// pages costs O(N), not O(N²). Reading the snapshot (offset 0) costs
+    /// one listing of the directory.
+    pub fn readdir_each(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<()> {
         let h = self.handle(fh)?;
         let Handle::Dir {
             ino: dino, entries, ..
@@ -1107,7 +1138,12 @@ impl Vfs {
         let start = usize::try_from(offset)
             .unwrap_or(usize::MAX)
             .min(snapshot.len());
-        Ok(snapshot[start..].to_vec())
+        for entry in &snapshot[start..] {
+            if !add(entry) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Closes a directory handle.
@@ -1271,26 +1307,38 @@ impl Vfs {
         if !want_data {
             return self.next_hole(ino, offset, length);
         }
-        let mut at = offset;
-        while at < length {
-            let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
-            let base = u64::from(indx) * CHUNK_SIZE;
-            let coff = at - base;
-            let pieces = self.reader.pieces(ino, indx)?;
-            if let Some((start, _)) = data_extents(&pieces).find(|&(_, end)| end > coff) {
-                let found = base + start.max(coff);
-                return if found < length {
-                    Ok(found)
-                } else {
-                    Err(enxio())
-                };
+        // Only the chunks that exist are visited (the metadata engine lists
+        // them, a few at a time): a 2^58-byte sparse file with data in one
+        // chunk costs one listing and one chunk, not 2^32 chunks.
+        let first = u32::try_from(offset / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
+        let last = u32::try_from((length - 1) / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
+        let mut from = first;
+        loop {
+            let found = self
+                .vol
+                .meta
+                .chunk_indices(ino, from..=last, SEEK_CHUNKS_PER_LISTING)?;
+            for &indx in &found {
+                let base = u64::from(indx) * CHUNK_SIZE;
+                let coff = offset.saturating_sub(base);
+                let pieces = self.reader.pieces(ino, indx)?;
+                if let Some((start, _)) = data_extents(&pieces).find(|&(_, end)| end > coff) {
+                    let at = base + start.max(coff);
+                    return if at < length { Ok(at) } else { Err(enxio()) };
+                }
             }
-            at = base + CHUNK_SIZE;
+            match found.last() {
+                Some(&indx) if found.len() == SEEK_CHUNKS_PER_LISTING && indx < last => {
+                    from = indx + 1;
+                }
+                _ => return Err(enxio()),
+            }
         }
-        Err(enxio())
     }
 
-    /// The first hole at or after `at` (the file end counts as one).
+    /// The first hole at or after `at` (the file end counts as one). It
+    /// visits chunks only while they are full of data: the first chunk
+    /// that does not exist (no pieces) is a hole.
     fn next_hole(&self, ino: Ino, mut at: u64, length: u64) -> Result<u64> {
         while at < length {
             let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
@@ -1314,6 +1362,9 @@ impl Vfs {
         Ok(length)
     }
 }
+
+/// How many existing chunks SEEK_DATA asks the metadata engine for at once.
+const SEEK_CHUNKS_PER_LISTING: usize = 64;
 
 /// The unit SEEK_DATA and SEEK_HOLE report data in (a page; it divides
 /// [`CHUNK_SIZE`], so a granule never spans two chunks).

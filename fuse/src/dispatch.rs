@@ -20,6 +20,7 @@ use sluice_engine::reader::Fragment;
 
 use crate::abi::{self, fattr, init_flags};
 use crate::filesystem::Filesystem;
+use crate::log_limit::{LogLimit, suppressed_note};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
 use crate::request::{BadRequest, Limits, Operation, Request, opcode_name};
 
@@ -566,19 +567,19 @@ impl<F: Filesystem> Dispatcher<F> {
                 size,
                 plus,
             } => {
-                let entries = fs.readdir(&ctx, ino, fh, offset, plus)?;
+                // The file system hands out entries only while they fit:
+                // a call costs the entries in the reply, and READDIRPLUS
+                // counts a lookup only for those.
                 let mut packer = DirentPacker::new(&mut scratch.list, size as usize);
-                for (i, e) in entries.iter().enumerate() {
-                    let next = offset.saturating_add(i as u64 + 1);
-                    let fits = if plus {
+                let mut next = offset;
+                fs.readdir(&ctx, ino, fh, offset, plus, &mut |e| {
+                    next = next.saturating_add(1);
+                    if plus {
                         packer.push_plus(e, next, t)
                     } else {
                         packer.push(e.inode, next, reply::dirent_type(&e.attr), &e.name)
-                    };
-                    if !fits {
-                        break;
                     }
-                }
+                })?;
                 sink.send(&ReplyHead::data(u, scratch.list.len()), &scratch.list)?;
                 return Ok(Outcome::Continue);
             }
@@ -694,7 +695,11 @@ impl From<sluice_engine::Error> for Failure {
     fn from(e: sluice_engine::Error) -> Failure {
         let errno = e.errno();
         if errno == libc::EIO {
-            log::warn!("request failed: {e}");
+            // A client can make requests fail as fast as it sends them.
+            static REQUEST_FAILED: LogLimit = LogLimit::new();
+            if let Some(left_out) = REQUEST_FAILED.allow() {
+                log::warn!("request failed: {e}{}", suppressed_note(left_out));
+            }
         }
         Failure::Errno(errno)
     }
@@ -855,7 +860,8 @@ mod tests {
             fh: Fh,
             off: u64,
             plus: bool,
-        ) -> Result<Vec<Entry>> {
+            _: &mut dyn FnMut(&Entry) -> bool,
+        ) -> Result<()> {
             self.refuse(format!("readdir {ino} {fh} {off} {plus}"))
         }
         fn releasedir(&self, _: &Context, ino: Ino, fh: Fh) -> Result<()> {

@@ -144,8 +144,9 @@ impl Filesystem for Vfs {
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<Vec<Entry>> {
-        Vfs::readdir(self, ctx, ino, fh, offset, plus)
+        add: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<()> {
+        Vfs::readdir_each(self, ctx, ino, fh, offset, plus, add)
     }
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         Vfs::releasedir(self, ctx, ino, fh)

@@ -38,6 +38,7 @@ use sluice_engine::{Error, Result};
 
 use crate::confine::{Ancestry, RECHECK};
 use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+use crate::log_limit::{LogLimit, suppressed_note};
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]
@@ -50,6 +51,10 @@ pub struct Export<F> {
     handed: Mutex<HashMap<Ino, u64>>,
     /// Whether a node is (still) below `root`.
     ancestry: Ancestry,
+    /// Rate limits of the warnings a client causes: a node id it was never
+    /// given, a `..` that leads out of the export.
+    refused_node: LogLimit,
+    refused_parent: LogLimit,
 }
 
 impl<F: Filesystem> Export<F> {
@@ -62,6 +67,8 @@ impl<F: Filesystem> Export<F> {
             read_only,
             handed: Mutex::new(HashMap::new()),
             ancestry: Ancestry::new(root, RECHECK),
+            refused_node: LogLimit::new(),
+            refused_parent: LogLimit::new(),
         }
     }
 
@@ -108,7 +115,12 @@ impl<F: Filesystem> Export<F> {
         if handed.contains_key(&node) {
             Ok(node)
         } else {
-            log::warn!("export: refused node id {node}, which was never handed out");
+            if let Some(left_out) = self.refused_node.allow() {
+                log::warn!(
+                    "export: refused node id {node}, which was never handed out{}",
+                    suppressed_note(left_out)
+                );
+            }
             Err(Error::BadHandle)
         }
     }
@@ -187,10 +199,13 @@ impl<F: Filesystem> Export<F> {
         {
             // The inner file system counted the lookup; give it back.
             self.inner.forget(entry.inode, 1);
-            log::warn!(
-                "export: refused `..` of node {node}: its parent {} is outside the export",
-                entry.inode
-            );
+            if let Some(left_out) = self.refused_parent.allow() {
+                log::warn!(
+                    "export: refused `..` of node {node}: its parent {} is outside the export{}",
+                    entry.inode,
+                    suppressed_note(left_out)
+                );
+            }
             return Err(Error::Stale);
         }
         Ok(self.hand_out(entry))
@@ -201,15 +216,22 @@ impl<F: Filesystem> Export<F> {
     /// the root) both come back as the root.
     fn hand_out(&self, mut entry: Entry) -> Entry {
         if self.confined() {
+            self.count_lookup(entry.inode);
             if entry.inode == self.root || entry.inode == ROOT_INO {
                 entry.inode = ROOT_INO;
-            } else {
-                let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
-                *handed.entry(entry.inode).or_insert(0) += 1;
             }
         }
         entry.attr = self.fix_attr(entry.attr);
         entry
+    }
+
+    /// Counts one lookup of an engine inode handed to the client (the
+    /// export's root and the volume's root are node 1, never counted).
+    fn count_lookup(&self, ino: Ino) {
+        if ino != self.root && ino != ROOT_INO {
+            let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            *handed.entry(ino).or_insert(0) += 1;
+        }
     }
 }
 
@@ -452,31 +474,31 @@ impl<F: Filesystem> Filesystem for Export<F> {
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<Vec<Entry>> {
+        add: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<()> {
         // A listing names nodes: the directory must still be in the export,
         // even through a handle opened while it was.
         let dir = self.reach(ino)?;
-        let entries = self.inner.readdir(ctx, dir, fh, offset, plus)?;
         if !self.confined() {
-            return Ok(entries);
+            return self.inner.readdir(ctx, dir, fh, offset, plus, add);
         }
-        Ok(entries
-            .into_iter()
-            .map(|mut entry| {
-                if dir == self.root && entry.name == b".." {
-                    entry.inode = self.root;
-                }
-                if plus && entry.name != b"." && entry.name != b".." {
-                    // The kernel counts a READDIRPLUS entry as a lookup.
-                    self.ancestry.found_in(dir, entry.inode);
-                    self.hand_out(entry)
-                } else {
-                    entry.inode = self.node(entry.inode);
-                    entry.attr = self.fix_attr(entry.attr);
-                    entry
-                }
-            })
-            .collect())
+        self.inner.readdir(ctx, dir, fh, offset, plus, &mut |e| {
+            let mut entry = e.clone();
+            if dir == self.root && entry.name == b".." {
+                entry.inode = self.root;
+            }
+            let ino = entry.inode;
+            entry.inode = self.node(ino);
+            entry.attr = self.fix_attr(entry.attr);
+            let sent = add(&entry);
+            if sent && plus && entry.name != b"." && entry.name != b".." {
+                // The kernel counts a READDIRPLUS entry it received as a
+                // lookup; one that did not fit the reply it never saw.
+                self.ancestry.found_in(dir, ino);
+                self.count_lookup(ino);
+            }
+            sent
+        })
     }
 
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {

@@ -130,8 +130,12 @@ pub trait Filesystem: Send + Sync {
     fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()>;
     /// Opens a directory.
     fn opendir(&self, ctx: &Context, ino: Ino) -> Result<Fh>;
-    /// Directory entries from index `offset` on (`.` and `..` first); entry
-    /// `i` has offset `i + 1`. With `plus`, entries carry full attributes.
+    /// Hands directory entries from index `offset` on (`.` and `..` first;
+    /// entry `i` has offset `i + 1`) to `add`, in order, until it returns
+    /// `false`: the reply is full, and that entry was not sent. With `plus`,
+    /// entries carry full attributes, and each entry `add` accepted counts
+    /// as a lookup (the kernel will FORGET it); one it refused does not. A
+    /// call costs the entries it hands out, not the rest of the directory.
     fn readdir(
         &self,
         ctx: &Context,
@@ -139,7 +143,24 @@ pub trait Filesystem: Send + Sync {
         fh: Fh,
         offset: u64,
         plus: bool,
-    ) -> Result<Vec<Entry>>;
+        add: &mut dyn FnMut(&Entry) -> bool,
+    ) -> Result<()>;
+    /// Every directory entry from index `offset` on (tests and tools).
+    fn readdir_all(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        plus: bool,
+    ) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        self.readdir(ctx, ino, fh, offset, plus, &mut |e| {
+            out.push(e.clone());
+            true
+        })?;
+        Ok(out)
+    }
     /// Closes a directory handle.
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
     /// Makes a directory durable.

@@ -9,6 +9,7 @@
 //! - [`dispatch`]: [`Dispatcher`] runs a request against a file system and
 //!   sends the reply through a [`ReplySink`]; errno mapping happens here,
 //!   through `sluice_engine::Error::errno`, and nowhere else.
+//! - [`log_limit`]: rate limits for warnings a client can cause.
 //! - [`dev`] and [`session`]: mounting through `/dev/fuse` and serving the
 //!   mount with several worker threads.
 //!
@@ -42,6 +43,7 @@ pub mod dispatch;
 pub mod engine_fs;
 pub mod export;
 pub mod filesystem;
+pub mod log_limit;
 pub mod reply;
 pub mod request;
 pub mod session;

@@ -92,7 +92,7 @@ fn export_root_is_node_one_and_dotdot_stays_inside() {
     ));
 
     let dh = fs.opendir(&ctx, ROOT_INO).unwrap();
-    let entries = fs.readdir(&ctx, ROOT_INO, dh, 0, true).unwrap();
+    let entries = fs.readdir_all(&ctx, ROOT_INO, dh, 0, true).unwrap();
     let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_slice()).collect();
     assert!(names.contains(&b"inside".as_slice()), "{names:?}");
     assert!(!names.contains(&b"outside".as_slice()), "{names:?}");
@@ -509,4 +509,50 @@ fn ancestry_checks_are_remembered() {
         fs.getattr(&ctx, file.inode).unwrap();
     }
     assert_eq!(fs.ancestry_work().0, walks);
+}
+
+/// READDIRPLUS counts a lookup only for the entries that fit the reply: an
+/// entry the reply had no room for was never seen by the client, which
+/// will never FORGET it, so it is not handed out.
+#[test]
+fn readdirplus_hands_out_only_the_entries_that_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (vfs, data, _) = populated(dir.path());
+    let ctx = Context::internal();
+    for name in [b"a".as_slice(), b"b", b"c"] {
+        vfs.mkdir(&ctx, data, name, 0o755, 0).unwrap();
+    }
+    let fs = Export::new(vfs, data, false);
+    fs.init().unwrap();
+    let ctx = Context::default();
+    let dh = fs.opendir(&ctx, ROOT_INO).unwrap();
+    let (mut sent, mut refused) = (Vec::new(), Vec::new());
+    fs.readdir(&ctx, ROOT_INO, dh, 0, true, &mut |e| {
+        // Room for `.`, `..` and one entry.
+        if sent.len() < 3 {
+            sent.push(e.inode);
+            true
+        } else {
+            refused.push(e.inode);
+            false
+        }
+    })
+    .unwrap();
+    assert_eq!(refused.len(), 1, "the packer stops at the first refusal");
+    fs.getattr(&ctx, sent[2])
+        .expect("the entry sent was handed out");
+    assert!(matches!(
+        fs.getattr(&ctx, refused[0]),
+        Err(Error::BadHandle)
+    ));
+    // The next call, from the refused entry's offset, hands it out.
+    let mut next = Vec::new();
+    fs.readdir(&ctx, ROOT_INO, dh, 3, true, &mut |e| {
+        next.push(e.inode);
+        true
+    })
+    .unwrap();
+    assert_eq!(next.first(), refused.first());
+    fs.getattr(&ctx, refused[0]).expect("handed out once sent");
+    fs.releasedir(&ctx, ROOT_INO, dh).unwrap();
 }

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use log::{debug, warn};
+use sluice_fuse::log_limit::{LogLimit, suppressed_note};
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -225,13 +226,17 @@ fn handle_chain<H: RequestHandler + ?Sized>(
     };
     request.resize(gather, 0);
     if let Err(e) = io::Read::read_exact(&mut reader, request) {
-        warn!("queue {queue}: cannot read the request from guest memory: {e}");
+        guest_fault(format_args!(
+            "queue {queue}: cannot read the request from guest memory: {e}"
+        ));
         return answer_error(&mut reply, libc::EFAULT, 0);
     }
     let header = InHeader::parse(request);
     let unique = header.map_or(0, |h| h.unique);
     if let Some(problem) = problem {
-        warn!("queue {queue}: malformed descriptor chain: {problem}");
+        guest_fault(format_args!(
+            "queue {queue}: malformed descriptor chain: {problem}"
+        ));
         let errno = match problem {
             ChainError::OutsideGuestMemory { .. } => libc::EFAULT,
             _ => libc::EINVAL,
@@ -239,21 +244,23 @@ fn handle_chain<H: RequestHandler + ?Sized>(
         return answer_error(&mut reply, errno, unique);
     }
     let Some(header) = header else {
-        warn!("queue {queue}: request of {readable} bytes is shorter than a FUSE header");
+        guest_fault(format_args!(
+            "queue {queue}: request of {readable} bytes is shorter than a FUSE header"
+        ));
         return answer_error(&mut reply, libc::EINVAL, 0);
     };
     if readable > limits.max_request_size {
-        warn!(
+        guest_fault(format_args!(
             "queue {queue}: request of {readable} bytes exceeds the {} byte limit",
             limits.max_request_size
-        );
+        ));
         return answer_error(&mut reply, libc::E2BIG, unique);
     }
     if header.len as usize != readable {
-        warn!(
+        guest_fault(format_args!(
             "queue {queue}: request header says {} bytes but the chain holds {readable}",
             header.len
-        );
+        ));
         return answer_error(&mut reply, libc::EINVAL, unique);
     }
     if let Err(e) = handler.handle(queue, request, &mut reply) {
@@ -268,14 +275,26 @@ fn handle_chain<H: RequestHandler + ?Sized>(
     used_len(&reply)
 }
 
+/// Warns about a request the guest got wrong: at most
+/// [`LogLimit::PER_SECOND`] lines a second, since a guest can send them as
+/// fast as it likes.
+fn guest_fault(msg: std::fmt::Arguments<'_>) {
+    static LIMIT: LogLimit = LogLimit::new();
+    if let Some(left_out) = LIMIT.allow() {
+        warn!("{msg}{}", suppressed_note(left_out));
+    }
+}
+
 /// Writes an error reply if there is room for one; returns the used length.
 fn answer_error(reply: &mut Writer<'_>, errno: i32, unique: u64) -> u32 {
     if reply.available_bytes() < OUT_HEADER_LEN {
-        warn!("no room for an error reply; returning the chain empty");
+        guest_fault(format_args!(
+            "no room for an error reply; returning the chain empty"
+        ));
         return used_len(reply);
     }
     if let Err(e) = reply.write_all(&error_reply(errno, unique)) {
-        warn!("cannot write an error reply: {e}");
+        guest_fault(format_args!("cannot write an error reply: {e}"));
     }
     used_len(reply)
 }

@@ -10,9 +10,11 @@ use parking_lot::Mutex;
 
 use crate::error::Error;
 use crate::format::Format;
+use crate::meta::bounded::{CHUNKS_PER_TX, PROBE_SPAN};
 use crate::meta::{
-    CHUNK_SIZE, Context, CopyRange, FileType, Ino, MAX_COPY_LEN, Meta, ROOT_INO, ReleasedSlice,
-    RenameFlags, SetAttr, Slice, TRASH_INO, TimeChange, Timestamp, TruncateVia, XattrMode,
+    CHUNK_SIZE, Context, CopyRange, FileType, Ino, MAX_COPY_LEN, MAX_FILE_LENGTH, Meta, ROOT_INO,
+    ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO, TimeChange, Timestamp, TruncateVia,
+    XattrMode,
 };
 
 /// One conformance check: it gets a fresh, unformatted store.
@@ -42,6 +44,11 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("exec_open_needs_execute", exec_open_needs_execute),
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
+    (
+        "range_work_visits_existing_chunks",
+        range_work_visits_existing_chunks,
+    ),
+    ("xattr_names_are_bounded", xattr_names_are_bounded),
     ("compact_chunk", compact_chunk),
     (
         "copy_file_range_shares_slices",
@@ -1139,6 +1146,156 @@ pub(crate) fn write_read_and_refs(m: &dyn Meta) {
         |e| matches!(e, Error::Invalid(_)),
         "slice past the chunk",
     );
+}
+
+/// A hole record over `len` bytes at chunk offset `pos`.
+fn hole_at(pos: u32, len: u32) -> Slice {
+    Slice {
+        pos,
+        id: 0,
+        size: 0,
+        off: 0,
+        len,
+    }
+}
+
+/// Writes 4 KiB at the start of chunk `indx`.
+fn write_in(m: &dyn Meta, ino: Ino, indx: u32) {
+    let id = m.new_slice_id().expect("slice id");
+    let s = Slice {
+        pos: 0,
+        id,
+        size: 4096,
+        off: 0,
+        len: 4096,
+    };
+    m.write_chunk(ino, indx, s, Timestamp::now())
+        .expect("write");
+}
+
+/// Range work on a 2^58-byte sparse file (data in three of its 2^32 chunks)
+/// visits the chunks that exist, never the chunk indexes of the range, and
+/// changes at most [`CHUNKS_PER_TX`] chunks per transaction.
+pub(crate) fn range_work_visits_existing_chunks(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"sparse", 0o644, 0).expect("f");
+    let last = (MAX_FILE_LENGTH / CHUNK_SIZE - 1) as u32;
+    let data = [0, 1000, last];
+    for indx in data {
+        write_in(m, f, indx);
+    }
+    m.truncate(&c, f, MAX_FILE_LENGTH, TruncateVia::Path)
+        .expect("grow to 2^58 bytes");
+    let all = 0..=last;
+    assert_eq!(m.chunk_indices(f, all.clone(), 10).expect("list"), data);
+    assert_eq!(m.chunk_indices(f, 1..=last, 1).expect("list"), [1000]);
+    assert!(
+        m.chunk_indices(f, 1001..=last - 1, 10)
+            .expect("list")
+            .is_empty()
+    );
+    // The bound of each operation: the chunks that exist, plus, on Redis,
+    // a bounded probe or one SCAN of a small database.
+    let bounded = |w: crate::meta::WorkStats, visited: u64, what: &str| {
+        assert!(w.chunks_visited <= visited, "{what}: {w:?}");
+        assert!(w.chunk_probes <= u64::from(PROBE_SPAN), "{what}: {w:?}");
+        assert!(w.scan_calls <= 4, "{what}: {w:?}");
+    };
+
+    let before = m.work();
+    let a = m
+        .fallocate(&c, f, 0x01 | 0x02, 0, MAX_FILE_LENGTH)
+        .expect("punch the whole file");
+    assert_eq!(a.length, MAX_FILE_LENGTH);
+    let w = m.work().since(&before);
+    bounded(w, 3, "punch");
+    assert_eq!(w.range_transactions, 1, "punch: {w:?}");
+    for indx in data {
+        let slices = m.read_chunk(f, indx).expect("read");
+        assert_eq!(
+            slices.last(),
+            Some(&hole_at(0, CHUNK_SIZE as u32)),
+            "chunk {indx}"
+        );
+    }
+
+    let before = m.work();
+    let at = 1000 * CHUNK_SIZE + 100;
+    m.fallocate(
+        &c,
+        f,
+        0x10 | 0x01,
+        at - 999 * CHUNK_SIZE,
+        999 * CHUNK_SIZE + 50,
+    )
+    .expect("zero a range");
+    bounded(m.work().since(&before), 2, "zero");
+    assert_eq!(
+        m.read_chunk(f, 1000).expect("read").last(),
+        Some(&hole_at(0, 150))
+    );
+
+    let before = m.work();
+    m.truncate(&c, f, 10, TruncateVia::Path).expect("shrink");
+    m.fallocate(&c, f, 0, 0, MAX_FILE_LENGTH)
+        .expect("preallocate 2^58 bytes");
+    m.fallocate(&c, f, 0x10, 5, MAX_FILE_LENGTH - 5)
+        .expect("zero 2^58 bytes, growing");
+    bounded(m.work().since(&before), 5, "shrink, preallocate, zero");
+    assert_eq!(m.getattr(f).expect("attr").length, MAX_FILE_LENGTH);
+    assert_eq!(m.chunk_indices(f, all, 10).expect("list"), [0]);
+
+    // More chunks than one transaction may change: several transactions,
+    // each chunk once.
+    let (g, _) = m.create(&c, ROOT_INO, b"many", 0o644, 0).expect("g");
+    let n = 2 * CHUNKS_PER_TX + 5;
+    for i in 0..n {
+        write_in(m, g, i as u32 * 3);
+    }
+    let before = m.work();
+    let length = m.getattr(g).expect("attr").length;
+    m.fallocate(&c, g, 0x01 | 0x02, 0, length).expect("punch");
+    let w = m.work().since(&before);
+    assert_eq!(w.range_transactions, 3, "{w:?}");
+    assert!(w.chunks_visited <= n as u64 * 2, "{w:?}");
+    for i in 0..n {
+        let slices = m.read_chunk(g, i as u32 * 3).expect("read");
+        let len = if i + 1 == n { 4096 } else { CHUNK_SIZE as u32 };
+        assert_eq!(slices.last(), Some(&hole_at(0, len)), "chunk {}", i * 3);
+    }
+}
+
+/// A node's xattr names take at most `XATTR_LIST_MAX` bytes (NULs
+/// included), so LISTXATTR's work is bounded: a new name past it is ENOSPC.
+pub(crate) fn xattr_names_are_bounded(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let name = |i: usize| format!("user.{i:0>245}").into_bytes();
+    let per = name(0).len() + 1;
+    let fit = crate::meta::bounded::XATTR_LIST_MAX / per;
+    for i in 0..fit {
+        m.setxattr(&c, f, &name(i), b"v", XattrMode::Create)
+            .expect("set");
+    }
+    assert_err(
+        m.setxattr(&c, f, &name(fit), b"v", XattrMode::Any),
+        |e| matches!(e, Error::NoSpace),
+        "a name past the list limit",
+    );
+    m.setxattr(&c, f, &name(0), b"changed", XattrMode::Replace)
+        .expect("a value of an existing name may change");
+    m.removexattr(&c, f, &name(1)).expect("remove");
+    m.setxattr(&c, f, &name(fit), b"v", XattrMode::Create)
+        .expect("room again");
+    let listed: usize = m
+        .listxattr(f)
+        .expect("list")
+        .iter()
+        .map(|n| n.len() + 1)
+        .sum();
+    assert!(listed <= crate::meta::bounded::XATTR_LIST_MAX);
 }
 
 /// Truncation and fallocate keep holes where data must read as zeros.

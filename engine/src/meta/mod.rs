@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+pub mod bounded;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod copy_range;
@@ -14,6 +15,7 @@ pub mod redis;
 pub mod sqlite;
 pub mod url;
 
+pub use bounded::{WorkCounters, WorkStats};
 pub use copy_range::{CopyRange, MAX_COPY_LEN};
 pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
@@ -492,6 +494,17 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// The slice list of chunk `indx` of a file, as stored (in write order;
     /// later slices win). Empty when the chunk holds no data.
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>>;
+    /// The indexes of the chunks of `ino` within `range` that hold records,
+    /// ascending, at most `limit` of them. The work is bounded by the chunks
+    /// that exist, not by the length of the range (see [`bounded`]).
+    fn chunk_indices(
+        &self,
+        ino: Ino,
+        range: std::ops::RangeInclusive<u32>,
+        limit: usize,
+    ) -> Result<Vec<u32>>;
+    /// What range operations (fallocate, chunk listings) visited so far.
+    fn work(&self) -> WorkStats;
     /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
     /// one transaction: the source's bytes over the range (bounded by its
     /// length and [`MAX_COPY_LEN`]) appear in the destination as slice

@@ -93,6 +93,8 @@ struct Inner {
     releaser: RwLock<Option<SliceReleaser>>,
     heartbeat: Mutex<Option<Heartbeat>>,
     trash_dir: Mutex<Option<(String, Ino)>>,
+    /// What range operations visited (`Meta::work`).
+    work: crate::meta::WorkCounters,
 }
 
 impl std::fmt::Debug for RedisMeta {
@@ -361,6 +363,7 @@ impl RedisMeta {
                 releaser: RwLock::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
+                work: Default::default(),
             }),
         })
     }
@@ -830,6 +833,19 @@ impl Meta for RedisMeta {
 
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn chunk_indices(
+        &self,
+        ino: Ino,
+        range: std::ops::RangeInclusive<u32>,
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        chunk::chunk_indices(&self.inner, ino, range, limit)
+    }
+
+    fn work(&self) -> crate::meta::WorkStats {
+        self.inner.work.snapshot()
     }
 
     fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {

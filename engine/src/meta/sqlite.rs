@@ -190,6 +190,8 @@ struct Inner {
     /// How many of them the last WAL sync covered; held while one runs, so
     /// concurrent `sync` calls wait for it and share the next.
     synced: Mutex<u64>,
+    /// What range operations visited (`Meta::work`).
+    work: crate::meta::WorkCounters,
 }
 
 impl std::fmt::Debug for SqliteMeta {
@@ -382,6 +384,7 @@ impl SqliteMeta {
                 lazy_commits: wal && opts.synchronous == Synchronous::Normal,
                 commits: AtomicU64::new(1),
                 synced: Mutex::new(0),
+                work: Default::default(),
             }),
         })
     }
@@ -905,6 +908,19 @@ impl Meta for SqliteMeta {
 
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
+    }
+
+    fn chunk_indices(
+        &self,
+        ino: Ino,
+        range: std::ops::RangeInclusive<u32>,
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        chunk::chunk_indices(&self.inner, ino, range, limit)
+    }
+
+    fn work(&self) -> crate::meta::WorkStats {
+        self.inner.work.snapshot()
     }
 
     fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {

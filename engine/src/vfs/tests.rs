@@ -253,6 +253,90 @@ fn sparse_files_and_seek_data_hole() {
     t.vfs.release(&ctx(), ino, fh).unwrap();
 }
 
+/// SEEK_DATA, SEEK_HOLE and fallocate on a 2^58-byte sparse file with
+/// data in three of its 2^32 chunks visit the chunks that exist, not the
+/// chunk indexes in between.
+#[test]
+fn seeks_and_punches_on_a_2_58_byte_sparse_file_visit_only_existing_chunks() {
+    let t = setup();
+    let (ino, fh) = t.create("sparse");
+    let last = crate::meta::MAX_FILE_LENGTH / CHUNK_SIZE - 1;
+    let starts = [0, 1000 * CHUNK_SIZE, last * CHUNK_SIZE];
+    for at in starts {
+        t.write(ino, fh, at, &[7u8; 4096]);
+    }
+    let length = last * CHUNK_SIZE + 4096;
+    let seek = |off: u64, whence: i32| t.vfs.lseek(&ctx(), ino, fh, off, whence as u32);
+    let before = t.vfs.meta_work();
+    assert_eq!(seek(4096, libc::SEEK_DATA).unwrap(), starts[1]);
+    assert_eq!(seek(starts[1] + 4096, libc::SEEK_DATA).unwrap(), starts[2]);
+    assert_eq!(seek(4096, libc::SEEK_HOLE).unwrap(), 4096);
+    assert_eq!(seek(starts[2] + 1, libc::SEEK_HOLE).unwrap(), length);
+    assert_eq!(
+        seek(starts[2] + 4096, libc::SEEK_DATA).unwrap_err().errno(),
+        libc::ENXIO
+    );
+    let w = t.vfs.meta_work().since(&before);
+    assert!(w.chunks_visited <= 6, "{w:?}");
+
+    let before = t.vfs.meta_work();
+    let punch = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32;
+    t.vfs.fallocate(&ctx(), ino, fh, punch, 0, length).unwrap();
+    let w = t.vfs.meta_work().since(&before);
+    assert!(w.chunks_visited <= 3 && w.range_transactions == 1, "{w:?}");
+    assert_eq!(seek(0, libc::SEEK_DATA).unwrap_err().errno(), libc::ENXIO);
+    assert!(t.read(ino, fh, starts[2], 4096).iter().all(|&x| x == 0));
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+}
+
+/// Paging through a directory of many entries costs the entries each call
+/// returns: the handle's snapshot is shared, never copied per call.
+#[test]
+fn readdir_pages_cost_the_entries_they_return() {
+    const N: usize = 20_000;
+    const PAGE: usize = 100;
+    let t = setup();
+    let d = t.vfs.mkdir(&ctx(), ROOT_INO, b"big", 0o755, 0).unwrap();
+    let started = Instant::now();
+    for i in 0..N {
+        t.vfs
+            .vol
+            .meta
+            .create(&ctx(), d.inode, format!("f{i:06}").as_bytes(), 0o644, 0)
+            .unwrap();
+    }
+    eprintln!("created {N} entries in {:?}", started.elapsed());
+    for plus in [false, true] {
+        let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
+        let (mut offset, mut listed, mut most) = (0u64, 0usize, 0usize);
+        let started = Instant::now();
+        loop {
+            let (mut sent, mut seen) = (0usize, 0usize);
+            t.vfs
+                .readdir_each(&ctx(), d.inode, fh, offset, plus, &mut |_| {
+                    seen += 1;
+                    sent += 1;
+                    sent <= PAGE
+                })
+                .unwrap();
+            let sent = sent.min(PAGE);
+            most = most.max(seen);
+            if sent == 0 {
+                break;
+            }
+            offset += sent as u64;
+            listed += sent;
+        }
+        eprintln!(
+            "listed {listed} entries (plus: {plus}) in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(listed, N + 2, ". and .. and every entry");
+        assert!(most <= PAGE + 1, "a call looked at {most} entries");
+        t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
+    }
+}
+
 #[test]
 fn truncate_shrinks_and_grows_with_zeros() {
     let t = setup();

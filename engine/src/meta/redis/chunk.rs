@@ -4,6 +4,7 @@
 //! compaction and the deletion of removed files' data.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use super::Inner;
 use super::codec::encode_delayed;
@@ -11,24 +12,17 @@ use super::keys::{parse_chunk_key, slice_field};
 use super::node;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
+use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE, PROBE_SPAN};
 use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::sqlite::align4k;
 use crate::meta::sqlite::node::{self as rules, MASK_W};
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO, Timestamp,
-    TruncateVia,
+    TruncateVia, WorkCounters,
 };
 
-/// `FALLOC_FL_KEEP_SIZE`.
-const FALLOC_KEEP_SIZE: u32 = 0x01;
-/// `FALLOC_FL_PUNCH_HOLE`.
-const FALLOC_PUNCH_HOLE: u32 = 0x02;
-/// `FALLOC_FL_COLLAPSE_RANGE`.
-const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
-/// `FALLOC_FL_ZERO_RANGE`.
-const FALLOC_ZERO_RANGE: u32 = 0x10;
-/// `FALLOC_FL_INSERT_RANGE`.
-const FALLOC_INSERT_RANGE: u32 = 0x20;
+/// Chunk keys one pipeline probes.
+const PROBE_BATCH: u32 = 512;
 
 fn decode(ino: Ino, indx: u32, records: &[Vec<u8>]) -> TxResult<Vec<Slice>> {
     records
@@ -211,13 +205,24 @@ pub(super) fn truncate(
             // Chunks wholly past the new end go, with their references.
             let first_gone = length.div_ceil(CHUNK_SIZE);
             let last = old.div_ceil(CHUNK_SIZE);
-            for indx in first_gone..last {
-                let key = tx.keys.chunk(ino, indx as u32);
+            let gone = if first_gone < last {
+                existing(
+                    tx,
+                    &inner.work,
+                    ino,
+                    first_gone as u32..=(last - 1) as u32,
+                    usize::MAX,
+                )?
+            } else {
+                Vec::new()
+            };
+            for indx in gone {
+                let key = tx.keys.chunk(ino, indx);
                 let records = tx.lrange(&key, -1)?;
                 if records.is_empty() {
                     continue;
                 }
-                match decode(ino, indx as u32, &records) {
+                match decode(ino, indx, &records) {
                     Ok(slices) => unref(tx, &slices),
                     Err(e) => log::error!("{e:?}; its slices are left for gc"),
                 }
@@ -238,14 +243,11 @@ pub(super) fn truncate(
             let key = tx.keys.chunk(ino, first);
             push(tx, "RPUSH", &key, &hole(pos, (end - left) as u32));
             let last = (right / CHUNK_SIZE) as u32;
-            let between: Vec<u32> = if last - first > 10_000 {
-                // Far apart: only the chunks that exist.
-                existing_chunks(tx, ino)?
-                    .into_iter()
-                    .filter(|i| *i > first && *i < last)
-                    .collect()
+            // Only the chunks that exist: RPUSHX would skip the others.
+            let between: Vec<u32> = if last > first.saturating_add(1) {
+                existing(tx, &inner.work, ino, first + 1..=last - 1, usize::MAX)?
             } else {
-                (first.saturating_add(1)..last).collect()
+                Vec::new()
             };
             for indx in between {
                 let key = tx.keys.chunk(ino, indx);
@@ -268,7 +270,13 @@ pub(super) fn truncate(
     })
 }
 
-/// Linux fallocate (JuiceFS `Fallocate`).
+/// Linux fallocate (JuiceFS `Fallocate`): preallocation only changes the
+/// length; punching or zeroing writes holes over the chunks of the range
+/// that exist (one that does not already reads as zeros), listed once
+/// (see [`existing`]) and changed at most [`CHUNKS_PER_TX`] per MULTI/EXEC,
+/// in index order; the last one sets the length and times. JuiceFS queues a
+/// hole for every chunk of the range in one MULTI, which over a 2^58-byte
+/// range would block the server that every client shares.
 pub(super) fn fallocate(
     inner: &Inner,
     ctx: &Context,
@@ -277,63 +285,73 @@ pub(super) fn fallocate(
     offset: u64,
     len: u64,
 ) -> Result<Attr> {
-    if mode & (FALLOC_COLLAPSE_RANGE | FALLOC_INSERT_RANGE) != 0 {
-        return Err(Error::NotSupported(
-            "fallocate collapse/insert range is not supported".into(),
-        ));
-    }
-    if mode & FALLOC_PUNCH_HOLE != 0 && mode & FALLOC_KEEP_SIZE == 0 {
-        return Err(Error::Invalid(
-            "punching a hole needs FALLOC_FL_KEEP_SIZE".into(),
-        ));
-    }
-    if len == 0 {
-        return Err(Error::Invalid("fallocate of zero bytes".into()));
-    }
-    let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-    if end > MAX_FILE_LENGTH {
-        return Err(Error::FileTooBig);
-    }
+    let end = bounded::check_fallocate(mode, offset, len)?;
     inner.format()?;
-    inner.write(ino, |tx| {
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ == FileType::Directory {
-            return Err(Error::IsDir.into());
-        }
-        if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        rules::check_access(ctx, &a, MASK_W)?;
-        if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
-            return Err(Error::Perm.into());
-        }
-        let old = a.length;
-        let mut length = old;
-        if end > old && mode & FALLOC_KEEP_SIZE == 0 {
-            length = end;
-        }
-        if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 && offset < old {
-            let mut off = offset;
-            let stop = end.min(old);
-            while off < stop {
-                let indx = (off / CHUNK_SIZE) as u32;
-                let coff = off % CHUNK_SIZE;
-                let l = (stop - off).min(CHUNK_SIZE - coff);
-                let key = tx.keys.chunk(ino, indx);
-                push(tx, "RPUSH", &key, &hole(coff as u32, l as u32));
-                off += l;
+    let found = if bounded::writes_holes(mode) {
+        inner.read(|tx| {
+            let a = fallocatable(tx, ctx, ino, mode)?;
+            if offset >= a.length {
+                return Ok(Vec::new());
             }
+            let span = bounded::chunk_span(offset, end.min(a.length));
+            existing(tx, &inner.work, ino, span, usize::MAX)
+        })?
+    } else {
+        Vec::new()
+    };
+    let mut batches = found.chunks(CHUNKS_PER_TX).peekable();
+    loop {
+        let batch = batches.next().unwrap_or(&[]);
+        let last = batches.peek().is_none();
+        let a = inner.write(ino, |tx| {
+            let mut a = fallocatable(tx, ctx, ino, mode)?;
+            let old = a.length;
+            let stop = end.min(old);
+            for &indx in batch {
+                if let Some((pos, l)) = bounded::part_in_chunk(indx, offset, stop) {
+                    // RPUSHX: a chunk removed meanwhile stays removed.
+                    let key = tx.keys.chunk(ino, indx);
+                    push(tx, "RPUSHX", &key, &hole(pos, l));
+                }
+            }
+            if !last {
+                return Ok(a);
+            }
+            let mut length = old;
+            if end > old && mode & FALLOC_KEEP_SIZE == 0 {
+                length = end;
+            }
+            let now = Timestamp::now();
+            let dlen = length as i64 - old as i64;
+            let dspace = align4k(length) - align4k(old);
+            a.length = length;
+            a.mtime = now;
+            a.ctime = now;
+            node::put(tx, ino, &a);
+            node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+            Ok(a)
+        })?;
+        inner.work.transaction();
+        if last {
+            return Ok(a);
         }
-        let now = Timestamp::now();
-        let dlen = length as i64 - old as i64;
-        let dspace = align4k(length) - align4k(old);
-        a.length = length;
-        a.mtime = now;
-        a.ctime = now;
-        node::put(tx, ino, &a);
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(a)
-    })
+    }
+}
+
+/// The file fallocate may change, after its permission and flag checks.
+fn fallocatable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, mode: u32) -> TxResult<Attr> {
+    let a = node::must_get(tx, ino)?;
+    if a.typ == FileType::Directory {
+        return Err(Error::IsDir.into());
+    }
+    if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
+        return Err(Error::Perm.into());
+    }
+    rules::check_access(ctx, &a, MASK_W)?;
+    if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
+        return Err(Error::Perm.into());
+    }
+    Ok(a)
 }
 
 /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the
@@ -381,32 +399,82 @@ pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, At
     })
 }
 
-/// The indices of the chunks one file has.
-fn existing_chunks(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Vec<u32>> {
-    let prefix = tx.keys.prefix().to_string();
-    let pattern = format!("{prefix}c{ino}_*");
-    let mut cursor = 0u64;
-    let mut out = Vec::new();
-    loop {
-        let (next, keys): (u64, Vec<String>) = tx.now(
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000),
-        )?;
-        out.extend(
-            keys.iter()
-                .filter_map(|k| parse_chunk_key(k.get(prefix.len()..)?))
-                .filter(|(i, _)| *i == ino)
-                .map(|(_, indx)| indx),
-        );
-        if next == 0 {
-            return Ok(out);
-        }
-        cursor = next;
+/// The indexes of the chunks of `ino` in `range` that exist, ascending, at
+/// most `limit`, read outside the transaction (nothing watched). Redis
+/// keeps no index of a file's chunks, so a range of at most [`PROBE_SPAN`]
+/// indexes is probed key by key (pipelined `EXISTS`), and a longer one is
+/// found by one `SCAN` of `c{ino}_*` over the database: its cost follows the
+/// number of keys in the database, never the length of the range, and the
+/// server is free between the calls.
+fn existing(
+    tx: &mut Tx<'_>,
+    work: &WorkCounters,
+    ino: Ino,
+    range: RangeInclusive<u32>,
+    limit: usize,
+) -> TxResult<Vec<u32>> {
+    let (first, last) = (*range.start(), *range.end());
+    if first > last || limit == 0 {
+        return Ok(Vec::new());
     }
+    let mut out = Vec::new();
+    if last - first < PROBE_SPAN {
+        let mut at = first;
+        loop {
+            let stop = last.min(at.saturating_add(PROBE_BATCH - 1));
+            let mut p = redis::pipe();
+            for i in at..=stop {
+                p.cmd("EXISTS").arg(tx.keys.chunk(ino, i));
+            }
+            let found: Vec<bool> = tx.now_pipe(&p)?;
+            work.probed((stop - at) as usize + 1);
+            out.extend((at..=stop).zip(found).filter(|(_, e)| *e).map(|(i, _)| i));
+            if out.len() >= limit || stop == last {
+                break;
+            }
+            at = stop + 1;
+        }
+    } else {
+        let prefix = tx.keys.prefix().to_string();
+        let pattern = format!("{prefix}c{ino}_*");
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = tx.now(
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(10_000),
+            )?;
+            work.scanned();
+            out.extend(
+                keys.iter()
+                    .filter_map(|k| parse_chunk_key(k.get(prefix.len()..)?))
+                    .filter(|(i, indx)| *i == ino && range.contains(indx))
+                    .map(|(_, indx)| indx),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        out.sort_unstable();
+        out.dedup();
+    }
+    out.truncate(limit);
+    work.visited(out.len());
+    Ok(out)
+}
+
+/// [`Meta::chunk_indices`](crate::meta::Meta::chunk_indices).
+pub(super) fn chunk_indices(
+    inner: &Inner,
+    ino: Ino,
+    range: RangeInclusive<u32>,
+    limit: usize,
+) -> Result<Vec<u32>> {
+    inner.read(|tx| existing(tx, &inner.work, ino, range.clone(), limit))
 }
 
 /// Every chunk key of the volume, as (inode, index).
@@ -502,23 +570,12 @@ impl Inner {
     pub(super) fn delete_file_data(&self, ino: Ino, length: u64) -> Result<()> {
         let alive = self.read(|tx| node::get(tx, ino))?.is_some();
         if !alive {
-            let chunks = length.div_ceil(CHUNK_SIZE).max(1);
-            let mut indx = 0u64;
-            while indx < chunks {
-                let stop = (indx + 1000).min(chunks);
-                let lens: Vec<u64> = self.pool.with_conn(|c| {
-                    let mut p = redis::pipe();
-                    for i in indx..stop {
-                        p.cmd("LLEN").arg(self.keys.chunk(ino, i as u32));
-                    }
-                    p.query(c)
-                })?;
-                for (i, n) in (indx..stop).zip(lens) {
-                    if n > 0 {
-                        self.delete_chunk(ino, i as u32)?;
-                    }
-                }
-                indx = stop;
+            // Only the chunks that exist (a sparse file may be 2^58 bytes).
+            let last = length.div_ceil(CHUNK_SIZE).max(1) - 1;
+            let last = u32::try_from(last).unwrap_or(u32::MAX);
+            let found = self.read(|tx| existing(tx, &self.work, ino, 0..=last, usize::MAX))?;
+            for indx in found {
+                self.delete_chunk(ino, indx)?;
             }
         }
         let key = self.keys.delfiles();

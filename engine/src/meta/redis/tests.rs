@@ -312,6 +312,8 @@ conformance_tests!(
     exec_open_needs_execute,
     write_read_and_refs,
     truncate_and_fallocate,
+    range_work_visits_existing_chunks,
+    xattr_names_are_bounded,
     compact_chunk,
     copy_file_range_shares_slices,
     copy_file_range_rules,

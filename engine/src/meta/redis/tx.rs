@@ -302,6 +302,13 @@ impl<'c> Tx<'c> {
         self.run(cmd)
     }
 
+    /// Runs a pipeline of reads at once, outside the transaction (nothing
+    /// watched).
+    pub(super) fn now_pipe<T: redis::FromRedisValue>(&mut self, p: &Pipeline) -> TxResult<T> {
+        self.talked = true;
+        Ok(p.query(self.conn)?)
+    }
+
     fn queue(&mut self, cmd: Cmd) -> usize {
         debug_assert!(self.writing, "a read transaction queued a write");
         self.queue.add_command(cmd);

@@ -4,6 +4,7 @@ use super::Inner;
 use super::node;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
+use crate::meta::bounded::XATTR_LIST_MAX;
 use crate::meta::sqlite::node::{self as rules, MASK_W};
 use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
@@ -88,7 +89,15 @@ pub(super) fn set(
             (XattrMode::Create, Some(_)) => return Err(Error::Exists.into()),
             (XattrMode::Replace, None) => return Err(Error::NoXattr.into()),
             (_, Some(v)) if v.as_slice() == value => {}
-            _ => tx.hset(&key, name, value),
+            (_, Some(_)) => tx.hset(&key, name, value),
+            (_, None) => {
+                let names: Vec<Vec<u8>> = tx.now(redis::cmd("HKEYS").arg(&key))?;
+                let used: usize = names.iter().map(|n| n.len() + 1).sum();
+                if used + name.len() + 1 > XATTR_LIST_MAX {
+                    return Err(Error::NoSpace.into());
+                }
+                tx.hset(&key, name, value)
+            }
         }
         touch_ctime(tx, ino, attr);
         Ok(())

@@ -3,28 +3,19 @@
 //! removed files' data.
 
 use std::collections::{BTreeMap, HashSet};
+use std::ops::RangeInclusive;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::node::{self, MASK_W};
 use super::{Inner, Tx, TxError, TxResult, align4k};
 use crate::error::{Error, Result};
+use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
 use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, ReleasedSlice, Slice, Timestamp,
     TruncateVia,
 };
-
-/// `FALLOC_FL_KEEP_SIZE`.
-const FALLOC_KEEP_SIZE: u32 = 0x01;
-/// `FALLOC_FL_PUNCH_HOLE`.
-const FALLOC_PUNCH_HOLE: u32 = 0x02;
-/// `FALLOC_FL_COLLAPSE_RANGE`.
-const FALLOC_COLLAPSE_RANGE: u32 = 0x08;
-/// `FALLOC_FL_ZERO_RANGE`.
-const FALLOC_ZERO_RANGE: u32 = 0x10;
-/// `FALLOC_FL_INSERT_RANGE`.
-const FALLOC_INSERT_RANGE: u32 = 0x20;
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
     slices.iter().flat_map(|s| s.encode()).collect()
@@ -357,7 +348,12 @@ pub(super) fn truncate(
 }
 
 /// Linux fallocate (JuiceFS `Fallocate`): preallocation only changes the
-/// length; punching or zeroing writes holes.
+/// length; punching or zeroing writes holes over the chunks of the range
+/// that exist (one that does not already reads as zeros), at most
+/// [`CHUNKS_PER_TX`] chunks per transaction, in index order; the last
+/// transaction sets the length and times. JuiceFS writes a hole into every
+/// chunk of the range in one transaction, which over a 2^58-byte range of a
+/// sparse file would hold the volume's write lock for hours.
 pub(super) fn fallocate(
     inner: &Inner,
     ctx: &Context,
@@ -366,62 +362,100 @@ pub(super) fn fallocate(
     offset: u64,
     len: u64,
 ) -> Result<Attr> {
-    if mode & (FALLOC_COLLAPSE_RANGE | FALLOC_INSERT_RANGE) != 0 {
-        return Err(Error::NotSupported(
-            "fallocate collapse/insert range is not supported".into(),
-        ));
-    }
-    if mode & FALLOC_PUNCH_HOLE != 0 && mode & FALLOC_KEEP_SIZE == 0 {
-        return Err(Error::Invalid(
-            "punching a hole needs FALLOC_FL_KEEP_SIZE".into(),
-        ));
-    }
-    if len == 0 {
-        return Err(Error::Invalid("fallocate of zero bytes".into()));
-    }
-    let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-    if end > MAX_FILE_LENGTH {
-        return Err(Error::FileTooBig);
-    }
+    let end = bounded::check_fallocate(mode, offset, len)?;
     inner.format()?;
-    inner.write(|tx| {
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ == FileType::Directory {
-            return Err(Error::IsDir.into());
-        }
-        if a.typ != FileType::File || a.flags & node::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        node::check_access(ctx, &a, MASK_W)?;
-        if a.flags & node::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
-            return Err(Error::Perm.into());
-        }
-        let old = a.length;
-        let mut length = old;
-        if end > old && mode & FALLOC_KEEP_SIZE == 0 {
-            length = end;
-        }
-        if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 && offset < old {
-            let mut off = offset;
-            let stop = end.min(old);
-            while off < stop {
-                let indx = (off / CHUNK_SIZE) as u32;
-                let coff = off % CHUNK_SIZE;
-                let l = (stop - off).min(CHUNK_SIZE - coff);
-                append(tx, ino, indx, &hole(coff as u32, l as u32))?;
-                off += l;
+    // The next chunk index the holes start from.
+    let mut from = (offset / CHUNK_SIZE) as u32;
+    loop {
+        let done = inner.write(|tx| {
+            let mut a = node::must_get(tx, ino)?;
+            if a.typ == FileType::Directory {
+                return Err(Error::IsDir.into());
             }
+            if a.typ != FileType::File || a.flags & node::FLAG_IMMUTABLE != 0 {
+                return Err(Error::Perm.into());
+            }
+            node::check_access(ctx, &a, MASK_W)?;
+            if a.flags & node::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
+                return Err(Error::Perm.into());
+            }
+            let old = a.length;
+            if bounded::writes_holes(mode) && offset < old {
+                let stop = end.min(old);
+                let span = bounded::chunk_span(offset, stop);
+                if from <= *span.end() {
+                    let found = existing(tx, ino, from..=*span.end(), CHUNKS_PER_TX + 1)?;
+                    let batch = &found[..found.len().min(CHUNKS_PER_TX)];
+                    for &indx in batch {
+                        if let Some((pos, l)) = bounded::part_in_chunk(indx, offset, stop) {
+                            append(tx, ino, indx, &hole(pos, l))?;
+                        }
+                    }
+                    inner.work.visited(batch.len());
+                    if let Some(&next) = found.get(CHUNKS_PER_TX) {
+                        // More chunks than one transaction may change:
+                        // commit these, go on in the next.
+                        return Ok(Err(next));
+                    }
+                }
+            }
+            let mut length = old;
+            if end > old && mode & FALLOC_KEEP_SIZE == 0 {
+                length = end;
+            }
+            let now = Timestamp::now();
+            let dlen = length as i64 - old as i64;
+            let dspace = align4k(length) - align4k(old);
+            a.length = length;
+            a.mtime = now;
+            a.ctime = now;
+            node::update(tx, ino, &a)?;
+            node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+            Ok(Ok(a))
+        })?;
+        inner.work.transaction();
+        match done {
+            Ok(a) => return Ok(a),
+            Err(next) => from = next,
         }
-        let now = Timestamp::now();
-        let dlen = length as i64 - old as i64;
-        let dspace = align4k(length) - align4k(old);
-        a.length = length;
-        a.mtime = now;
-        a.ctime = now;
-        node::update(tx, ino, &a)?;
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(a)
-    })
+    }
+}
+
+/// The indexes of the chunks of `ino` in `range` that exist, ascending, at
+/// most `limit` (an index range on `jfs_chunk`'s primary key).
+fn existing(
+    c: &Connection,
+    ino: Ino,
+    range: RangeInclusive<u32>,
+    limit: usize,
+) -> TxResult<Vec<u32>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT indx FROM jfs_chunk WHERE inode=? AND indx>=? AND indx<=? ORDER BY indx LIMIT ?",
+    )?;
+    let rows = stmt.query_map(
+        params![
+            ino as i64,
+            range.start(),
+            range.end(),
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        ],
+        |r| r.get::<_, i64>(0),
+    )?;
+    rows.map(|r| r.map(|v| v as u32))
+        .collect::<rusqlite::Result<_>>()
+        .map_err(Into::into)
+}
+
+/// [`Meta::chunk_indices`](crate::meta::Meta::chunk_indices).
+pub(super) fn chunk_indices(
+    inner: &Inner,
+    ino: Ino,
+    range: RangeInclusive<u32>,
+    limit: usize,
+) -> Result<Vec<u32>> {
+    let found = inner.read(|c| existing(c, ino, range.clone(), limit))?;
+    inner.work.visited(found.len());
+    Ok(found)
 }
 
 /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the

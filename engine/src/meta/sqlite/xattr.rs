@@ -5,6 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::node::{self, MASK_W};
 use super::{Inner, TxError, TxResult};
 use crate::error::{Error, Result};
+use crate::meta::bounded::XATTR_LIST_MAX;
 use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
 /// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
@@ -110,6 +111,15 @@ pub(super) fn set(
                 )?;
             }
             (_, None) => {
+                let used: i64 = tx.query_row(
+                    "SELECT COALESCE(SUM(length(CAST(name AS BLOB)) + 1), 0) \
+                     FROM jfs_xattr WHERE inode=?",
+                    params![ino as i64],
+                    |r| r.get(0),
+                )?;
+                if used as usize + name.len() + 1 > XATTR_LIST_MAX {
+                    return Err(Error::NoSpace.into());
+                }
                 tx.execute(
                     "INSERT INTO jfs_xattr (inode, name, value) VALUES (?,?,?)",
                     params![ino as i64, name, value],
