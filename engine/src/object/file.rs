@@ -649,8 +649,15 @@ impl ObjectStore for FileStore {
                         stack.push((ent.path(), key));
                     }
                 } else if ft.is_file() && key.starts_with(prefix) && !name.starts_with('.') {
-                    // Dot files are temporaries of puts in flight.
-                    let md = ent.metadata().map_err(|e| obj_err(&key, e))?;
+                    // Dot files are temporaries of puts in flight. An object
+                    // deleted between the directory read and this stat (by
+                    // gc or compaction running beside the listing) is simply
+                    // not listed, as a listing of S3 would not show it.
+                    let md = match ent.metadata() {
+                        Ok(md) => md,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(obj_err(&key, e)),
+                    };
                     let mtime = md.modified().map_err(|e| obj_err(&key, e))?;
                     out.push(ObjectInfo {
                         key,
@@ -872,6 +879,36 @@ mod tests {
         assert_eq!(keys, ["v/chunks/0/0/1_0_3", "v/chunks/0/1/1001_0_3"]);
         assert_eq!(store.list("v/").unwrap().len(), 3);
         assert_eq!(store.list("").unwrap().len(), 4);
+    }
+
+    #[test]
+    fn listing_beside_deletes_skips_what_vanished() {
+        // A listing racing deletes once failed with NotFound for an object
+        // removed between readdir and stat (compaction's test saw it in CI).
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(FileStore::new(dir.path()).unwrap());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for i in 0..200 {
+                        store
+                            .put(&format!("v/chunks/0/0/{i}_0_3"), b"abc", None)
+                            .unwrap();
+                    }
+                    for i in 0..200 {
+                        store.delete(&format!("v/chunks/0/0/{i}_0_3")).unwrap();
+                    }
+                }
+            })
+        };
+        for _ in 0..300 {
+            let listed = store.list("v/chunks/").unwrap();
+            assert!(listed.iter().all(|o| o.size == 3), "{listed:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
     }
 
     #[test]
