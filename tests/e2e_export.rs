@@ -27,14 +27,16 @@ impl Drop for Serve {
 }
 
 fn serve(vol: &Volume, socket: &Path, read_only: bool) -> Serve {
+    serve_with(vol, socket, if read_only { &["--read-only"] } else { &[] })
+}
+
+fn serve_with(vol: &Volume, socket: &Path, extra: &[&str]) -> Serve {
     let log = fs::File::create(socket.with_extension("log")).unwrap();
     let mut cmd = Command::new(SLUICE);
     cmd.args(["serve", &vol.meta_url, "--socket"])
         .arg(socket)
-        .args(["--export", "vm1", "--no-pin", "--cache-size", "64"]);
-    if read_only {
-        cmd.arg("--read-only");
-    }
+        .args(["--export", "vm1", "--no-pin", "--cache-size", "64"])
+        .args(extra);
     let child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -141,5 +143,93 @@ fn a_confined_guest_never_reaches_the_trash_or_what_left_its_export() {
             libc::ESTALE
         );
     }
+    mount.unmount();
+}
+
+/// The per-guest limits of `sluice serve`, on the wire: past each one a
+/// request answers its errno and does nothing, READDIRPLUS still lists
+/// every name, and the daemon says once which flag to raise.
+#[test]
+fn a_guest_is_held_to_its_limits() {
+    let _dog = Watchdog::new("export-limits", Duration::from_secs(300));
+    let vol = Volume::format("limits", &[]);
+    let mount = vol.mount("host");
+    for d in ["d0", "d1", "d2", "d3"] {
+        fs::create_dir_all(mount.path.join("vm1").join(d)).unwrap();
+    }
+    let socket = vol.dir.path().join("vm1.sock");
+    let serve = serve_with(
+        &vol,
+        &socket,
+        &[
+            "--max-handles",
+            "2",
+            "--max-nodes",
+            "2",
+            "--max-xattr-size",
+            "16",
+        ],
+    );
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 256,
+            memory_size: 4 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 64 << 10).expect("queue");
+    q.init().expect("INIT");
+
+    let d0 = q.lookup(ROOT_ID, b"d0").expect("LOOKUP d0");
+    q.lookup(ROOT_ID, b"d1").expect("LOOKUP d1");
+    assert_eq!(errno(q.lookup(ROOT_ID, b"d2")), libc::ENFILE);
+    assert_eq!(errno(q.mkdir(ROOT_ID, b"new", 0o755)), libc::ENFILE);
+    assert!(
+        !mount.path.join("vm1/new").exists(),
+        "a refused MKDIR made nothing"
+    );
+
+    let dh = q.opendir(ROOT_ID).expect("OPENDIR");
+    let listed = q
+        .readdirplus(ROOT_ID, dh, 0, 64 << 10)
+        .expect("READDIRPLUS");
+    let mut names: Vec<(String, bool)> = listed
+        .iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| {
+            (
+                String::from_utf8_lossy(&e.name).into_owned(),
+                e.entry.nodeid != 0,
+            )
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            ("d0".to_string(), true),
+            ("d1".to_string(), true),
+            ("d2".to_string(), false),
+            ("d3".to_string(), false)
+        ],
+        "every name is listed; nodes only within the limit"
+    );
+
+    let dh2 = q.opendir(d0.nodeid).expect("a second handle");
+    assert_eq!(errno(q.opendir(d0.nodeid)), libc::ENFILE);
+    q.releasedir(d0.nodeid, dh2).expect("RELEASEDIR");
+    let dh2 = q.opendir(d0.nodeid).expect("room again");
+    q.releasedir(d0.nodeid, dh2).expect("RELEASEDIR");
+    q.releasedir(ROOT_ID, dh).expect("RELEASEDIR");
+    drop(q);
+    drop(device);
+    drop(serve);
+    let log = fs::read_to_string(socket.with_extension("log")).unwrap();
+    assert!(
+        log.contains("--max-nodes") && log.contains("--max-handles"),
+        "{log}"
+    );
     mount.unmount();
 }

@@ -66,6 +66,10 @@ pub enum Error {
     /// NFS / `open_by_handle_at` handle of a deleted file must answer.
     #[error("the file this handle named no longer exists")]
     Stale,
+    /// One of the limits a client (a guest) is held to was reached; the
+    /// request did nothing.
+    #[error("{0}")]
+    Limit(Limit),
     /// The stored data failed its integrity check or could not be read.
     #[error("data integrity or I/O failure: {0}")]
     Corrupt(String),
@@ -114,10 +118,66 @@ impl Error {
             Error::NotSupported(_) => libc::EOPNOTSUPP,
             Error::BadHandle => libc::EBADF,
             Error::Stale => libc::ESTALE,
+            Error::Limit(l) => l.errno(),
             Error::Corrupt(_) | Error::Meta(_) | Error::Object { .. } | Error::WriteBack(_) => {
                 libc::EIO
             }
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
+    }
+}
+
+/// The limits a client of the file system (one guest VM, one mount) is held
+/// to, so one client cannot take the daemon's memory or the volume's
+/// metadata engine for itself. Each names the flag that sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// Open file and directory handles (`--max-handles`): ENFILE.
+    Handles(u64),
+    /// Node ids the client holds (`--max-nodes`): ENFILE.
+    Nodes(u64),
+    /// Directory entries held in the snapshots of open directory handles
+    /// (`--max-dir-entries`): ENOMEM, as a directory read that cannot get
+    /// its memory.
+    DirEntries(u64),
+    /// The size of one extended attribute value (`--max-xattr-size`):
+    /// E2BIG, as Linux answers a value past its own limit.
+    XattrSize(u64),
+}
+
+impl Limit {
+    /// The errno a request that hit this limit answers.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Limit::Handles(_) | Limit::Nodes(_) => libc::ENFILE,
+            Limit::DirEntries(_) => libc::ENOMEM,
+            Limit::XattrSize(_) => libc::E2BIG,
+        }
+    }
+
+    /// The flag that sets this limit.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            Limit::Handles(_) => "--max-handles",
+            Limit::Nodes(_) => "--max-nodes",
+            Limit::DirEntries(_) => "--max-dir-entries",
+            Limit::XattrSize(_) => "--max-xattr-size",
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, n) = match self {
+            Limit::Handles(n) => ("open handles", n),
+            Limit::Nodes(n) => ("node ids held", n),
+            Limit::DirEntries(n) => ("directory entries held by open listings", n),
+            Limit::XattrSize(n) => ("bytes in one extended attribute value", n),
+        };
+        write!(
+            f,
+            "the client reached its limit of {n} {what} ({})",
+            self.flag()
+        )
     }
 }

@@ -5,7 +5,7 @@ pub mod error;
 pub mod format;
 pub mod meta;
 
-pub use error::{Error, Result};
+pub use error::{Error, Limit, Result};
 pub mod block_cache;
 pub mod block_key;
 pub mod chunk;

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::block_cache::BlockCache;
 use crate::compaction::{COMPACT_THRESHOLD, Compactor};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gc::slice_releaser;
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr,
@@ -88,7 +88,19 @@ pub struct VfsConfig {
     /// Whether the file system is served read-only (no access-time
     /// updates either).
     pub read_only: bool,
+    /// Directory entries all open directory handles may hold in their
+    /// snapshots together; a listing that would pass it fails with ENOMEM
+    /// ([`crate::Limit::DirEntries`]) and holds nothing. Unlimited by
+    /// default (the host's own kernel); `sluice serve` holds a guest to
+    /// [`DEFAULT_MAX_DIR_ENTRIES`] unless told otherwise.
+    pub max_dir_entries: u64,
 }
+
+/// The limit of directory entries `sluice serve` holds a guest's open
+/// listings to by default: 4 Mi entries, a few hundred MiB; a client that
+/// lists its largest directories one or a few at a time never comes near
+/// it.
+pub const DEFAULT_MAX_DIR_ENTRIES: u64 = 4 << 20;
 
 /// When reads move a file's access time (JuiceFS's `--atime-mode`). The
 /// engine sees only the reads the kernel's page cache did not answer, so
@@ -164,6 +176,7 @@ impl Default for VfsConfig {
             disk_cache: None,
             atime: AtimeMode::NoAtime,
             read_only: false,
+            max_dir_entries: u64::MAX,
         }
     }
 }
@@ -203,11 +216,26 @@ enum Handle {
     },
     Dir {
         ino: Ino,
-        entries: Mutex<Option<Arc<Vec<Entry>>>>,
+        entries: Mutex<Option<Arc<Listing>>>,
         /// The directory's attributes at open: what fstat of the handle
         /// answers once the directory is removed (with no links).
         attr: Attr,
     },
+}
+
+/// The snapshot of a directory an open handle lists from, counted against
+/// [`VfsConfig::max_dir_entries`] for as long as it is held.
+#[derive(Debug)]
+struct Listing {
+    entries: Vec<Entry>,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        self.held
+            .fetch_sub(self.entries.len() as u64, Ordering::Relaxed);
+    }
 }
 
 /// The background thread that runs the metadata engine's cleanup.
@@ -226,6 +254,8 @@ pub struct Vfs {
     cfg: VfsConfig,
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// Directory entries the snapshots of open directory handles hold.
+    listed: Arc<AtomicU64>,
     files: Mutex<HashMap<Ino, Arc<OpenFile>>>,
     /// Bytes held by all write buffers.
     buffered: Arc<AtomicUsize>,
@@ -329,6 +359,7 @@ impl Vfs {
             cfg,
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            listed: Arc::new(AtomicU64::new(0)),
             files: Mutex::new(HashMap::new()),
             buffered: Arc::new(AtomicUsize::new(0)),
             uploader,
@@ -1122,19 +1153,33 @@ impl Vfs {
             match &*e {
                 Some(s) if offset != 0 => s.clone(),
                 _ => {
+                    // A new listing replaces this handle's old one first,
+                    // so a rewind never counts both.
+                    *e = None;
                     let mut list = self.vol.meta.readdir(ctx, ino, plus)?;
+                    let n = list.len() as u64;
+                    let max = self.cfg.max_dir_entries;
+                    let held = self.listed.fetch_add(n, Ordering::Relaxed);
+                    if held.saturating_add(n) > max {
+                        self.listed.fetch_sub(n, Ordering::Relaxed);
+                        return Err(Error::Limit(Limit::DirEntries(max)));
+                    }
                     if plus {
                         for ent in &mut list {
                             ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
                         }
                     }
-                    let s = Arc::new(list);
+                    let s = Arc::new(Listing {
+                        entries: list,
+                        held: self.listed.clone(),
+                    });
                     *e = Some(s.clone());
                     self.touch_atime(ino);
                     s
                 }
             }
         };
+        let snapshot = &snapshot.entries;
         let start = usize::try_from(offset)
             .unwrap_or(usize::MAX)
             .min(snapshot.len());

@@ -572,10 +572,10 @@ impl<F: Filesystem> Dispatcher<F> {
                 // counts a lookup only for those.
                 let mut packer = DirentPacker::new(&mut scratch.list, size as usize);
                 let mut next = offset;
-                fs.readdir(&ctx, ino, fh, offset, plus, &mut |e| {
+                fs.readdir(&ctx, ino, fh, offset, plus, &mut |e, listed| {
                     next = next.saturating_add(1);
                     if plus {
-                        packer.push_plus(e, next, t)
+                        packer.push_plus(e, listed, next, t)
                     } else {
                         packer.push(e.inode, next, reply::dirent_type(&e.attr), &e.name)
                     }
@@ -860,7 +860,7 @@ mod tests {
             fh: Fh,
             off: u64,
             plus: bool,
-            _: &mut dyn FnMut(&Entry) -> bool,
+            _: &mut dyn FnMut(&Entry, crate::filesystem::Listed) -> bool,
         ) -> Result<()> {
             self.refuse(format!("readdir {ino} {fh} {off} {plus}"))
         }

@@ -7,7 +7,7 @@ use sluice_engine::meta::{
 };
 use sluice_engine::vfs::Vfs;
 
-use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+use crate::filesystem::{Fh, Filesystem, Fragment, Listed, OpenOut};
 
 impl Filesystem for Vfs {
     fn init(&self) -> Result<()> {
@@ -144,9 +144,11 @@ impl Filesystem for Vfs {
         fh: Fh,
         offset: u64,
         plus: bool,
-        add: &mut dyn FnMut(&Entry) -> bool,
+        add: &mut dyn FnMut(&Entry, Listed) -> bool,
     ) -> Result<()> {
-        Vfs::readdir_each(self, ctx, ino, fh, offset, plus, add)
+        Vfs::readdir_each(self, ctx, ino, fh, offset, plus, &mut |e| {
+            add(e, Listed::Node)
+        })
     }
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         Vfs::releasedir(self, ctx, ino, fh)

@@ -26,18 +26,26 @@
 //!
 //! Read-only refuses every change with `EROFS`, opens for writing
 //! included, before the engine sees the request.
+//!
+//! The export is also where a client's limits ([`ClientLimits`]) hold:
+//! open handles, node ids held, the size of an extended attribute value
+//! (and, in the engine, the entries its open directory listings hold). A
+//! request past a limit does nothing and answers its errno
+//! ([`sluice_engine::Limit`]), with one rate-limited warning naming the
+//! flag that raises it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_engine::meta::{
     Attr, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs,
     XattrMode,
 };
-use sluice_engine::{Error, Result};
+use sluice_engine::{Error, Limit, Result};
 
 use crate::confine::{Ancestry, RECHECK};
-use crate::filesystem::{Fh, Filesystem, Fragment, OpenOut};
+use crate::filesystem::{Fh, Filesystem, Fragment, Listed, OpenOut};
 use crate::log_limit::{LogLimit, suppressed_note};
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
@@ -55,6 +63,50 @@ pub struct Export<F> {
     /// given, a `..` that leads out of the export.
     refused_node: LogLimit,
     refused_parent: LogLimit,
+    limits: ClientLimits,
+    /// Open handles (files and directories) the client holds.
+    open_handles: AtomicU64,
+    /// Rate limit of the warnings about limits reached.
+    limit_hit: LogLimit,
+}
+
+/// What one client (a guest, a mount) may hold; see the module docs. The
+/// defaults leave room for any workload a real kernel sends (the kernel
+/// itself forgets nodes under memory pressure) while bounding what a
+/// hostile guest can make the daemon keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// Open file and directory handles; OPEN, CREATE and OPENDIR past it
+    /// answer ENFILE (before anything is created).
+    pub max_handles: u64,
+    /// Node ids the client holds (kept only in a confined export, where
+    /// each costs an entry in the table of what was handed out): LOOKUP
+    /// and the creating requests past it answer ENFILE, and READDIRPLUS
+    /// gives further entries by name only. Concurrent requests on several
+    /// queues may pass it by at most one node per queue.
+    pub max_nodes: u64,
+    /// The largest extended attribute value SETXATTR stores: E2BIG past it
+    /// (Linux's own limit, 64 KiB, is the most the engine takes).
+    pub max_xattr_size: u64,
+}
+
+impl ClientLimits {
+    /// Default [`ClientLimits::max_handles`].
+    pub const DEFAULT_MAX_HANDLES: u64 = 65_536;
+    /// Default [`ClientLimits::max_nodes`].
+    pub const DEFAULT_MAX_NODES: u64 = 1 << 20;
+    /// Default and largest [`ClientLimits::max_xattr_size`] (`XATTR_SIZE_MAX`).
+    pub const MAX_XATTR_SIZE: u64 = 65_536;
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        ClientLimits {
+            max_handles: Self::DEFAULT_MAX_HANDLES,
+            max_nodes: Self::DEFAULT_MAX_NODES,
+            max_xattr_size: Self::MAX_XATTR_SIZE,
+        }
+    }
 }
 
 impl<F: Filesystem> Export<F> {
@@ -69,6 +121,89 @@ impl<F: Filesystem> Export<F> {
             ancestry: Ancestry::new(root, RECHECK),
             refused_node: LogLimit::new(),
             refused_parent: LogLimit::new(),
+            limits: ClientLimits::default(),
+            open_handles: AtomicU64::new(0),
+            limit_hit: LogLimit::new(),
+        }
+    }
+
+    /// Holds the client to `limits` instead of the defaults.
+    pub fn with_limits(mut self, limits: ClientLimits) -> Export<F> {
+        self.limits = limits;
+        self
+    }
+
+    /// Open handles the client holds now.
+    pub fn open_handles(&self) -> u64 {
+        self.open_handles.load(Ordering::Relaxed)
+    }
+
+    /// Node ids the client holds now (confined exports only; 0 otherwise).
+    pub fn held_nodes(&self) -> usize {
+        self.handed.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// The error of a request past `limit`, after one rate-limited warning.
+    fn reached(&self, limit: Limit) -> Error {
+        if let Some(left_out) = self.limit_hit.allow() {
+            log::warn!(
+                "export: a request was refused: {limit}{}",
+                suppressed_note(left_out)
+            );
+        }
+        Error::Limit(limit)
+    }
+
+    /// Runs `open`, which makes one handle, if the client may hold one
+    /// more; the handle is counted if it succeeds.
+    fn new_handle<T>(&self, open: impl FnOnce() -> Result<T>) -> Result<T> {
+        let max = self.limits.max_handles;
+        if self.open_handles.fetch_add(1, Ordering::AcqRel) >= max {
+            self.open_handles.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.reached(Limit::Handles(max)));
+        }
+        let r = open();
+        if r.is_err() {
+            self.open_handles.fetch_sub(1, Ordering::AcqRel);
+        }
+        r
+    }
+
+    /// Counts a handle the engine released (`r` is Ok).
+    fn handle_closed(&self, r: Result<()>) -> Result<()> {
+        if r.is_ok() {
+            let _ = self
+                .open_handles
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+        r
+    }
+
+    /// Whether the client may be given one more node it does not hold.
+    fn room_for_node(&self) -> Result<()> {
+        if self.confined() && self.held_nodes() as u64 >= self.limits.max_nodes {
+            return Err(self.reached(Limit::Nodes(self.limits.max_nodes)));
+        }
+        Ok(())
+    }
+
+    /// Whether the client may be given `ino`: one it holds already, or one
+    /// more within its limit. Checked after a lookup (so looking up held
+    /// nodes never fails at the limit); a refused lookup is given back to
+    /// the inner file system.
+    fn admit(&self, entry: &Entry) -> Result<()> {
+        if !self.confined() || entry.inode == self.root || entry.inode == ROOT_INO {
+            return Ok(());
+        }
+        let held = {
+            let handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            handed.contains_key(&entry.inode) || (handed.len() as u64) < self.limits.max_nodes
+        };
+        if held {
+            Ok(())
+        } else {
+            self.inner.forget(entry.inode, 1);
+            Err(self.reached(Limit::Nodes(self.limits.max_nodes)))
         }
     }
 
@@ -208,6 +343,7 @@ impl<F: Filesystem> Export<F> {
             }
             return Err(Error::Stale);
         }
+        self.admit(&entry)?;
         Ok(self.hand_out(entry))
     }
 
@@ -223,6 +359,16 @@ impl<F: Filesystem> Export<F> {
         }
         entry.attr = self.fix_attr(entry.attr);
         entry
+    }
+
+    /// Whether a READDIRPLUS entry for engine inode `ino` may carry its
+    /// node: one the client holds, or one more within its limit.
+    fn admit_listed(&self, ino: Ino) -> bool {
+        if ino == self.root || ino == ROOT_INO {
+            return true;
+        }
+        let handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+        handed.contains_key(&ino) || (handed.len() as u64) < self.limits.max_nodes
     }
 
     /// Counts one lookup of an engine inode handed to the client (the
@@ -254,6 +400,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.open_handles.store(0, Ordering::Relaxed);
         self.inner.destroy()
     }
 
@@ -263,6 +410,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
         }
         let parent = self.reach(parent)?;
         let entry = self.inner.lookup(ctx, parent, name)?;
+        self.admit(&entry)?;
         self.ancestry.found_in(parent, entry.inode);
         Ok(self.hand_out(entry))
     }
@@ -322,6 +470,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     ) -> Result<Entry> {
         self.writable()?;
         let parent = self.reach(parent)?;
+        self.room_for_node()?;
         let entry = self.inner.mknod(ctx, parent, name, mode, umask, rdev)?;
         self.ancestry.found_in(parent, entry.inode);
         Ok(self.hand_out(entry))
@@ -337,6 +486,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     ) -> Result<Entry> {
         self.writable()?;
         let parent = self.reach(parent)?;
+        self.room_for_node()?;
         let entry = self.inner.mkdir(ctx, parent, name, mode, umask)?;
         self.ancestry.found_in(parent, entry.inode);
         Ok(self.hand_out(entry))
@@ -360,6 +510,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
         self.writable()?;
         let parent = self.reach(parent)?;
+        self.room_for_node()?;
         let entry = self.inner.symlink(ctx, parent, name, target)?;
         self.ancestry.found_in(parent, entry.inode);
         Ok(self.hand_out(entry))
@@ -389,6 +540,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
         let ino = self.reach_target(ino)?;
         let new_parent = self.reach_target(new_parent)?;
         let entry = self.inner.link(ctx, ino, new_parent, new_name)?;
+        // The node is one the client holds: no new node to count.
         self.ancestry.found_in(new_parent, entry.inode);
         Ok(self.hand_out(entry))
     }
@@ -398,7 +550,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
             self.writable()?;
         }
         let ino = self.reach(ino)?;
-        let mut out = self.inner.open(ctx, ino, flags)?;
+        let mut out = self.new_handle(|| self.inner.open(ctx, ino, flags))?;
         out.attr = self.fix_attr(out.attr);
         Ok(out)
     }
@@ -414,7 +566,9 @@ impl<F: Filesystem> Filesystem for Export<F> {
     ) -> Result<(Entry, OpenOut)> {
         self.writable()?;
         let parent = self.reach(parent)?;
-        let (entry, mut out) = self.inner.create(ctx, parent, name, mode, umask, flags)?;
+        self.room_for_node()?;
+        let (entry, mut out) =
+            self.new_handle(|| self.inner.create(ctx, parent, name, mode, umask, flags))?;
         self.ancestry.found_in(parent, entry.inode);
         out.attr = self.fix_attr(out.attr);
         Ok((self.hand_out(entry), out))
@@ -456,7 +610,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
     }
 
     fn release(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        self.inner.release(ctx, self.inode(ino)?, fh)
+        self.handle_closed(self.inner.release(ctx, self.inode(ino)?, fh))
     }
 
     fn fsync(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()> {
@@ -464,7 +618,8 @@ impl<F: Filesystem> Filesystem for Export<F> {
     }
 
     fn opendir(&self, ctx: &Context, ino: Ino) -> Result<Fh> {
-        self.inner.opendir(ctx, self.reach(ino)?)
+        let ino = self.reach(ino)?;
+        self.new_handle(|| self.inner.opendir(ctx, ino))
     }
 
     fn readdir(
@@ -474,35 +629,52 @@ impl<F: Filesystem> Filesystem for Export<F> {
         fh: Fh,
         offset: u64,
         plus: bool,
-        add: &mut dyn FnMut(&Entry) -> bool,
+        add: &mut dyn FnMut(&Entry, Listed) -> bool,
     ) -> Result<()> {
         // A listing names nodes: the directory must still be in the export,
         // even through a handle opened while it was.
         let dir = self.reach(ino)?;
-        if !self.confined() {
-            return self.inner.readdir(ctx, dir, fh, offset, plus, add);
+        let r = if !self.confined() {
+            self.inner.readdir(ctx, dir, fh, offset, plus, add)
+        } else {
+            self.inner
+                .readdir(ctx, dir, fh, offset, plus, &mut |e, listed| {
+                    let mut entry = e.clone();
+                    if dir == self.root && entry.name == b".." {
+                        entry.inode = self.root;
+                    }
+                    let ino = entry.inode;
+                    entry.inode = self.node(ino);
+                    entry.attr = self.fix_attr(entry.attr);
+                    let dots = entry.name == b"." || entry.name == b"..";
+                    // Past the node limit, an entry for a node the client does
+                    // not hold goes by name only: the listing still completes.
+                    let listed = if !plus || dots || listed == Listed::NameOnly {
+                        listed
+                    } else if self.admit_listed(ino) {
+                        Listed::Node
+                    } else {
+                        let _ = self.reached(Limit::Nodes(self.limits.max_nodes));
+                        Listed::NameOnly
+                    };
+                    let sent = add(&entry, listed);
+                    if sent && plus && !dots && listed == Listed::Node {
+                        // The kernel counts a READDIRPLUS entry it received as a
+                        // lookup; one that did not fit the reply it never saw.
+                        self.ancestry.found_in(dir, ino);
+                        self.count_lookup(ino);
+                    }
+                    sent
+                })
+        };
+        match r {
+            Err(Error::Limit(limit)) => Err(self.reached(limit)),
+            r => r,
         }
-        self.inner.readdir(ctx, dir, fh, offset, plus, &mut |e| {
-            let mut entry = e.clone();
-            if dir == self.root && entry.name == b".." {
-                entry.inode = self.root;
-            }
-            let ino = entry.inode;
-            entry.inode = self.node(ino);
-            entry.attr = self.fix_attr(entry.attr);
-            let sent = add(&entry);
-            if sent && plus && entry.name != b"." && entry.name != b".." {
-                // The kernel counts a READDIRPLUS entry it received as a
-                // lookup; one that did not fit the reply it never saw.
-                self.ancestry.found_in(dir, ino);
-                self.count_lookup(ino);
-            }
-            sent
-        })
     }
 
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        self.inner.releasedir(ctx, self.inode(ino)?, fh)
+        self.handle_closed(self.inner.releasedir(ctx, self.inode(ino)?, fh))
     }
 
     fn fsyncdir(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()> {
@@ -522,8 +694,11 @@ impl<F: Filesystem> Filesystem for Export<F> {
         mode: XattrMode,
     ) -> Result<()> {
         self.writable()?;
-        self.inner
-            .setxattr(ctx, self.reach(ino)?, name, value, mode)
+        let ino = self.reach(ino)?;
+        if value.len() as u64 > self.limits.max_xattr_size {
+            return Err(self.reached(Limit::XattrSize(self.limits.max_xattr_size)));
+        }
+        self.inner.setxattr(ctx, ino, name, value, mode)
     }
 
     fn getxattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {

@@ -12,6 +12,18 @@ use sluice_engine::meta::{
 pub use sluice_engine::reader::Fragment;
 pub use sluice_engine::vfs::{Fh, OpenOut};
 
+/// How a READDIRPLUS entry reaches the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listed {
+    /// With its node id and attributes: the client counts it as a lookup.
+    Node,
+    /// Name and type only, no node (FUSE's `nodeid` 0, which the kernel
+    /// takes as "no attributes for this one" and looks the name up when it
+    /// needs it): what an export past its node limit sends, so a listing
+    /// still completes.
+    NameOnly,
+}
+
 /// A file system the FUSE dispatcher serves. Every method may be called from
 /// several threads at once. Errors become errno values through
 /// [`sluice_engine::Error::errno`], in the dispatcher only.
@@ -133,9 +145,10 @@ pub trait Filesystem: Send + Sync {
     /// Hands directory entries from index `offset` on (`.` and `..` first;
     /// entry `i` has offset `i + 1`) to `add`, in order, until it returns
     /// `false`: the reply is full, and that entry was not sent. With `plus`,
-    /// entries carry full attributes, and each entry `add` accepted counts
-    /// as a lookup (the kernel will FORGET it); one it refused does not. A
-    /// call costs the entries it hands out, not the rest of the directory.
+    /// entries carry full attributes, and each entry `add` accepted as
+    /// [`Listed::Node`] counts as a lookup (the kernel will FORGET it); one
+    /// it refused, or one given as [`Listed::NameOnly`], does not. A call
+    /// costs the entries it hands out, not the rest of the directory.
     fn readdir(
         &self,
         ctx: &Context,
@@ -143,7 +156,7 @@ pub trait Filesystem: Send + Sync {
         fh: Fh,
         offset: u64,
         plus: bool,
-        add: &mut dyn FnMut(&Entry) -> bool,
+        add: &mut dyn FnMut(&Entry, Listed) -> bool,
     ) -> Result<()>;
     /// Every directory entry from index `offset` on (tests and tools).
     fn readdir_all(
@@ -155,7 +168,7 @@ pub trait Filesystem: Send + Sync {
         plus: bool,
     ) -> Result<Vec<Entry>> {
         let mut out = Vec::new();
-        self.readdir(ctx, ino, fh, offset, plus, &mut |e| {
+        self.readdir(ctx, ino, fh, offset, plus, &mut |e, _| {
             out.push(e.clone());
             true
         })?;

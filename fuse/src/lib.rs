@@ -51,7 +51,7 @@ pub mod session;
 pub use dev::{DevError, Mount, MountOptions, unmount};
 pub use dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch};
 pub use export::Export;
-pub use filesystem::{Fh, Filesystem, Fragment, OpenOut};
+pub use filesystem::{Fh, Filesystem, Fragment, Listed, OpenOut};
 pub use reply::{ReplyHead, Timeouts};
 pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
 pub use session::{BackgroundSession, Session};

@@ -18,7 +18,7 @@ use sluice_engine::meta::{Attr, Entry, FileType, Ino, StatFs};
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, AttrOut, Dirent, DirentPlus, EntryOut, FuseAttr, OutHeader};
-use crate::filesystem::OpenOut;
+use crate::filesystem::{Listed, OpenOut};
 
 /// The largest header + fixed reply: CREATE's `fuse_entry_out` and
 /// `fuse_open_out` after the 16-byte header.
@@ -324,10 +324,15 @@ impl<'b> DirentPacker<'b> {
     }
 
     /// Adds a READDIRPLUS record; `false` (and nothing added) when it does
-    /// not fit.
-    pub fn push_plus(&mut self, entry: &Entry, off: u64, t: &Timeouts) -> bool {
+    /// not fit. A [`Listed::NameOnly`] record carries node id 0 and no
+    /// attributes, so the kernel takes no reference for it.
+    pub fn push_plus(&mut self, entry: &Entry, listed: Listed, off: u64, t: &Timeouts) -> bool {
+        let entry_out = match listed {
+            Listed::Node => entry_out(entry, t),
+            Listed::NameOnly => EntryOut::default(),
+        };
         let d = DirentPlus {
-            entry_out: entry_out(entry, t),
+            entry_out,
             dirent: Dirent {
                 ino: entry.inode,
                 off,
@@ -520,7 +525,7 @@ pub(crate) mod tests {
             attr: attr(FileType::Directory, 4096),
         };
         let mut p = DirentPacker::new(&mut buf, 4096);
-        assert!(p.push_plus(&e, 3, &Timeouts::default()));
+        assert!(p.push_plus(&e, Listed::Node, 3, &Timeouts::default()));
         assert_eq!(p.len(), 160); // 152 + 3 rounded to 8
         let (d, rest) = DirentPlus::read_from_prefix(&buf).unwrap();
         assert_eq!(d.entry_out.nodeid, 12);
@@ -529,8 +534,18 @@ pub(crate) mod tests {
         assert_eq!(d.dirent.off, 3);
         assert_eq!(&rest[..3], b"dir");
         let mut p = DirentPacker::new(&mut buf, 159);
-        assert!(!p.push_plus(&e, 3, &Timeouts::default()));
+        assert!(!p.push_plus(&e, Listed::Node, 3, &Timeouts::default()));
         assert!(p.is_empty());
+        // By name only: node id 0 (the kernel takes no reference), the
+        // dirent still names the inode and its type.
+        let mut p = DirentPacker::new(&mut buf, 4096);
+        assert!(p.push_plus(&e, Listed::NameOnly, 4, &Timeouts::default()));
+        let (d, rest) = DirentPlus::read_from_prefix(&buf).unwrap();
+        assert_eq!(d.entry_out.nodeid, 0);
+        assert_eq!(d.entry_out.entry_valid, 0);
+        assert_eq!(d.dirent.ino, 12);
+        assert_eq!(d.dirent.typ, u32::from(libc::DT_DIR));
+        assert_eq!(&rest[..3], b"dir");
     }
 
     #[test]

@@ -8,12 +8,14 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use sluice_engine::Error;
+use sluice_engine::Limit;
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
 use sluice_engine::meta::{Context, CopyRange, Ino, ROOT_INO, RenameFlags, TRASH_INO};
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
-use sluice_fuse::{Config, DevError, Export, Filesystem, MountOptions, Session};
+use sluice_fuse::export::ClientLimits;
+use sluice_fuse::{Config, DevError, Export, Filesystem, Listed, MountOptions, Session};
 
 fn volume(dir: &Path) -> Vfs {
     volume_with_trash(dir, 0)
@@ -527,7 +529,7 @@ fn readdirplus_hands_out_only_the_entries_that_fit() {
     let ctx = Context::default();
     let dh = fs.opendir(&ctx, ROOT_INO).unwrap();
     let (mut sent, mut refused) = (Vec::new(), Vec::new());
-    fs.readdir(&ctx, ROOT_INO, dh, 0, true, &mut |e| {
+    fs.readdir(&ctx, ROOT_INO, dh, 0, true, &mut |e, _| {
         // Room for `.`, `..` and one entry.
         if sent.len() < 3 {
             sent.push(e.inode);
@@ -547,7 +549,7 @@ fn readdirplus_hands_out_only_the_entries_that_fit() {
     ));
     // The next call, from the refused entry's offset, hands it out.
     let mut next = Vec::new();
-    fs.readdir(&ctx, ROOT_INO, dh, 3, true, &mut |e| {
+    fs.readdir(&ctx, ROOT_INO, dh, 3, true, &mut |e, _| {
         next.push(e.inode);
         true
     })
@@ -555,4 +557,216 @@ fn readdirplus_hands_out_only_the_entries_that_fit() {
     assert_eq!(next.first(), refused.first());
     fs.getattr(&ctx, refused[0]).expect("handed out once sent");
     fs.releasedir(&ctx, ROOT_INO, dh).unwrap();
+}
+
+/// Each per-client limit answers its errno, does nothing, and frees up
+/// again when the client gives back what it holds.
+#[test]
+fn client_limits_answer_their_errno_and_free_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = volume(dir.path());
+    let ctx = Context::internal();
+    let data = vfs.mkdir(&ctx, ROOT_INO, b"data", 0o755, 0).unwrap().inode;
+    for name in [b"a".as_slice(), b"b", b"c", b"d"] {
+        vfs.mkdir(&ctx, data, name, 0o755, 0).unwrap();
+    }
+    let limits = ClientLimits {
+        max_handles: 2,
+        max_nodes: 2,
+        max_xattr_size: 100,
+    };
+    let fs = Export::new(vfs, data, false).with_limits(limits);
+    fs.init().unwrap();
+    let ctx = Context::default();
+
+    // Nodes: two held; a third is refused, a held one is not.
+    let a = fs.lookup(&ctx, ROOT_INO, b"a").unwrap().inode;
+    let b = fs.lookup(&ctx, ROOT_INO, b"b").unwrap().inode;
+    let err = fs.lookup(&ctx, ROOT_INO, b"c").unwrap_err();
+    assert!(matches!(err, Error::Limit(Limit::Nodes(2))), "{err:?}");
+    assert_eq!(err.errno(), libc::ENFILE);
+    assert_eq!(fs.lookup(&ctx, ROOT_INO, b"a").unwrap().inode, a);
+    let err = fs.mkdir(&ctx, ROOT_INO, b"new", 0o755, 0).unwrap_err();
+    assert_eq!(err.errno(), libc::ENFILE);
+    assert!(
+        matches!(
+            fs.inner().lookup(&Context::internal(), data, b"new"),
+            Err(Error::NotFound)
+        ),
+        "a refused create creates nothing"
+    );
+    assert_eq!(fs.held_nodes(), 2);
+
+    // READDIRPLUS past the node limit still lists every name: the nodes
+    // the client does not hold go by name only and are not handed out.
+    let dh = fs.opendir(&ctx, ROOT_INO).unwrap();
+    let mut listed = Vec::new();
+    fs.readdir(&ctx, ROOT_INO, dh, 0, true, &mut |e, how| {
+        listed.push((String::from_utf8_lossy(&e.name).into_owned(), how));
+        true
+    })
+    .unwrap();
+    let how = |n: &str| listed.iter().find(|(name, _)| name == n).map(|(_, h)| *h);
+    assert_eq!(how("a"), Some(Listed::Node));
+    assert_eq!(how("b"), Some(Listed::Node));
+    assert_eq!(how("c"), Some(Listed::NameOnly));
+    assert_eq!(how("d"), Some(Listed::NameOnly));
+    assert_eq!(fs.held_nodes(), 2);
+
+    // Handles: the directory handle above and one more; a third is
+    // refused; a RELEASE of a handle that is not there frees nothing.
+    let fh = fs.opendir(&ctx, a).unwrap();
+    let err = fs.opendir(&ctx, b).unwrap_err();
+    assert!(matches!(err, Error::Limit(Limit::Handles(2))), "{err:?}");
+    assert_eq!(err.errno(), libc::ENFILE);
+    assert!(fs.releasedir(&ctx, a, fh + 1000).is_err());
+    assert_eq!(fs.open_handles(), 2);
+    assert_eq!(fs.opendir(&ctx, b).unwrap_err().errno(), libc::ENFILE);
+    fs.releasedir(&ctx, a, fh).unwrap();
+    let fh = fs.opendir(&ctx, b).expect("a handle given back frees room");
+    fs.releasedir(&ctx, b, fh).unwrap();
+    fs.releasedir(&ctx, ROOT_INO, dh).unwrap();
+    assert_eq!(fs.open_handles(), 0);
+
+    // A FORGET frees room for another node.
+    fs.forget(b, 2);
+    fs.lookup(&ctx, ROOT_INO, b"c")
+        .expect("room again after FORGET");
+
+    // Extended attribute values: up to the limit, E2BIG past it.
+    use sluice_engine::meta::XattrMode;
+    fs.setxattr(&ctx, a, b"user.ok", &[7; 100], XattrMode::Any)
+        .unwrap();
+    let err = fs
+        .setxattr(&ctx, a, b"user.big", &[7; 101], XattrMode::Any)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::E2BIG);
+    assert!(matches!(
+        fs.getxattr(&ctx, a, b"user.big"),
+        Err(Error::NoXattr)
+    ));
+}
+
+/// Directory snapshots are counted against the engine's limit while a
+/// handle holds them; a listing past it holds nothing (ENOMEM), and a
+/// closed handle gives its entries back.
+#[test]
+fn directory_listings_are_held_to_their_entry_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite3://{}/meta.db", dir.path().display());
+    let meta = open_meta(&url).expect("open meta");
+    format_volume(
+        &*meta,
+        "export",
+        &dir.path().join("bucket"),
+        1024,
+        Compression::None,
+        0,
+    )
+    .expect("format");
+    let config = VfsConfig {
+        cache_bytes: 16 << 20,
+        cleanup_interval: None,
+        max_dir_entries: 15,
+        ..VfsConfig::default()
+    };
+    let vfs = Vfs::new(open_volume(meta).expect("open volume"), config).expect("vfs");
+    let ctx = Context::internal();
+    for i in 0..10 {
+        vfs.mkdir(&ctx, ROOT_INO, format!("d{i}").as_bytes(), 0o755, 0)
+            .unwrap();
+    }
+    let fs = Export::new(vfs, ROOT_INO, false);
+    fs.init().unwrap();
+    let ctx = Context::default();
+    let first = fs.opendir(&ctx, ROOT_INO).unwrap();
+    let listed = fs.readdir_all(&ctx, ROOT_INO, first, 0, false).unwrap();
+    assert!(listed.len() >= 10 && listed.len() <= 15, "{}", listed.len());
+    // Rewinding the same handle replaces its snapshot: still within.
+    fs.readdir_all(&ctx, ROOT_INO, first, 0, false).unwrap();
+    let second = fs.opendir(&ctx, ROOT_INO).unwrap();
+    let err = fs
+        .readdir_all(&ctx, ROOT_INO, second, 0, false)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Limit(Limit::DirEntries(15))),
+        "{err:?}"
+    );
+    assert_eq!(err.errno(), libc::ENOMEM);
+    fs.releasedir(&ctx, ROOT_INO, first).unwrap();
+    assert_eq!(
+        fs.readdir_all(&ctx, ROOT_INO, second, 0, false)
+            .unwrap()
+            .len(),
+        listed.len()
+    );
+    fs.releasedir(&ctx, ROOT_INO, second).unwrap();
+}
+
+/// The real kernel takes READDIRPLUS entries given by name only (node id
+/// 0) as plain entries: past the node limit `ls` still lists every name,
+/// and a stat of a name the client may not hold answers ENFILE.
+#[test]
+fn the_kernel_lists_every_name_past_the_node_limit() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = volume(dir.path());
+    let ctx = Context::internal();
+    let data = vfs.mkdir(&ctx, ROOT_INO, b"data", 0o755, 0).unwrap().inode;
+    for i in 0..8 {
+        vfs.mkdir(&ctx, data, format!("d{i}").as_bytes(), 0o755, 0)
+            .unwrap();
+    }
+    let mnt: PathBuf = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let m = match sluice_fuse::dev::mount(&mnt, &MountOptions::default()) {
+        Ok(m) => m,
+        Err(DevError::Mount { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+        {
+            eprintln!("skipped: mounting FUSE is not permitted here ({source})");
+            return;
+        }
+        Err(DevError::Open(e)) => {
+            eprintln!("skipped: /dev/fuse cannot be opened ({e})");
+            return;
+        }
+        Err(e) => panic!("mount failed: {e}"),
+    };
+    let limits = ClientLimits {
+        max_nodes: 3,
+        ..ClientLimits::default()
+    };
+    let fs_ = Export::new(vfs, data, false).with_limits(limits);
+    let session = Session::new(fs_, m, Config::default()).spawn(2).unwrap();
+    let check = || {
+        let mut names: Vec<_> = fs::read_dir(&mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["d0", "d1", "d2", "d3", "d4", "d5", "d6", "d7"]);
+        let (mut held, mut refused) = (0, 0);
+        for n in &names {
+            match fs::metadata(mnt.join(n)) {
+                Ok(m) => {
+                    assert!(m.is_dir());
+                    held += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENFILE), "{n}: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(held, 3, "{refused} refused");
+    };
+    let result = std::panic::catch_unwind(check);
+    session.unmount_and_join().unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
 }

@@ -5,6 +5,7 @@ pub mod control;
 pub mod format;
 pub mod gc;
 pub mod info;
+pub mod limit_args;
 pub mod mount;
 pub mod objbench;
 pub mod readahead_args;

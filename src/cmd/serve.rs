@@ -83,6 +83,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "uring|pread", default_value = "pread")]
     pub guest_io: GuestIoMode,
     #[command(flatten)]
+    pub limits: super::limit_args::LimitArgs,
+    #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
     pub writeback: WritebackArgs,
@@ -97,6 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--queues, --cache-size and --buffer-size must be at least 1");
     }
     args.readahead.apply(VfsConfig::default())?;
+    let client_limits = args.limits.apply(&mut VfsConfig::default())?;
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config.guest_io = args.guest_io;
     device_config
@@ -161,30 +164,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let vfs = Vfs::new(
-            volume.clone(),
-            args.readahead.apply(VfsConfig {
-                cache_bytes: args.cache_size << 20,
-                cache_prefault: args.cache_prefault,
-                buffer_bytes: args.buffer_size << 20,
-                // Between VMs the server lives on and keeps uploading; only
-                // its last session waits for the uploads.
-                upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
-                disk_cache: disk_cache.clone(),
-                prefetch_cpus: prefetch_cpus.clone(),
-                atime: args.atime_mode,
-                read_only: args.read_only,
-                ..VfsConfig::default()
-            })?,
-        )
-        .context("cannot start the file system")?;
+        let mut vfs_config = args.readahead.apply(VfsConfig {
+            cache_bytes: args.cache_size << 20,
+            cache_prefault: args.cache_prefault,
+            buffer_bytes: args.buffer_size << 20,
+            // Between VMs the server lives on and keeps uploading; only
+            // its last session waits for the uploads.
+            upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
+            disk_cache: disk_cache.clone(),
+            prefetch_cpus: prefetch_cpus.clone(),
+            atime: args.atime_mode,
+            read_only: args.read_only,
+            ..VfsConfig::default()
+        })?;
+        args.limits.apply(&mut vfs_config)?;
+        let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match &args.export {
             Some(path) => export_root(&vfs, path)?,
             None => ROOT_INO,
         };
         *slot.lock() = Some(vfs.reader().clone());
         let handler = Arc::new(FuseHandler::new(
-            Dispatcher::new(Export::new(vfs, root, args.read_only), Config::default()),
+            Dispatcher::new(
+                Export::new(vfs, root, args.read_only).with_limits(client_limits),
+                Config::default(),
+            ),
             device_config.num_queues(),
         ));
         let device = VirtioFsDevice::new(device_config.clone(), handler)
