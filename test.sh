@@ -5,6 +5,7 @@
 # toolchain and qemu-user (for the arm64 tests).
 #
 # Environment: SLUICE_SKIP_ARM64=1 skips the arm64 cross-build and tests;
+# SLUICE_SKIP_FUZZ=1 skips the libFuzzer runs (SLUICE_FUZZ_SECONDS per target, 45);
 # SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs, tests/e2e_powerloss.rs and the
 # virtiofsd smoke test).
 set -euo pipefail
@@ -42,6 +43,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "workspace tests"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+
+if [ "${SLUICE_SKIP_FUZZ:-0}" != 1 ]; then
+    step "fuzzing: each libFuzzer target for ${SLUICE_FUZZ_SECONDS:=45} s (fuzz/run.sh)"
+    # The seed corpus already ran in the workspace tests (fuzz/tests/corpus.rs);
+    # this runs the fuzzer itself for a bounded time. A finding fails CI and
+    # leaves its input under target/fuzz/fuzz-work/TARGET/artifacts.
+    FUZZ_BUILD_ONLY=1 bash fuzz/run.sh requests
+    bash fuzz/run.sh requests "$SLUICE_FUZZ_SECONDS"
+    bash fuzz/run.sh chains "$SLUICE_FUZZ_SECONDS"
+fi
 
 step "xfstests: the CI subset (tests/xfstests/ci.list) on a sluice mount"
 # The xfstests source comes with the shared tools (../shared/tools/xfstests);

@@ -179,6 +179,18 @@ fn bad_chains_get_error_replies_and_never_reach_the_handler() {
         .unwrap();
     assert_eq!(reply_errno(&queue, written).0, libc::EINVAL);
 
+    // A loop through a writable buffer too small for a reply: walked again
+    // and again it would seem to offer room, but each buffer counts once,
+    // so nothing is written (found by fuzz/ `chains`).
+    let (addr, len) = put_request(&mut queue, 15, &[]);
+    let (reply_addr4, _) = queue.reply_buffer();
+    let mut small_loop = RawDescriptor::buffer(reply_addr4, 4, true);
+    small_loop.next = Some(0);
+    let written = queue
+        .send_chain(&[RawDescriptor::buffer(addr, len, false), small_loop])
+        .unwrap();
+    assert_eq!(written, 0, "no more written than the 4-byte buffer holds");
+
     // A `next` that points past the descriptor table.
     let (addr, len) = put_request(&mut queue, 16, &[]);
     let mut dangling = reply_room(&queue);

@@ -117,6 +117,14 @@ impl ChainBuffers {
         }
         if last_has_next {
             error.get_or_insert(ChainError::Truncated);
+            // A chain that loops yields its descriptors again and again
+            // until the walk's bound: its writable buffers repeat. The error
+            // reply goes into each buffer once, so the used length never
+            // claims more bytes than the guest's buffers hold (the fuzzer
+            // found a 4-byte buffer looped into a 16-byte reply).
+            let mut seen = std::collections::HashSet::new();
+            buffers.writable.retain(|r| seen.insert((r.addr.0, r.len)));
+            buffers.writable_len = buffers.writable.iter().map(|r| r.len).sum();
         }
         (buffers, error)
     }
