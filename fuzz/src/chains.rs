@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use arbitrary::{Arbitrary, Unstructured};
-use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, GUEST_BASE, RawDescriptor};
+use sluice_benches::virtiofs::{
+    Device, DeviceOptions, FuseQueue, GUEST_BASE, HarnessError, RawDescriptor,
+};
 use sluice_engine::format::Compression;
 use sluice_engine::meta::{Context, ROOT_INO, open_meta};
 use sluice_engine::vfs::{Vfs, VfsConfig};
@@ -81,7 +83,7 @@ struct Chain {
 
 struct Rig {
     _dir: tempfile::TempDir,
-    _server: JoinHandle<sluice_vhost::Result<()>>,
+    server: Option<JoinHandle<sluice_vhost::Result<()>>>,
     // The queue borrows nothing from the device, but the device must live
     // as long as the connection does.
     _device: Device,
@@ -89,9 +91,14 @@ struct Rig {
     unique: u64,
 }
 
-fn rig() -> &'static Mutex<Rig> {
-    static RIG: OnceLock<Mutex<Rig>> = OnceLock::new();
-    RIG.get_or_init(|| {
+/// The device and its driver; a new pair after the guest ended its session.
+fn rig() -> &'static Mutex<Option<Rig>> {
+    static RIG: OnceLock<Mutex<Option<Rig>>> = OnceLock::new();
+    RIG.get_or_init(|| Mutex::new(None))
+}
+
+fn new_rig() -> Rig {
+    {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite3://{}/meta.db", dir.path().display());
         let meta = open_meta(&url).expect("open meta");
@@ -141,14 +148,14 @@ fn rig() -> &'static Mutex<Rig> {
         .expect("connect");
         let mut q = FuseQueue::new(&mut driver, 1, MAX_IO).expect("queue");
         q.init().expect("INIT");
-        Mutex::new(Rig {
+        Rig {
             _dir: dir,
-            _server: server,
+            server: Some(server),
             _device: driver,
             q,
             unique: 1 << 40,
-        })
-    })
+        }
+    }
 }
 
 /// Where a `next` leads in a chain (or table) of `n` descriptors: back
@@ -213,7 +220,8 @@ fn raw(
 
 /// Runs one input; panics when an invariant breaks.
 pub fn run(data: &[u8]) {
-    let mut rig = rig().lock().unwrap_or_else(|e| e.into_inner());
+    let mut slot = rig().lock().unwrap_or_else(|e| e.into_inner());
+    let rig = slot.get_or_insert_with(new_rig);
     let mut u = Unstructured::new(data);
     for _ in 0..4 {
         let Ok(chain) = u.arbitrary::<Chain>() else {
@@ -292,8 +300,22 @@ pub fn run(data: &[u8]) {
             "the device wrote {written} bytes into a chain offering {room}: {descs:?}"
         );
     }
-    // Still answering a well-formed request.
-    rig.q
-        .getattr(1)
-        .expect("GETATTR of the root after the chains");
+    // Still answering a well-formed request; or, when a chain carried
+    // DESTROY (any readable bytes may), the session is over and says so
+    // (ENODEV): then the driver disconnects, as a guest resets its device,
+    // the daemon must end the connection cleanly, and the next input gets a
+    // new device.
+    match rig.q.getattr(1) {
+        Ok(_) => {}
+        Err(HarnessError::Errno { errno, .. }) if errno == libc::ENODEV => {
+            let mut rig = slot.take().expect("the rig");
+            let server = rig.server.take().expect("the server thread");
+            drop(rig);
+            server
+                .join()
+                .expect("the device thread did not panic")
+                .expect("the device ended the connection cleanly");
+        }
+        Err(e) => panic!("GETATTR of the root after the chains: {e}"),
+    }
 }
