@@ -7,6 +7,7 @@ pub mod gc;
 pub mod info;
 pub mod mount;
 pub mod objbench;
+pub mod quota;
 pub mod readahead_args;
 pub mod serve;
 pub mod status;
