@@ -77,20 +77,20 @@ impl Inner {
     pub(super) fn get_dir_quota(&self, ino: Ino) -> Result<Option<DirQuota>> {
         let [quota, used_space, used_inodes] = self.keys.dir_quota_keys();
         let field = ino.to_string();
-        let (packed, space, inodes): (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) =
-            self.pool.with_conn(|c| {
-                redis::pipe()
-                    .cmd("HGET")
-                    .arg(&quota)
-                    .arg(&field)
-                    .cmd("HGET")
-                    .arg(&used_space)
-                    .arg(&field)
-                    .cmd("HGET")
-                    .arg(&used_inodes)
-                    .arg(&field)
-                    .query(c)
-            })?;
+        type Field = Option<Vec<u8>>;
+        let (packed, space, inodes): (Field, Field, Field) = self.pool.with_conn(|c| {
+            redis::pipe()
+                .cmd("HGET")
+                .arg(&quota)
+                .arg(&field)
+                .cmd("HGET")
+                .arg(&used_space)
+                .arg(&field)
+                .cmd("HGET")
+                .arg(&used_inodes)
+                .arg(&field)
+                .query(c)
+        })?;
         let Some(packed) = packed else {
             return Ok(None);
         };
