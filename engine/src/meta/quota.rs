@@ -297,6 +297,20 @@ impl Quotas {
     }
 }
 
+/// Warns (at load) about JuiceFS quotas sluice does not keep: user and
+/// group quotas (`UserGroupQuota`, JuiceFS 1.3+), which sluice neither
+/// enforces nor counts.
+pub fn warn_unsupported(fmt: &Format) {
+    if fmt.extra.get("UserGroupQuota") == Some(&serde_json::Value::Bool(true)) {
+        log::warn!(
+            "volume {:?} has user/group quotas (juicefs quota --uid/--gid): sluice does not \
+             enforce them or count its changes in them; `juicefs quota check --repair` \
+             recomputes their usage",
+            fmt.name
+        );
+    }
+}
+
 /// What a node contributes to a quota's usage: its space (a file's length
 /// rounded up to 4 KiB, 4 KiB for anything else) and one inode.
 pub fn node_usage(typ: FileType, length: u64) -> (i64, i64) {

@@ -599,6 +599,7 @@ impl Meta for RedisMeta {
         f.check_supported()?;
         *self.inner.format.write() = Some(f.clone());
         self.inner.reload_quotas()?;
+        quota::warn_unsupported(&f);
         Ok(f)
     }
 

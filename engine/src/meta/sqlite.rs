@@ -728,6 +728,7 @@ impl Meta for SqliteMeta {
         f.check_supported()?;
         *self.inner.format.write() = Some(f.clone());
         self.inner.reload_quotas()?;
+        quota::warn_unsupported(&f);
         Ok(f)
     }
 
