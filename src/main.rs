@@ -36,6 +36,10 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
+    /// Directory quotas: set, get, list, delete, check (as `juicefs quota`).
+    Quota(cmd::quota::QuotaArgs),
+    /// Change a volume's capacity and inode limits (as `juicefs config`).
+    Config(cmd::quota::ConfigArgs),
     /// Pull files into a running daemon's caches (or --evict, --check).
     Warmup(cmd::warmup::WarmupArgs),
     /// Object-store throughput: put/get/head/list/delete of blocks and small objects.
@@ -53,6 +57,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(args) => cmd::info::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Gc(args) => cmd::gc::run(args),
+        Command::Quota(args) => cmd::quota::run(args),
+        Command::Config(args) => cmd::quota::config(args),
         Command::Objbench(args) => cmd::objbench::run(args),
         Command::Warmup(args) => cmd::warmup::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),

@@ -46,9 +46,13 @@ pub enum Error {
     /// A file would grow beyond the largest size the format can hold.
     #[error("file too large")]
     FileTooBig,
-    /// The volume or a quota is full.
+    /// No space: the volume's capacity or inode limit (`Capacity`,
+    /// `Inodes`) would be passed, or a node's attribute list is full.
     #[error("no space left on the volume")]
     NoSpace,
+    /// A directory quota would be passed.
+    #[error("a directory quota is exceeded")]
+    QuotaExceeded,
     /// A rename across volumes or exports.
     #[error("cross-device link")]
     CrossDevice,
@@ -113,6 +117,7 @@ impl Error {
             Error::Range => libc::ERANGE,
             Error::FileTooBig => libc::EFBIG,
             Error::NoSpace => libc::ENOSPC,
+            Error::QuotaExceeded => libc::EDQUOT,
             Error::CrossDevice => libc::EXDEV,
             Error::ReadOnly => libc::EROFS,
             Error::NotSupported(_) => libc::EOPNOTSUPP,

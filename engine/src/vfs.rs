@@ -455,7 +455,10 @@ impl Vfs {
         let errors = file.writer.errors();
         let unseen = reported.fetch_max(errors, Ordering::AcqRel) < errors;
         match res {
-            Ok(()) if unseen => Err(Error::WriteBack(ino)),
+            Ok(()) if unseen => Err(file
+                .writer
+                .refused()
+                .map_or(Error::WriteBack(ino), |l| l.error())),
             r => r,
         }
     }

@@ -157,8 +157,11 @@ pub fn format_volume_on(
         }
     };
     let mut kept_credentials = None;
+    let mut kept_limits = (0, 0);
     let uuid = match meta.load() {
         Ok(existing) if existing.name == name => {
+            // Limits change through `set_volume_limits` only.
+            kept_limits = (existing.capacity, existing.inodes);
             // Formatting again without keys keeps the stored ones, as
             // JuiceFS does.
             if storage.credentials.access_key.is_empty() && storage.kind == existing.storage {
@@ -189,8 +192,8 @@ pub fn format_volume_on(
         bucket: bucket_str,
         block_size: block_size_kib,
         compression: compression_name(compression).into(),
-        capacity: 0,
-        inodes: 0,
+        capacity: kept_limits.0,
+        inodes: kept_limits.1,
         encrypt_algo: "aes256gcm-rsa".into(),
         encrypt_key: String::new(),
         trash_days,
@@ -224,6 +227,39 @@ pub fn format_volume_on(
     }
     meta.init(&format)?;
     Ok(format)
+}
+
+/// Changes a formatted volume's limits, as `juicefs config --capacity
+/// --inodes` does: `capacity` in bytes, `inodes` in nodes, 0 for no limit,
+/// `None` to keep. Clients that have the volume mounted pick the change up
+/// at their next heartbeat. Returns the new settings.
+pub fn set_volume_limits(
+    meta: &dyn Meta,
+    capacity: Option<u64>,
+    inodes: Option<u64>,
+) -> Result<Format> {
+    let mut format = meta.load()?;
+    if let Some(c) = capacity {
+        format.capacity = c;
+    }
+    if let Some(i) = inodes {
+        format.inodes = i;
+    }
+    meta.init(&format)?;
+    meta.reload_quotas()?;
+    Ok(format)
+}
+
+/// Turns on the directory statistics (`DirStats`) a directory quota needs,
+/// as `juicefs quota set` does; nothing when they are on.
+pub fn enable_dir_stats(meta: &dyn Meta) -> Result<()> {
+    let mut format = meta.load()?;
+    if !format.dir_stats {
+        format.dir_stats = true;
+        meta.init(&format)?;
+        meta.reload_quotas()?;
+    }
+    Ok(())
 }
 
 /// Opens a formatted volume: loads and checks the settings and connects the

@@ -448,6 +448,37 @@ pub struct FileWriter {
     /// Whether the last commit failed (the first failure of a run of them is
     /// logged; the rest would repeat it).
     failing: AtomicBool,
+    /// Whether the last failed commit was refused for a limit (volume
+    /// capacity or inodes, a directory quota): its writes were dropped, and
+    /// handles report that error rather than EIO.
+    refused: Mutex<Option<LimitError>>,
+}
+
+/// A commit refused because it would pass a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitError {
+    /// The volume's capacity or inode limit (ENOSPC).
+    NoSpace,
+    /// A directory quota (EDQUOT).
+    Quota,
+}
+
+impl LimitError {
+    fn of(e: &Error) -> Option<LimitError> {
+        match e {
+            Error::NoSpace => Some(LimitError::NoSpace),
+            Error::QuotaExceeded => Some(LimitError::Quota),
+            _ => None,
+        }
+    }
+
+    /// The error a handle reports for it.
+    pub fn error(self) -> Error {
+        match self {
+            LimitError::NoSpace => Error::NoSpace,
+            LimitError::Quota => Error::QuotaExceeded,
+        }
+    }
 }
 
 /// Stores the slices of a taken buffer, makes their objects durable with
@@ -612,6 +643,13 @@ impl FileWriter {
         self.errors.load(Ordering::Acquire)
     }
 
+    /// Whether the last failed commit was refused for a limit (its writes
+    /// were dropped, as JuiceFS drops them: trying again cannot succeed
+    /// until something else frees space).
+    pub fn refused(&self) -> Option<LimitError> {
+        *self.refused.lock()
+    }
+
     /// Stores and commits every buffered write, in write order, after any
     /// commit running in the background (a failed background commit's writes
     /// are tried again here). Returns the chunks changed. On failure the
@@ -708,6 +746,17 @@ impl FileWriter {
     /// error is counted, and the first of a run of failures is logged.
     fn failed(&self, ino: Ino, e: &Error, left: Buffer) {
         let bytes = left.bytes;
+        let limit = LimitError::of(e);
+        *self.refused.lock() = limit;
+        if limit.is_some() {
+            // A refused commit is not tried again: its writes go (and their
+            // memory with them), as JuiceFS drops a slice refused with
+            // ENOSPC or EDQUOT.
+            self.budget.fetch_sub(left.bytes, Ordering::AcqRel);
+            self.errors.fetch_add(1, Ordering::AcqRel);
+            log::warn!("inode {ino}: {bytes} bytes of writes were refused and dropped: {e}");
+            return;
+        }
         {
             let mut b = self.buf.lock();
             for (indx, mut older) in left.chunks {

@@ -6,7 +6,7 @@ use sluice_engine::Error;
 use sluice_engine::format::{Compression, Credentials, Secret};
 use sluice_engine::meta::{MetaUrl, open_meta};
 use sluice_engine::object::S3Options;
-use sluice_engine::volume::{Storage, format_volume_on};
+use sluice_engine::volume::{Storage, format_volume_on, set_volume_limits};
 
 /// Arguments of `sluice format`.
 #[derive(Debug, clap::Args)]
@@ -46,6 +46,15 @@ pub struct FormatArgs {
     /// Days deleted files stay in the trash (0 disables the trash).
     #[arg(long, default_value_t = 1)]
     pub trash_days: u32,
+    /// The volume's space limit, in GiB unless a unit is given (as
+    /// `juicefs format --capacity`); writes past it fail with ENOSPC.
+    /// 0 = unlimited; left out, a volume formatted again keeps its limit.
+    #[arg(long, allow_hyphen_values = true, value_parser = super::quota::parse_gib)]
+    pub capacity: Option<u64>,
+    /// The volume's inode limit; creating past it fails with ENOSPC.
+    /// 0 = unlimited; left out, a volume formatted again keeps its limit.
+    #[arg(long, allow_hyphen_values = true, value_parser = super::quota::parse_count)]
+    pub inodes: Option<u64>,
 }
 
 /// Runs `sluice format`.
@@ -113,8 +122,14 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         args.trash_days,
     )
     .with_context(|| format!("cannot format volume {:?}", args.name))?;
+    let format = if args.capacity.is_some() || args.inodes.is_some() {
+        set_volume_limits(&*meta, args.capacity, args.inodes)
+            .with_context(|| format!("cannot set the limits of volume {:?}", args.name))?
+    } else {
+        format
+    };
     println!(
-        "volume {} ({}) ready: metadata {}, objects in {}, block size {} KiB, compression {}, trash {} day(s)",
+        "volume {} ({}) ready: metadata {}, objects in {}, block size {} KiB, compression {}, trash {} day(s){}",
         format.name,
         format.uuid,
         args.meta_url,
@@ -125,7 +140,11 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         } else {
             &format.compression
         },
-        format.trash_days
+        format.trash_days,
+        match (format.capacity, format.inodes) {
+            (0, 0) => String::new(),
+            (c, i) => format!(", capacity {c} bytes, inodes {i} (0 = unlimited)"),
+        }
     );
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod info;
 pub mod limit_args;
 pub mod mount;
 pub mod objbench;
+pub mod quota;
 pub mod readahead_args;
 pub mod serve;
 pub mod status;

@@ -60,6 +60,9 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("trash_keeps_removed_files", trash_keeps_removed_files),
     ("no_trash_releases_at_once", no_trash_releases_at_once),
     ("statfs_counts_usage", statfs_counts_usage),
+    ("volume_limits_give_enospc", volume_limits_give_enospc),
+    ("dir_quotas_give_edquot", dir_quotas_give_edquot),
+    ("renames_move_quota_usage", renames_move_quota_usage),
     ("concurrent_creates", concurrent_creates),
     ("sessions", sessions),
 ];
@@ -1935,4 +1938,281 @@ pub(crate) fn sessions(m: &dyn Meta) {
     m.cleanup().expect("cleanup leaves a live session");
     m.close_session().expect("close");
     m.close_session().expect("closing twice is harmless");
+}
+
+/// Formats with a volume capacity and inode limit (JuiceFS `Capacity`,
+/// `Inodes`): growth past either fails with `NoSpace` (ENOSPC), shrinking
+/// never does, and statfs reports the limits as totals.
+pub(crate) fn volume_limits_give_enospc(m: &dyn Meta) {
+    let mut f = test_format(0);
+    f.capacity = 10 * 4096;
+    f.inodes = 4;
+    m.init(&f).expect("format");
+    m.load().expect("load");
+    let c = root();
+    let (a, _) = m.create(&c, ROOT_INO, b"a", 0o644, 0).expect("a");
+    // 4 KiB for the node, then grow to 9 granules in all: fits exactly.
+    write(m, a, 0, 9 * 4096);
+    let s = m.statfs(&c, ROOT_INO).expect("statfs");
+    assert_eq!((s.total_space, s.avail_space), (10 * 4096, 4096));
+    assert_eq!((s.used_inodes, s.avail_inodes), (1, 3));
+    let id = m.new_slice_id().expect("id");
+    let past = Slice {
+        pos: 9 * 4096,
+        id,
+        size: 4097,
+        off: 0,
+        len: 4097,
+    };
+    assert_err(
+        m.write_chunk(a, 0, past, Timestamp::now()),
+        |e| matches!(e, Error::NoSpace),
+        "a write past the capacity",
+    );
+    assert_err(
+        m.fallocate(&c, a, 0, 0, 11 * 4096),
+        |e| matches!(e, Error::NoSpace),
+        "a preallocation past the capacity",
+    );
+    assert_err(
+        m.truncate(&c, a, 20 * 4096, TruncateVia::Path),
+        |e| matches!(e, Error::NoSpace),
+        "a truncate past the capacity",
+    );
+    assert_eq!(m.getattr(a).expect("a").length, 9 * 4096, "nothing changed");
+    // The last 4 KiB go to a new node; then the space is full.
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("d");
+    assert_err(
+        m.symlink(&c, d, b"s", b"t"),
+        |e| matches!(e, Error::NoSpace),
+        "a node past the capacity",
+    );
+    // Shrinking frees space: the inode limit is next.
+    m.truncate(&c, a, 4096, TruncateVia::Path).expect("shrink");
+    m.symlink(&c, d, b"s", b"t").expect("s");
+    m.mknod(&c, d, b"p", FileType::Fifo, 0o644, 0, 0)
+        .expect("p");
+    assert_err(
+        m.create(&c, d, b"x", 0o644, 0),
+        |e| matches!(e, Error::NoSpace),
+        "a node past the inode limit",
+    );
+    assert_eq!(Error::NoSpace.errno(), libc::ENOSPC);
+    // A change of the limits (juicefs config) applies after a reload.
+    f.inodes = 0;
+    m.init(&f).expect("raise the limit");
+    m.reload_quotas().expect("reload");
+    m.create(&c, d, b"x", 0o644, 0).expect("x");
+}
+
+fn set_quota(m: &dyn Meta, dir: Ino, space: i64, inodes: i64) {
+    assert!(
+        m.set_dir_quota(
+            dir,
+            &crate::meta::QuotaChange {
+                max_space: Some(space),
+                max_inodes: Some(inodes),
+                usage: None,
+            },
+        )
+        .expect("set quota"),
+        "a new quota"
+    );
+    let usage = crate::meta::quota::tree_usage(m, dir).expect("usage");
+    m.set_dir_quota(
+        dir,
+        &crate::meta::QuotaChange {
+            usage: Some(usage),
+            ..Default::default()
+        },
+    )
+    .expect("set usage");
+    m.reload_quotas().expect("reload");
+}
+
+/// The stored usage of `dir`'s quota equals what a walk of the tree finds
+/// (what `juicefs quota check` compares).
+fn quota_agrees(m: &dyn Meta, dir: Ino) -> (i64, i64) {
+    let q = m.get_dir_quota(dir).expect("get").expect("a quota");
+    let tree = crate::meta::quota::tree_usage(m, dir).expect("walk");
+    assert_eq!((q.used_space, q.used_inodes), tree, "stored usage of {dir}");
+    tree
+}
+
+/// Directory quotas (JuiceFS `jfs_dir_quota` / `dirQuota`): nested limits
+/// give `QuotaExceeded` (EDQUOT) for new nodes and for growth of files
+/// (write, truncate, fallocate, copy_file_range, link), usage follows
+/// every change in the same transaction, and a quota's usage always equals
+/// the tree's.
+pub(crate) fn dir_quotas_give_edquot(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (top, _) = m.mkdir(&c, ROOT_INO, b"top", 0o755, 0).expect("top");
+    let (sub, _) = m.mkdir(&c, top, b"sub", 0o755, 0).expect("sub");
+    let (deep, _) = m.mkdir(&c, sub, b"deep", 0o755, 0).expect("deep");
+    let (f, _) = m.create(&c, deep, b"f", 0o644, 0).expect("f");
+    write(m, f, 0, 4096);
+    // top: 6 inodes; sub: 8 granules of space.
+    set_quota(m, top, 0, 6);
+    set_quota(m, sub, 8 * 4096, 0);
+    assert_eq!(quota_agrees(m, top), (3 * 4096, 3));
+    assert_eq!(quota_agrees(m, sub), (2 * 4096, 2));
+    assert!(m.get_dir_quota(deep).expect("get").is_none());
+
+    // Space below sub: 6 granules left. The file grows by 5.
+    write(m, f, 4096, 5 * 4096);
+    assert_eq!(quota_agrees(m, sub), (7 * 4096, 2));
+    let id = m.new_slice_id().expect("id");
+    let past = Slice {
+        pos: 6 * 4096,
+        id,
+        size: 8192,
+        off: 0,
+        len: 8192,
+    };
+    assert_err(
+        m.write_chunk(f, 0, past, Timestamp::now()),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a write past the nested space quota",
+    );
+    assert_err(
+        m.truncate(&c, f, 8 * 4096, TruncateVia::Path),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a truncate past the space quota",
+    );
+    assert_err(
+        m.fallocate(&c, f, 0, 0, 8 * 4096),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a fallocate past the space quota",
+    );
+    let (g, _) = m
+        .create(&c, deep, b"g", 0o644, 0)
+        .expect("g: the last granule");
+    assert_err(
+        m.copy_file_range(&CopyRange {
+            fin: f,
+            off_in: 0,
+            fout: g,
+            off_out: 0,
+            len: 8192,
+            flags: 0,
+        }),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a copy past the space quota",
+    );
+    assert_eq!(quota_agrees(m, sub), (8 * 4096, 3));
+    // Inodes below top: 4 used of 6. A hard link counts one more.
+    m.link(&c, g, top, b"g2").expect("link");
+    assert_eq!(quota_agrees(m, top), (10 * 4096, 5));
+    m.mknod(&c, top, b"p", FileType::Fifo, 0o644, 0, 0)
+        .expect("p");
+    assert_err(
+        m.mkdir(&c, top, b"more", 0o755, 0),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a node past the inode quota",
+    );
+    assert_err(
+        m.link(&c, g, ROOT_INO, b"outside")
+            .map(|_| ())
+            .and_then(|()| m.link(&c, g, top, b"g3").map(|_| ())),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a link past the inode quota",
+    );
+    assert_eq!(Error::QuotaExceeded.errno(), libc::EDQUOT);
+    // Outside the quotas nothing is limited.
+    m.mkdir(&c, ROOT_INO, b"free", 0o755, 0).expect("free");
+
+    // Removing frees: unlink, rmdir, truncate.
+    m.unlink(&c, top, b"p").expect("unlink p");
+    m.unlink(&c, top, b"g2").expect("unlink g2");
+    m.truncate(&c, f, 4096, TruncateVia::Path)
+        .expect("shrink f");
+    assert_eq!(quota_agrees(m, sub), (3 * 4096, 3));
+    assert_eq!(quota_agrees(m, top), (4 * 4096, 4));
+    m.mkdir(&c, top, b"more", 0o755, 0).expect("room again");
+    m.rmdir(&c, top, b"more").expect("rmdir");
+    assert_eq!(quota_agrees(m, top), (4 * 4096, 4));
+
+    // A quota set by raising it applies after a reload (another client).
+    m.set_dir_quota(
+        top,
+        &crate::meta::QuotaChange {
+            max_inodes: Some(0),
+            ..Default::default()
+        },
+    )
+    .expect("lift");
+    m.reload_quotas().expect("reload");
+    for i in 0..4 {
+        m.mkdir(&c, top, format!("n{i}").as_bytes(), 0o755, 0)
+            .expect("no inode limit now");
+    }
+    assert_eq!(quota_agrees(m, top), (8 * 4096, 8));
+    m.delete_dir_quota(top).expect("delete");
+    assert!(m.get_dir_quota(top).expect("get").is_none());
+    assert_eq!(m.dir_quotas().expect("list").len(), 1, "sub's stays");
+}
+
+/// Renames across quota directories move the whole usage (a directory with
+/// everything below it), JuiceFS's rule, and must fit the destination;
+/// within one quota nothing is checked or moved.
+pub(crate) fn renames_move_quota_usage(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (qa, _) = m.mkdir(&c, ROOT_INO, b"qa", 0o755, 0).expect("qa");
+    let (qb, _) = m.mkdir(&c, ROOT_INO, b"qb", 0o755, 0).expect("qb");
+    let (tree, _) = m.mkdir(&c, qa, b"tree", 0o755, 0).expect("tree");
+    let (inner, _) = m.mkdir(&c, tree, b"inner", 0o755, 0).expect("inner");
+    let (f, _) = m.create(&c, inner, b"f", 0o644, 0).expect("f");
+    write(m, f, 0, 3 * 4096);
+    m.create(&c, qa, b"loose", 0o644, 0).expect("loose");
+    set_quota(m, qa, 0, 100);
+    set_quota(m, qb, 0, 2);
+    assert_eq!(quota_agrees(m, qa), (6 * 4096, 4));
+    // tree is 3 nodes with itself: it does not fit qb's 2 inodes.
+    assert_err(
+        m.rename(&c, qa, b"tree", qb, b"tree", RenameFlags::default()),
+        |e| matches!(e, Error::QuotaExceeded),
+        "a tree that does not fit",
+    );
+    // Within qa, even when full, a rename moves nothing.
+    m.set_dir_quota(
+        qa,
+        &crate::meta::QuotaChange {
+            max_inodes: Some(4),
+            ..Default::default()
+        },
+    )
+    .expect("tighten");
+    m.reload_quotas().expect("reload");
+    m.rename(&c, qa, b"tree", inner, b"tree2", RenameFlags::default())
+        .map(|_| ())
+        .expect_err("into itself");
+    m.rename(&c, qa, b"loose", inner, b"loose", RenameFlags::default())
+        .expect("within one quota");
+    assert_eq!(quota_agrees(m, qa), (6 * 4096, 4));
+    // Raise qb: the tree moves with everything below it.
+    m.set_dir_quota(
+        qb,
+        &crate::meta::QuotaChange {
+            max_inodes: Some(10),
+            ..Default::default()
+        },
+    )
+    .expect("raise");
+    m.reload_quotas().expect("reload");
+    m.rename(&c, qa, b"tree", qb, b"moved", RenameFlags::default())
+        .expect("across");
+    assert_eq!(quota_agrees(m, qa), (0, 0));
+    assert_eq!(quota_agrees(m, qb), (6 * 4096, 4));
+    // New nodes below the moved tree count for qb now (the parent cache
+    // followed the rename).
+    m.create(&c, inner, b"new", 0o644, 0).expect("new");
+    assert_eq!(quota_agrees(m, qb), (7 * 4096, 5));
+    assert_eq!(quota_agrees(m, qa), (0, 0));
+    // A file moves with its space.
+    m.rename(&c, inner, b"f", qa, b"f", RenameFlags::default())
+        .expect("file across");
+    assert_eq!(quota_agrees(m, qa), (3 * 4096, 1));
+    assert_eq!(quota_agrees(m, qb), (4 * 4096, 4));
 }

@@ -11,12 +11,14 @@ pub mod bounded;
 pub(crate) mod conformance;
 pub mod copy_range;
 mod open_files;
+pub mod quota;
 pub mod redis;
 pub mod sqlite;
 pub mod url;
 
 pub use bounded::{WorkCounters, WorkStats};
 pub use copy_range::{CopyRange, MAX_COPY_LEN};
+pub use quota::{DirQuota, QuotaChange, Quotas};
 pub use redis::RedisMeta;
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::{MetaUrl, open_meta};
@@ -549,4 +551,24 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
     /// Removes an extended attribute.
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
+
+    /// The limits and usage this client checks changes against (see
+    /// [`quota`]).
+    fn quotas(&self) -> &Quotas;
+    /// Reads the settings, the usage counters and every directory quota
+    /// again into [`Meta::quotas`] (done at load and at each heartbeat).
+    fn reload_quotas(&self) -> Result<()>;
+    /// Every directory quota record (JuiceFS `jfs_dir_quota` / `dirQuota`).
+    fn dir_quotas(&self) -> Result<Vec<(Ino, DirQuota)>>;
+    /// The quota record of directory `ino`, if it has one.
+    fn get_dir_quota(&self, ino: Ino) -> Result<Option<DirQuota>>;
+    /// Creates or changes the quota record of directory `ino`; returns
+    /// whether it was created.
+    fn set_dir_quota(&self, ino: Ino, change: &QuotaChange) -> Result<bool>;
+    /// Removes the quota record of directory `ino` (nothing when it has
+    /// none).
+    fn delete_dir_quota(&self, ino: Ino) -> Result<()>;
+    /// Adds (space, inodes) to the usage of each quota record named, in one
+    /// transaction.
+    fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()>;
 }

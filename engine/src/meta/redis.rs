@@ -23,6 +23,7 @@
 mod chunk;
 mod cluster;
 mod codec;
+mod dir_quota;
 mod keys;
 mod namespace;
 mod node;
@@ -42,8 +43,9 @@ use crate::format::Format;
 use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::sqlite::{node as rules, statfs_from};
 use crate::meta::{
-    Attr, Context, CopyRange, Entry, FileType, Ino, Meta, ROOT_INO, ReleasedSlice, RenameFlags,
-    SetAttr, Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp, TruncateVia, XattrMode,
+    Attr, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta, QuotaChange, Quotas, ROOT_INO,
+    ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp,
+    TruncateVia, XattrMode, quota,
 };
 
 use keys::{Keys, counter, slice_field};
@@ -95,6 +97,8 @@ struct Inner {
     trash_dir: Mutex<Option<(String, Ino)>>,
     /// What range operations visited (`Meta::work`).
     work: crate::meta::WorkCounters,
+    /// Capacity, inode limit and directory quotas, with their usage.
+    quotas: Quotas,
 }
 
 impl std::fmt::Debug for RedisMeta {
@@ -364,6 +368,7 @@ impl RedisMeta {
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
                 work: Default::default(),
+                quotas: Quotas::default(),
             }),
         })
     }
@@ -425,7 +430,7 @@ impl Inner {
         let (value, post) = {
             let _guard = self.stripes[(stripe % STRIPES as u64) as usize].lock();
             self.pool
-                .transact(&self.keys, true, dir_stats, trash_days, f)?
+                .transact(&self.keys, true, dir_stats, trash_days, &self.quotas, f)?
         };
         self.after_commit(post);
         Ok(value)
@@ -433,7 +438,10 @@ impl Inner {
 
     /// Runs `f` as a series of reads (nothing watched, nothing written).
     fn read<T>(&self, f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
-        Ok(self.pool.transact(&self.keys, false, false, 0, f)?.0)
+        Ok(self
+            .pool
+            .transact(&self.keys, false, false, 0, &self.quotas, f)?
+            .0)
     }
 
     /// Deletes the data of removed files and the objects of released slices.
@@ -590,6 +598,8 @@ impl Meta for RedisMeta {
         let f = self.inner.read_format()?.ok_or(Error::NotFound)?;
         f.check_supported()?;
         *self.inner.format.write() = Some(f.clone());
+        self.inner.reload_quotas()?;
+        quota::warn_unsupported(&f);
         Ok(f)
     }
 
@@ -758,7 +768,8 @@ impl Meta for RedisMeta {
         name_dst: &[u8],
         flags: RenameFlags,
     ) -> Result<(Ino, Attr)> {
-        namespace::rename(
+        let moved = quota::before_rename(self, ctx, parent_src, name_src, parent_dst)?;
+        let out = namespace::rename(
             &self.inner,
             ctx,
             parent_src,
@@ -766,7 +777,9 @@ impl Meta for RedisMeta {
             parent_dst,
             name_dst,
             flags,
-        )
+        )?;
+        quota::after_rename(self, moved, parent_dst, flags, &out)?;
+        Ok(out)
     }
 
     fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
@@ -894,5 +907,33 @@ impl Meta for RedisMeta {
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         xattr::remove(&self.inner, ctx, ino, name)
+    }
+
+    fn quotas(&self) -> &Quotas {
+        &self.inner.quotas
+    }
+
+    fn reload_quotas(&self) -> Result<()> {
+        self.inner.reload_quotas()
+    }
+
+    fn dir_quotas(&self) -> Result<Vec<(Ino, DirQuota)>> {
+        self.inner.dir_quotas()
+    }
+
+    fn get_dir_quota(&self, ino: Ino) -> Result<Option<DirQuota>> {
+        self.inner.get_dir_quota(ino)
+    }
+
+    fn set_dir_quota(&self, ino: Ino, change: &QuotaChange) -> Result<bool> {
+        self.inner.set_dir_quota(ino, change)
+    }
+
+    fn delete_dir_quota(&self, ino: Ino) -> Result<()> {
+        self.inner.delete_dir_quota(ino)
+    }
+
+    fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()> {
+        self.inner.add_dir_quota_usage(changes)
     }
 }

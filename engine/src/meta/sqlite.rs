@@ -15,6 +15,7 @@
 //! change that rolled back.
 
 mod chunk;
+mod dir_quota;
 pub(crate) mod namespace;
 pub(crate) mod node;
 mod schema;
@@ -24,6 +25,7 @@ mod tests;
 pub(crate) mod volume;
 mod xattr;
 
+use std::cell::RefCell;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,8 +38,9 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::{
-    Attr, Context, CopyRange, Entry, FileType, Ino, Meta, ReleasedSlice, RenameFlags, SetAttr,
-    Slice, SliceReleaser, StatFs, Timestamp, TruncateVia, XattrMode,
+    Attr, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta, QuotaChange, Quotas,
+    ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs, Timestamp, TruncateVia,
+    XattrMode, quota,
 };
 
 use schema::counter;
@@ -135,6 +138,13 @@ struct Tx<'c> {
     dir_stats: bool,
     /// Days deleted files stay in the trash (0 = no trash).
     trash_days: u32,
+    /// The limits changes are checked against.
+    quotas: &'c Quotas,
+    /// Whether growth below a quota directory is checked (a rename checks
+    /// before its transaction, by JuiceFS's rule, and turns this off).
+    check_quota: bool,
+    /// What this transaction adds to the usage the quotas count.
+    usage: RefCell<quota::UsageDelta>,
 }
 
 impl Deref for Tx<'_> {
@@ -192,6 +202,8 @@ struct Inner {
     synced: Mutex<u64>,
     /// What range operations visited (`Meta::work`).
     work: crate::meta::WorkCounters,
+    /// Capacity, inode limit and directory quotas, with their usage.
+    quotas: Quotas,
 }
 
 impl std::fmt::Debug for SqliteMeta {
@@ -385,6 +397,7 @@ impl SqliteMeta {
                 commits: AtomicU64::new(1),
                 synced: Mutex::new(0),
                 work: Default::default(),
+                quotas: Quotas::default(),
             }),
         })
     }
@@ -466,11 +479,25 @@ impl Inner {
                         post: PostCommit::default(),
                         dir_stats,
                         trash_days,
+                        quotas: &self.quotas,
+                        check_quota: true,
+                        usage: RefCell::default(),
                     };
                     let value = f(&mut tx)?;
                     let post = std::mem::take(&mut tx.post);
+                    let usage = tx.usage.take();
+                    for (dir, space, inodes) in usage.dir_changes() {
+                        tx.prepare_cached(
+                            "UPDATE jfs_dir_quota SET used_space=used_space+?, \
+                             used_inodes=used_inodes+? WHERE inode=?",
+                        )?
+                        .execute(params![space, inodes, dir as i64])?;
+                    }
                     tx.tx.commit()?;
                     self.commits.fetch_add(1, Ordering::AcqRel);
+                    // Still holding the writer: the next transaction checks
+                    // against a copy that includes this one.
+                    self.quotas.apply(&usage);
                     Ok((value, post))
                 };
                 run(&mut conn)
@@ -700,6 +727,8 @@ impl Meta for SqliteMeta {
         let f = self.inner.read_format()?.ok_or(Error::NotFound)?;
         f.check_supported()?;
         *self.inner.format.write() = Some(f.clone());
+        self.inner.reload_quotas()?;
+        quota::warn_unsupported(&f);
         Ok(f)
     }
 
@@ -840,7 +869,8 @@ impl Meta for SqliteMeta {
         name_dst: &[u8],
         flags: RenameFlags,
     ) -> Result<(Ino, Attr)> {
-        namespace::rename(
+        let moved = quota::before_rename(self, ctx, parent_src, name_src, parent_dst)?;
+        let out = namespace::rename(
             &self.inner,
             ctx,
             parent_src,
@@ -848,7 +878,9 @@ impl Meta for SqliteMeta {
             parent_dst,
             name_dst,
             flags,
-        )
+        )?;
+        quota::after_rename(self, moved, parent_dst, flags, &out)?;
+        Ok(out)
     }
 
     fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
@@ -969,6 +1001,34 @@ impl Meta for SqliteMeta {
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         xattr::remove(&self.inner, ctx, ino, name)
+    }
+
+    fn quotas(&self) -> &Quotas {
+        &self.inner.quotas
+    }
+
+    fn reload_quotas(&self) -> Result<()> {
+        self.inner.reload_quotas()
+    }
+
+    fn dir_quotas(&self) -> Result<Vec<(Ino, DirQuota)>> {
+        self.inner.dir_quotas()
+    }
+
+    fn get_dir_quota(&self, ino: Ino) -> Result<Option<DirQuota>> {
+        self.inner.get_dir_quota(ino)
+    }
+
+    fn set_dir_quota(&self, ino: Ino, change: &QuotaChange) -> Result<bool> {
+        self.inner.set_dir_quota(ino, change)
+    }
+
+    fn delete_dir_quota(&self, ino: Ino) -> Result<()> {
+        self.inner.delete_dir_quota(ino)
+    }
+
+    fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()> {
+        self.inner.add_dir_quota_usage(changes)
     }
 }
 

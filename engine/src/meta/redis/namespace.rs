@@ -96,7 +96,7 @@ fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
         node::put(tx, ino, &new_trash_attr(TRASH_INO));
         insert_edge(tx, TRASH_INO, name.as_bytes(), ino, FileType::Directory);
         node::new_dir_stats(tx, ino);
-        node::add_usage(tx, align4k(0), 1);
+        node::add_usage(tx, align4k(0), 1)?;
         Ok(ino)
     })?;
     *inner.trash_dir.lock() = Some((name, ino));
@@ -292,7 +292,7 @@ pub(super) fn mknod(
         pa.mtime = now;
         pa.ctime = now;
         node::put(tx, parent, &pa);
-        node::add_usage(tx, align4k(0), 1);
+        node::add_usage(tx, align4k(0), 1)?;
         node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
         Ok((ino, attr))
     })
@@ -341,11 +341,11 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
             .arg(format!("{ino}:{}", attr.length));
         tx.cmd(c);
         node::delete(tx, ino);
-        node::add_usage(tx, -align4k(attr.length), -1);
+        node::add_usage(tx, -align4k(attr.length), -1)?;
         tx.post.deleted_files.push((ino, attr.length));
     } else {
         node::delete(tx, ino);
-        node::add_usage(tx, -align4k(0), -1);
+        node::add_usage(tx, -align4k(0), -1)?;
     }
     Ok(())
 }
@@ -471,7 +471,7 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
             }
             (Some(_), None) => {
                 node::delete(tx, e.inode);
-                node::add_usage(tx, -align4k(0), -1);
+                node::add_usage(tx, -align4k(0), -1)?;
             }
             (None, _) => {}
         }
@@ -550,6 +550,8 @@ pub(super) fn rename(
         None
     };
     inner.write(psrc.min(pdst), |tx| {
+        // Checked before the transaction (`quota::before_rename`).
+        tx.check_quota = false;
         let spa = node::must_get(tx, psrc)?;
         let dpa = node::must_get(tx, pdst)?;
         if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
@@ -661,7 +663,7 @@ pub(super) fn rename(
                         node::add_dir_stat(tx, t, dlen, dspace, dinodes)?;
                     } else if d.typ == FileType::Directory {
                         node::delete(tx, de.inode);
-                        node::add_usage(tx, -align4k(0), -1);
+                        node::add_usage(tx, -align4k(0), -1)?;
                     } else {
                         d.nlink = d.nlink.saturating_sub(1);
                         if d.nlink > 0 {

@@ -47,8 +47,12 @@ pub(super) fn delete(tx: &mut Tx<'_>, ino: Ino) {
     }
 }
 
-/// Adds to the volume's usage counters.
-pub(super) fn add_usage(tx: &mut Tx<'_>, space: i64, inodes: i64) {
+/// Adds to the volume's usage counters; growth past the volume's
+/// `Capacity` or `Inodes` fails with `NoSpace`.
+pub(super) fn add_usage(tx: &mut Tx<'_>, space: i64, inodes: i64) -> TxResult<()> {
+    tx.quotas.check_volume(&tx.usage, space, inodes)?;
+    tx.usage.space += space;
+    tx.usage.inodes += inodes;
     if space != 0 {
         let k = tx.keys.counter(counter::USED_SPACE);
         tx.incrby(&k, space);
@@ -57,6 +61,33 @@ pub(super) fn add_usage(tx: &mut Tx<'_>, space: i64, inodes: i64) {
         let k = tx.keys.counter(counter::TOTAL_INODES);
         tx.incrby(&k, inodes);
     }
+    Ok(())
+}
+
+/// Counts a change below directory `dir` in the quotas of it and its
+/// ancestors; growth past one fails with `QuotaExceeded` (unless the
+/// transaction checks before, as a rename does). Trash directories count
+/// for no quota. Parents missing from the cache are read outside the
+/// transaction (a directory's parent changes only by a rename, which the
+/// cache follows).
+fn add_quota_usage(tx: &mut Tx<'_>, dir: Ino, space: i64, inodes: i64) -> TxResult<()> {
+    if !tx.quotas.has_dir_quotas() || dir >= TRASH_INO {
+        return Ok(());
+    }
+    let quotas = tx.quotas;
+    let dirs = quotas.quota_dirs(dir, |ino| -> TxResult<Option<Ino>> {
+        let key = tx.keys.inode(ino);
+        let raw: Option<Vec<u8>> = tx.now(redis::cmd("GET").arg(&key))?;
+        Ok(raw.and_then(|r| decode_attr(&r)).map(|a| a.parent))
+    })?;
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    if tx.check_quota {
+        quotas.check_dirs(&dirs, &tx.usage, space, inodes)?;
+    }
+    tx.usage.add_dirs(&dirs, space, inodes);
+    Ok(())
 }
 
 /// Creates a new directory's statistics at zero (JuiceFS does so on mkdir).
@@ -97,6 +128,7 @@ pub(super) fn add_dir_stat(
     if !tx.dir_stats || dir == TRASH_INO || (length == 0 && space == 0 && inodes == 0) {
         return Ok(());
     }
+    add_quota_usage(tx, dir, space, inodes)?;
     let field = dir.to_string();
     let space_key = tx.keys.dir_used_space();
     if !tx.hexists_unwatched(&space_key, field.as_bytes())? {
@@ -146,7 +178,7 @@ pub(super) fn add_file_stat(
     if length == 0 && space == 0 {
         return Ok(());
     }
-    add_usage(tx, space, 0);
+    add_usage(tx, space, 0)?;
     if attr.nlink == 0 {
         return Ok(());
     }

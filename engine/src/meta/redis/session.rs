@@ -104,6 +104,9 @@ fn heartbeat_loop(
         if let Err(e) = r {
             log::warn!("session {sid} heartbeat failed: {e}");
         }
+        if let Err(e) = inner.reload_quotas() {
+            log::warn!("reloading the volume's limits and quotas failed: {e}");
+        }
     }
 }
 
@@ -216,7 +219,7 @@ fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
             .arg(format!("{ino}:{}", a.length));
         tx.cmd(c);
         node::delete(tx, ino);
-        node::add_usage(tx, -align4k(a.length), -1);
+        node::add_usage(tx, -align4k(a.length), -1)?;
         tx.post.deleted_files.push((ino, a.length));
         Ok(())
     })
@@ -410,7 +413,7 @@ fn remove_trash_hour(inner: &Inner, name: &[u8]) -> Result<()> {
         tx.hdel(&key, name);
         node::drop_dir_stats(tx, ino);
         node::delete(tx, ino);
-        node::add_usage(tx, -align4k(0), -1);
+        node::add_usage(tx, -align4k(0), -1)?;
         Ok(())
     })?;
     *inner.trash_dir.lock() = None;

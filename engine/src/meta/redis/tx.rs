@@ -15,7 +15,8 @@ use redis::{Cmd, Connection, Pipeline, RedisError, Value};
 
 use super::keys::{Keys, slice_field};
 use crate::error::{Error, Result};
-use crate::meta::{Ino, ReleasedSlice};
+use crate::meta::quota::UsageDelta;
+use crate::meta::{Ino, Quotas, ReleasedSlice};
 
 /// How often a transaction is restarted after a conflict before giving up
 /// (JuiceFS: 50).
@@ -201,6 +202,14 @@ pub(super) struct Tx<'c> {
     pub(super) dir_stats: bool,
     /// Days deleted files stay in the trash (0 = no trash).
     pub(super) trash_days: u32,
+    /// The limits changes are checked against.
+    pub(super) quotas: &'c Quotas,
+    /// Whether growth below a quota directory is checked (a rename checks
+    /// before its transaction, by JuiceFS's rule, and turns this off).
+    pub(super) check_quota: bool,
+    /// What this transaction adds to the usage the quotas count; written
+    /// to the quota hashes with its other writes.
+    pub(super) usage: UsageDelta,
 }
 
 impl<'c> Tx<'c> {
@@ -379,6 +388,17 @@ impl<'c> Tx<'c> {
 
     /// Sends the queued writes. `None`: a watched key changed.
     fn commit(&mut self) -> std::result::Result<Option<PostCommit>, RedisError> {
+        let [_, used_space, used_inodes] = self.keys.dir_quota_keys();
+        let changes: Vec<(Ino, i64, i64)> = self.usage.dir_changes().collect();
+        for (dir, space, inodes) in changes {
+            let field = dir.to_string();
+            if space != 0 {
+                self.hincrby(&used_space, field.as_bytes(), space);
+            }
+            if inodes != 0 {
+                self.hincrby(&used_inodes, field.as_bytes(), inodes);
+            }
+        }
         if self.queued == 0 {
             if !self.watched.is_empty() {
                 redis::cmd("UNWATCH").query::<()>(self.conn)?;
@@ -427,6 +447,7 @@ impl Pool {
         writing: bool,
         dir_stats: bool,
         trash_days: u32,
+        quotas: &Quotas,
         mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
     ) -> Result<(T, PostCommit)> {
         let (mut conflicts, mut reconnects) = (0u32, 0u32);
@@ -451,10 +472,16 @@ impl Pool {
                             post: PostCommit::default(),
                             dir_stats,
                             trash_days,
+                            quotas,
+                            check_quota: true,
+                            usage: UsageDelta::default(),
                         };
                         match f(&mut tx) {
                             Ok(v) => match tx.commit() {
-                                Ok(Some(post)) => Attempt::Done(v, post),
+                                Ok(Some(post)) => {
+                                    quotas.apply(&tx.usage);
+                                    Attempt::Done(v, post)
+                                }
                                 Ok(None) => Attempt::Conflict,
                                 Err(e) if is_connection_error(&e) => {
                                     keep = false;

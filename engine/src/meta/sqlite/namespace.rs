@@ -579,6 +579,8 @@ pub(super) fn rename(
         None
     };
     inner.write(|tx| {
+        // Checked before the transaction (`quota::before_rename`).
+        tx.check_quota = false;
         let mut spa = node::must_get(tx, psrc)?;
         let mut dpa = node::must_get(tx, pdst)?;
         if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {

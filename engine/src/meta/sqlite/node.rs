@@ -242,14 +242,43 @@ pub(crate) fn check_sticky(ctx: &Context, dir: &Attr, entry: &Attr) -> Result<()
     Ok(())
 }
 
-/// Adds to the volume's usage counters (`usedSpace`, `totalInodes`).
-pub(super) fn add_usage(c: &Connection, space: i64, inodes: i64) -> TxResult<()> {
+/// Adds to the volume's usage counters (`usedSpace`, `totalInodes`);
+/// growth past the volume's `Capacity` or `Inodes` fails with `NoSpace`.
+pub(super) fn add_usage(tx: &super::Tx<'_>, space: i64, inodes: i64) -> TxResult<()> {
+    {
+        let mut usage = tx.usage.borrow_mut();
+        tx.quotas.check_volume(&usage, space, inodes)?;
+        usage.space += space;
+        usage.inodes += inodes;
+    }
     if space != 0 {
-        super::incr_counter(c, counter::USED_SPACE, space)?;
+        super::incr_counter(tx, counter::USED_SPACE, space)?;
     }
     if inodes != 0 {
-        super::incr_counter(c, counter::TOTAL_INODES, inodes)?;
+        super::incr_counter(tx, counter::TOTAL_INODES, inodes)?;
     }
+    Ok(())
+}
+
+/// Counts a change below directory `dir` in the quotas of it and its
+/// ancestors; growth past one fails with `QuotaExceeded` (unless the
+/// transaction checks before, as a rename does). Trash directories count
+/// for no quota.
+fn add_quota_usage(tx: &super::Tx<'_>, dir: Ino, space: i64, inodes: i64) -> TxResult<()> {
+    if !tx.quotas.has_dir_quotas() || super::is_trash(dir) {
+        return Ok(());
+    }
+    let dirs = tx
+        .quotas
+        .quota_dirs(dir, |ino| Ok::<_, TxError>(get(tx, ino)?.map(|a| a.parent)))?;
+    if dirs.is_empty() {
+        return Ok(());
+    }
+    let mut usage = tx.usage.borrow_mut();
+    if tx.check_quota {
+        tx.quotas.check_dirs(&dirs, &usage, space, inodes)?;
+    }
+    usage.add_dirs(&dirs, space, inodes);
     Ok(())
 }
 
@@ -267,6 +296,7 @@ pub(super) fn add_dir_stat(
     {
         return Ok(());
     }
+    add_quota_usage(tx, dir, space, inodes)?;
     let n = tx.execute(
         "UPDATE jfs_dir_stats SET data_length=data_length+?, used_space=used_space+?, \
          used_inodes=used_inodes+? WHERE inode=?",

@@ -122,6 +122,9 @@ fn heartbeat_loop(
         if let Err(e) = r {
             log::warn!("session {sid} heartbeat failed: {e}");
         }
+        if let Err(e) = inner.reload_quotas() {
+            log::warn!("reloading the volume's limits and quotas failed: {e}");
+        }
     }
 }
 

@@ -67,6 +67,9 @@ conformance_tests!(
     trash_keeps_removed_files,
     no_trash_releases_at_once,
     statfs_counts_usage,
+    volume_limits_give_enospc,
+    dir_quotas_give_edquot,
+    renames_move_quota_usage,
     concurrent_creates,
     sessions,
 );
