@@ -4,8 +4,9 @@
 //! answers with JSON lines: the size of the job, progress now and then, and
 //! the final counts (or an error).
 //!
-//! The socket is created mode 0600 (root's, as the daemon runs as root):
-//! warming or dropping caches is an operator's action.
+//! The socket is created mode 0600 and root's (the daemon binds it as root;
+//! `sluice serve` before it switches to its service user): warming or
+//! dropping caches is an operator's action.
 
 use std::io::{BufRead, BufReader, Read as _, Write};
 use std::os::unix::net::UnixStream;

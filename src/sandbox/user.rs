@@ -385,3 +385,61 @@ pub fn switch_to(user: &ServiceUser) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn stranger() -> ServiceUser {
+        ServiceUser {
+            name: "stranger".into(),
+            uid: 54_321,
+            gid: 54_321,
+            groups: vec![54_321],
+        }
+    }
+
+    #[test]
+    fn shared_directories_are_never_given_away() {
+        assert!(is_shared(Path::new("/tmp")).unwrap());
+        assert!(is_shared(Path::new("/var/lib")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(!is_shared(dir.path()).unwrap());
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(is_shared(dir.path()).unwrap(), "writable by others");
+        let state = LocalState {
+            database: Some(PathBuf::from("/tmp/sluice-test-no-such.db")),
+            ..LocalState::default()
+        };
+        std::fs::write("/tmp/sluice-test-no-such.db", b"").unwrap();
+        let e = prepare(&state, &stranger()).unwrap_err();
+        let _ = std::fs::remove_file("/tmp/sluice-test-no-such.db");
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("is in /tmp, a directory the system shares"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_directory_the_user_cannot_pass_is_named_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let inner = closed.join("bucket");
+        std::fs::create_dir(&inner).unwrap();
+        let e = reachable(&inner, &stranger()).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.contains(&format!("chmod o+x {}", closed.display())),
+            "{text}"
+        );
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
+        reachable(&inner, &stranger()).unwrap();
+    }
+}
