@@ -410,13 +410,18 @@ mod tests {
         assert!(!is_shared(dir.path()).unwrap());
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(is_shared(dir.path()).unwrap(), "writable by others");
+        // A database straight in /tmp.
+        let db = PathBuf::from(format!(
+            "/tmp/sluice-sandbox-test-{}.db",
+            std::process::id()
+        ));
+        std::fs::write(&db, b"").unwrap();
         let state = LocalState {
-            database: Some(PathBuf::from("/tmp/sluice-test-no-such.db")),
+            database: Some(db.clone()),
             ..LocalState::default()
         };
-        std::fs::write("/tmp/sluice-test-no-such.db", b"").unwrap();
         let e = prepare(&state, &stranger()).unwrap_err();
-        let _ = std::fs::remove_file("/tmp/sluice-test-no-such.db");
+        let _ = std::fs::remove_file(&db);
         let text = format!("{e:#}");
         assert!(
             text.contains("is in /tmp, a directory the system shares"),
