@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod sandbox;
 
 /// mimalloc keeps freed pages for reuse per thread: the data path allocates
 /// and frees multi-MiB block buffers all the time, and the system allocator

@@ -4,8 +4,9 @@
 //! answers with JSON lines: the size of the job, progress now and then, and
 //! the final counts (or an error).
 //!
-//! The socket is created mode 0600 (root's, as the daemon runs as root):
-//! warming or dropping caches is an operator's action.
+//! The socket is created mode 0600 and root's (the daemon binds it as root;
+//! `sluice serve` before it switches to its service user): warming or
+//! dropping caches is an operator's action.
 
 use std::io::{BufRead, BufReader, Read as _, Write};
 use std::os::unix::net::UnixStream;
@@ -90,6 +91,13 @@ impl ControlServer {
         slot: ReaderSlot,
         group: Option<u32>,
     ) -> anyhow::Result<ControlServer> {
+        Self::bind(path, group)?.start(slot)
+    }
+
+    /// Binds the socket as [`ControlServer::start`] does, without starting
+    /// the thread that serves it (`sluice serve` binds before it drops its
+    /// privileges and starts threads only after).
+    pub fn bind(path: &Path, group: Option<u32>) -> anyhow::Result<BoundControl> {
         use anyhow::Context as _;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
@@ -97,6 +105,24 @@ impl ControlServer {
         }
         let listener = sluice_vhost::socket::bind_private(path, group)
             .with_context(|| format!("cannot listen on {}", path.display()))?;
+        Ok(BoundControl {
+            path: path.to_owned(),
+            listener,
+        })
+    }
+}
+
+/// A bound control socket whose server is not started yet.
+#[derive(Debug)]
+pub struct BoundControl {
+    path: PathBuf,
+    listener: std::os::unix::net::UnixListener,
+}
+
+impl BoundControl {
+    /// Starts serving requests against `slot`.
+    pub fn start(self, slot: ReaderSlot) -> anyhow::Result<ControlServer> {
+        let BoundControl { path, listener } = self;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()
@@ -117,10 +143,7 @@ impl ControlServer {
                         });
                 }
             })?;
-        Ok(ControlServer {
-            path: path.to_owned(),
-            stop,
-        })
+        Ok(ControlServer { path, stop })
     }
 }
 

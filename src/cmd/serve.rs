@@ -1,10 +1,12 @@
 //! `sluice serve`: the virtio-fs device over vhost-user for one VM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use sluice_engine::meta::{Context, FileType, Ino, MetaUrl, ROOT_INO};
+use sluice_engine::meta::{Context, FileType, Ino, Meta, MetaUrl, ROOT_INO};
+use sluice_engine::object::disk_cache::DiskCacheConfig;
+use sluice_engine::object::writeback::volume_dir;
 use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_numa::memory::PageLocations;
@@ -13,6 +15,7 @@ use sluice_vhost::{DeviceConfig, FuseHandler, GuestIoMode, VirtioFsDevice};
 
 use super::cache_args::CacheArgs;
 use super::writeback_args::WritebackArgs;
+use crate::sandbox::{self, LocalState, Sandbox, SandboxArgs};
 
 /// Arguments of `sluice serve`.
 #[derive(Debug, clap::Args)]
@@ -91,6 +94,9 @@ pub struct ServeArgs {
     /// The disk block cache.
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// The sandbox the daemon runs in once set up.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
 }
 
 /// Runs `sluice serve`.
@@ -100,6 +106,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     args.readahead.apply(VfsConfig::default())?;
     let client_limits = args.limits.apply(&mut VfsConfig::default())?;
+    let sandbox = Sandbox::new(&args.sandbox)?;
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config.guest_io = args.guest_io;
     device_config
@@ -123,9 +130,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .cloned();
     }
     let disk_cache = args.cache.disk_cache()?;
-    let volume = args
-        .writeback
-        .open_volume(&args.meta_url, &args.cache.staging_root()?)?;
+    let staging_root = args.cache.staging_root()?;
+    let meta = sluice_engine::meta::open_meta(args.meta_url.expose())
+        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let group = args
         .socket_group
         .as_deref()
@@ -136,6 +143,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     let mut listener = sluice_vhost::listen(&args.socket, group)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
+    let control =
+        super::control::ControlServer::bind(&super::control::socket_for_serve(&args.socket), group)
+            .map_err(|e| {
+                log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}")
+            })
+            .ok();
+    // Still one thread: the file system is confined before the volume
+    // starts any (see src/sandbox/mod.rs).
+    let state = local_state(&args, meta.as_ref(), &disk_cache, &staging_root);
+    sandbox.confine_files(&state)?;
+    let volume = args
+        .writeback
+        .open_volume_on(meta, &args.meta_url, &staging_root)?;
+    sandbox.lock_down(&state)?;
     log::info!(
         "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
          (simd {}, guest I/O {})",
@@ -153,13 +174,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     // `sluice warmup --serve-socket` reaches the current session's caches here.
     let slot: super::control::ReaderSlot = Default::default();
-    let _control = super::control::ControlServer::start(
-        &super::control::socket_for_serve(&args.socket),
-        slot.clone(),
-        group,
-    )
-    .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}"))
-    .ok();
+    let _control = control.and_then(|c| {
+        c.start(slot.clone())
+            .map_err(|e| {
+                log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}")
+            })
+            .ok()
+    });
     loop {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
@@ -212,6 +233,47 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// The local files the daemon keeps using: the SQLite database, the
+/// `file://` bucket, each cache directory's folder for the volume (disk
+/// cache and writeback staging), and files read later (Redis TLS
+/// certificates, the AWS shared configuration).
+fn local_state(
+    args: &ServeArgs,
+    meta: &dyn Meta,
+    disk_cache: &Option<DiskCacheConfig>,
+    staging_root: &Path,
+) -> LocalState {
+    let url = args.meta_url.expose();
+    let mut state = LocalState {
+        database: sandbox::sqlite_path(url),
+        read: sandbox::tls_files(url),
+        ..LocalState::default()
+    };
+    // A volume that does not load is reported when it is opened.
+    let Ok(format) = meta.load() else {
+        return state;
+    };
+    if format.storage == "file" {
+        state.trees.push(PathBuf::from(&format.bucket));
+    } else {
+        state.read.extend(sandbox::aws_config_files());
+    }
+    let mut cache_roots: Vec<&Path> = disk_cache
+        .iter()
+        .flat_map(|c| c.dirs.iter().map(|d| d.path.as_path()))
+        .collect();
+    if args.writeback.writeback {
+        cache_roots.push(staging_root);
+    }
+    for root in cache_roots {
+        let dir = volume_dir(root, &format.uuid);
+        if !state.trees.contains(&dir) {
+            state.trees.push(dir);
+        }
+    }
+    state
 }
 
 /// The inode of the directory `path` (relative to the volume's root) names.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use sluice_engine::meta::MetaUrl;
+use sluice_engine::meta::{Meta, MetaUrl};
 use sluice_engine::object::writeback::volume_dir;
 use sluice_engine::object::{S3Options, WritebackOptions, WritebackStore};
 use sluice_engine::volume::{Volume, open_volume_with};
@@ -70,6 +70,17 @@ impl WritebackArgs {
         self.validate()?;
         let meta = sluice_engine::meta::open_meta(meta_url.expose())
             .with_context(|| format!("cannot open the volume at {meta_url}"))?;
+        self.open_volume_on(meta, meta_url, root)
+    }
+
+    /// [`WritebackArgs::open_volume`] on a metadata engine already open.
+    pub fn open_volume_on(
+        &self,
+        meta: Arc<dyn Meta>,
+        meta_url: &MetaUrl,
+        root: &Path,
+    ) -> anyhow::Result<Arc<Volume>> {
+        self.validate()?;
         let s3 = S3Options {
             max_uploads: self.max_uploads,
             ..S3Options::default()

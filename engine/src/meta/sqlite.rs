@@ -287,8 +287,12 @@ fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<(Connection, boo
         Synchronous::Normal => "NORMAL",
         Synchronous::Full => "FULL",
     };
-    conn.execute_batch(&format!("PRAGMA synchronous={sync}"))
-        .map_err(sql_error)?;
+    // Temporary tables and sorts stay in memory: a sandboxed `sluice serve`
+    // may create files only beside the database, not in /var/tmp.
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={sync}; PRAGMA temp_store=MEMORY"
+    ))
+    .map_err(sql_error)?;
     let wal = mode.eq_ignore_ascii_case("wal");
     if !wal {
         log::warn!(

@@ -31,7 +31,7 @@ use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,6 +65,12 @@ pub struct FileStore {
     root_dir: File,
     /// Concurrent `sync_all` calls share one `syncfs`.
     syncs: SyncGroup,
+    /// When this process runs as root and another user owns the bucket (a
+    /// sandboxed `sluice serve` was given it): that user and group, which
+    /// every object and directory made here gets too, so the daemon can
+    /// still read what a root `sluice mount` beside it writes (SQLite gives
+    /// its -wal and -shm the database's owner the same way).
+    owner: Option<(u32, u32)>,
 }
 
 /// Group commit for `syncfs`. Puts are counted as they finish; a caller
@@ -146,7 +152,14 @@ impl FileStore {
             .create(&root)
             .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
         let root_dir = File::open(&root).map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        let meta = root_dir
+            .metadata()
+            .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let as_root = unsafe { libc::geteuid() } == 0;
+        let owner = (as_root && meta.uid() != 0).then(|| (meta.uid(), meta.gid()));
         Ok(FileStore {
+            owner,
             root,
             no_xattr: AtomicBool::new(false),
             root_dir,
@@ -210,11 +223,33 @@ impl FileStore {
                     .mode(DIR_MODE)
                     .create(dir)
                     .map_err(|e| obj_err(key, e))?;
+                self.give_dirs(dir).map_err(|e| obj_err(key, e))?;
                 (open().map_err(|e| obj_err(key, e))?, true)
             }
             Err(e) => return Err(obj_err(key, e)),
         };
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(|e| obj_err(key, e))?;
+        }
         Ok((file, tmp, created))
+    }
+
+    /// Gives `dir` and its parents below the root to the bucket's owner
+    /// (see `owner`), where they are not already its.
+    fn give_dirs(&self, dir: &Path) -> io::Result<()> {
+        let Some((uid, gid)) = self.owner else {
+            return Ok(());
+        };
+        for d in dir.ancestors() {
+            if d == self.root || !d.starts_with(&self.root) {
+                break;
+            }
+            let meta = d.symlink_metadata()?;
+            if meta.uid() != uid || meta.gid() != gid {
+                std::os::unix::fs::lchown(d, Some(uid), Some(gid))?;
+            }
+        }
+        Ok(())
     }
 
     /// fsyncs the directory holding `path`, and when `created`, every
@@ -676,6 +711,30 @@ impl ObjectStore for FileStore {
 mod tests {
     use super::*;
     use crate::object::is_not_found;
+
+    #[test]
+    fn as_root_objects_and_directories_take_the_owner_of_a_bucket_given_away() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("skipped: only root creates files for another user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (uid, gid) = (65534, 65533);
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        let key = "vol/chunks/0/0/5_0_11";
+        store.put(key, b"hello world", None).unwrap();
+        for p in [key, "vol/chunks/0/0", "vol/chunks/0", "vol"] {
+            let md = fs::symlink_metadata(dir.path().join(p)).unwrap();
+            assert_eq!((md.uid(), md.gid()), (uid, gid), "{p}");
+        }
+        // A bucket root owns stays root's.
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        store.put(key, b"hello world", None).unwrap();
+        assert_eq!(fs::metadata(dir.path().join(key)).unwrap().uid(), 0);
+    }
 
     #[test]
     fn put_get_range_head_delete() {

@@ -1,0 +1,318 @@
+//! End-to-end: the sandbox of `sluice serve` (the real daemon, started as
+//! root, driven by the virtio-fs driver harness). Once set up it runs as
+//! `nobody` on every thread and still serves a SQLite + `file://` volume
+//! with a disk cache and writeback; Landlock stops it opening a file
+//! outside the volume that `nobody` could otherwise read; a system call
+//! outside the seccomp allowlist kills it with SIGSYS. The last two use the
+//! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SLUICE, Volume, Watchdog, sluice};
+use sluice_benches::virtiofs::wire::ROOT_ID;
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
+
+/// FUSE_FSYNC, which the harness has no helper for.
+const FUSE_FSYNC: u32 = 20;
+
+struct Serve {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(vol: &Volume, socket: &Path, extra: &[&str], probe: Option<&str>) -> Serve {
+        let log = socket.with_extension("log");
+        let logf = fs::File::create(&log).unwrap();
+        let cache = vol.dir.path().join("cache");
+        let mut cmd = Command::new(SLUICE);
+        cmd.args(["serve", &vol.meta_url, "--socket"])
+            .arg(socket)
+            .args([
+                "--no-pin",
+                "--cache-size",
+                "64",
+                "--writeback",
+                "--cache-dir",
+            ])
+            .arg(&cache)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("SLUICE_DEBUG_SANDBOX_PROBE");
+        if let Some(p) = probe {
+            cmd.env("SLUICE_DEBUG_SANDBOX_PROBE", p);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("sluice serve starts");
+        Serve { child, log }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log holds `needle`; panics if the daemon exits first.
+    fn wait_for_log(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = self.log_text();
+            if text.contains(needle) {
+                return text;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("sluice serve exited ({status}) before logging {needle:?}:\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in the log:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice serve still runs:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `nobody`'s uid and gid, from the passwd database.
+fn nobody() -> (u32, u32) {
+    let name = c"nobody";
+    // SAFETY: `name` is a C string; the entry is read at once, before any
+    // other passwd call in this process can overwrite it.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(!pw.is_null(), "this host has a `nobody` user");
+    // SAFETY: getpwnam returned a valid entry.
+    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+}
+
+/// The value of `field` (e.g. `Uid:`) in a /proc status file.
+fn status_field(status: &str, field: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn a_sandboxed_daemon_runs_as_nobody_on_every_thread_and_still_serves() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let _dog = Watchdog::new("sandbox", Duration::from_secs(300));
+    let vol = Volume::format("sandbox", &[]);
+    let socket = vol.dir.path().join("vm.sock");
+    let mut serve = Serve::start(&vol, &socket, &[], None);
+    let log = serve.wait_for_log("waiting for a VM");
+    assert!(log.contains("running as nobody"), "{log}");
+
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 256,
+            memory_size: 8 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+
+    // Create, write (more than one block, so objects and staged blocks are
+    // made after the switch), fsync, close; read it back through a new
+    // handle.
+    let data: Vec<u8> = (0..6 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let dir = q.mkdir(ROOT_ID, b"d", 0o755).expect("MKDIR");
+    let (file, fh) = q
+        .create(dir.nodeid, b"f", libc::O_RDWR as u32, 0o644)
+        .expect("CREATE");
+    for (i, piece) in data.chunks(512 << 10).enumerate() {
+        let n = q
+            .write(file.nodeid, fh, (i * (512 << 10)) as u64, piece)
+            .expect("WRITE");
+        assert_eq!(n as usize, piece.len());
+    }
+    let mut fsync_in = fh.to_le_bytes().to_vec();
+    fsync_in.extend_from_slice(&[0; 8]);
+    q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+        .expect("FSYNC sent")
+        .ok(FUSE_FSYNC)
+        .expect("FSYNC succeeds");
+    q.flush(file.nodeid, fh).expect("FLUSH");
+    q.release(file.nodeid, fh).expect("RELEASE");
+    let fh = q.open(file.nodeid, libc::O_RDONLY as u32).expect("OPEN");
+    let mut back = Vec::new();
+    while back.len() < data.len() {
+        let piece = q
+            .read(file.nodeid, fh, back.len() as u64, 512 << 10)
+            .expect("READ");
+        assert!(!piece.is_empty(), "short file");
+        back.extend_from_slice(&piece);
+    }
+    assert!(back == data, "the data read back differs");
+    q.release(file.nodeid, fh).expect("RELEASE");
+    assert_eq!(
+        q.getattr(file.nodeid).expect("GETATTR").size,
+        data.len() as u64
+    );
+
+    // Every thread runs as nobody, without privileges, under seccomp.
+    let (uid, gid) = nobody();
+    let pid = serve.child.id();
+    let mut threads = 0;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        assert_eq!(
+            status_field(&status, "Uid:"),
+            format!("{uid} {uid} {uid} {uid}")
+        );
+        assert_eq!(
+            status_field(&status, "Gid:"),
+            format!("{gid} {gid} {gid} {gid}")
+        );
+        assert_eq!(status_field(&status, "CapEff:"), "0000000000000000");
+        assert_eq!(status_field(&status, "NoNewPrivs:"), "1");
+        assert_eq!(status_field(&status, "Seccomp:"), "2", "filter mode");
+        threads += 1;
+    }
+    assert!(threads > 1, "the daemon has its worker threads");
+
+    // The files it made after the switch are nobody's: the bucket's objects.
+    let objects = vol.objects();
+    assert!(!objects.is_empty(), "the written blocks reached the bucket");
+    for o in &objects {
+        assert_eq!(fs::metadata(o).unwrap().uid(), uid, "{}", o.display());
+    }
+    drop(q);
+    drop(device);
+    assert!(serve.child.try_wait().unwrap().is_none(), "still serving");
+}
+
+#[test]
+fn the_daemon_cannot_open_a_file_outside_its_volume() {
+    if !is_root() || !cfg!(debug_assertions) {
+        println!("skipped: needs root and a debug build (the probe hook)");
+        return;
+    }
+    let _dog = Watchdog::new("sandbox-landlock", Duration::from_secs(300));
+    let vol = Volume::format("landlock", &[]);
+    // A file nobody may read by its permissions: only Landlock stops it.
+    let outside = tempfile::tempdir().unwrap();
+    fs::set_permissions(outside.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = outside.path().join("other-tenant.txt");
+    fs::write(&secret, b"not yours").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o644)).unwrap();
+    let probe = format!("open:{}", secret.display());
+
+    let socket = vol.dir.path().join("on.sock");
+    let mut serve = Serve::start(&vol, &socket, &[], Some(&probe));
+    let log = serve.wait_for_log("sandbox probe:");
+    if log.contains("this kernel has no Landlock") {
+        println!("skipped: this kernel has no Landlock");
+        return;
+    }
+    serve.wait_for_log(&format!(
+        "sandbox probe: cannot open {}: errno {}",
+        secret.display(),
+        libc::EACCES
+    ));
+    drop(serve);
+
+    // The same daemon without Landlock opens it: the refusal above was
+    // Landlock's, not the file's permissions.
+    let socket = vol.dir.path().join("off.sock");
+    let mut serve = Serve::start(&vol, &socket, &["--landlock", "off"], Some(&probe));
+    serve.wait_for_log(&format!("sandbox probe: opened {}", secret.display()));
+}
+
+#[test]
+fn a_forbidden_system_call_kills_the_daemon() {
+    if !cfg!(debug_assertions) {
+        println!("skipped: needs a debug build (the probe hook)");
+        return;
+    }
+    let _dog = Watchdog::new("sandbox-seccomp", Duration::from_secs(300));
+    let vol = Volume::format("seccomp", &[]);
+    let socket = vol.dir.path().join("kill.sock");
+    let mut serve = Serve::start(&vol, &socket, &[], Some("syscall"));
+    let status = serve.wait_exit();
+    let log = serve.log_text();
+    assert!(log.contains("calling personality"), "{log}");
+    assert!(!log.contains("personality returned"), "{log}");
+    assert_eq!(status.signal(), Some(libc::SIGSYS), "{status}: {log}");
+
+    // `--seccomp log` lets the call through (and the kernel logs it).
+    let socket = vol.dir.path().join("log.sock");
+    let mut serve = Serve::start(&vol, &socket, &["--seccomp", "log"], Some("syscall"));
+    serve.wait_for_log("sandbox probe: personality returned");
+    assert!(serve.child.try_wait().unwrap().is_none(), "still running");
+}
+
+#[test]
+fn bad_sandbox_flags_are_refused_with_a_clear_message() {
+    let vol = Volume::format("flags", &[]);
+    let socket = vol.dir.path().join("s.sock");
+    let socket = socket.to_str().unwrap();
+    let out = sluice(&[
+        "serve",
+        &vol.meta_url,
+        "--socket",
+        socket,
+        "--user",
+        "no-such-user-here",
+    ]);
+    let text = common::text(&out);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("--user no-such-user-here: no such user"),
+        "{text}"
+    );
+    assert!(!Path::new(socket).exists(), "nothing was opened: {text}");
+    for (flag, value) in [("--seccomp", "maybe"), ("--landlock", "sometimes")] {
+        let out = sluice(&["serve", &vol.meta_url, "--socket", socket, flag, value]);
+        let text = common::text(&out);
+        assert!(!out.status.success());
+        assert!(
+            text.contains(&format!("invalid value '{value}' for '{flag}")),
+            "{text}"
+        );
+    }
+}
