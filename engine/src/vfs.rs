@@ -6,7 +6,7 @@
 //!
 //! Every method takes `&self` and may run on many threads at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,8 +21,8 @@ use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Limit, Result};
 use crate::gc::slice_releaser;
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr,
-    StatFs, TruncateVia, XattrMode,
+    Attr, CHUNK_SIZE, Context, CopyRange, DirCursor, Entry, FileType, Ino, ROOT_INO, RenameFlags,
+    SetAttr, StatFs, TruncateVia, XattrMode,
 };
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
@@ -101,6 +101,12 @@ pub struct VfsConfig {
 /// lists its largest directories one or a few at a time never comes near
 /// it.
 pub const DEFAULT_MAX_DIR_ENTRIES: u64 = 4 << 20;
+
+/// The entries a directory listing reads from the metadata engine at a
+/// time: more than a 128 KiB READDIRPLUS reply holds of typical names, so
+/// a reply costs one or two pages, and few enough that a page is one short
+/// read of the engine.
+pub const READDIR_PAGE: usize = 512;
 
 /// When reads move a file's access time (JuiceFS's `--atime-mode`). The
 /// engine sees only the reads the kernel's page cache did not answer, so
@@ -216,18 +222,27 @@ enum Handle {
     },
     Dir {
         ino: Ino,
-        entries: Mutex<Option<Arc<Listing>>>,
+        /// The listing, read a page at a time as the calls reach its end.
+        entries: Mutex<Option<Listing>>,
         /// The directory's attributes at open: what fstat of the handle
         /// answers once the directory is removed (with no links).
         attr: Attr,
     },
 }
 
-/// The snapshot of a directory an open handle lists from, counted against
+/// The listing of a directory an open handle reads from: the entries read
+/// so far (an offset is an index into them), and where the next page of
+/// the directory starts. What it holds is counted against
 /// [`VfsConfig::max_dir_entries`] for as long as it is held.
 #[derive(Debug)]
 struct Listing {
     entries: Vec<Entry>,
+    /// Where the next page starts; `None` once the directory is read.
+    next: Option<DirCursor>,
+    /// Whether the entries carry full attributes.
+    plus: bool,
+    /// The names listed so far, where the engine may repeat one (Redis).
+    seen: Option<HashSet<Vec<u8>>>,
     held: Arc<AtomicU64>,
 }
 
@@ -1108,7 +1123,7 @@ impl Vfs {
         }))
     }
 
-    /// Entries from index `offset` of the snapshot taken at offset 0, all
+    /// Entries from index `offset` of the handle's listing to its end, all
     /// of them (see [`Vfs::readdir_each`] for a bounded call).
     pub fn readdir(
         &self,
@@ -1126,12 +1141,15 @@ impl Vfs {
         Ok(out)
     }
 
-    /// Hands the entries from index `offset` of the snapshot taken at
-    /// offset 0 to `add`, in order, until it returns `false` (the caller's
-    /// reply is full). The snapshot is shared, never copied: a call costs
-    /// the entries it hands out, so listing a directory of N entries in
-    /// pages costs O(N), not O(N²). Reading the snapshot (offset 0) costs
-    /// one listing of the directory.
+    /// Hands the entries from index `offset` of the handle's listing to
+    /// `add`, in order, until it returns `false` (the caller's reply is
+    /// full). Offset 0 starts a new listing. The listing reads the
+    /// directory a page ([`READDIR_PAGE`] entries) at a time, only as far
+    /// as the calls reach, and keeps what it read: a call costs the entries
+    /// it hands out plus at most one page, so listing a directory of N
+    /// entries costs O(N) in all and no call reads the whole directory —
+    /// except one whose offset lies past what was read (a seek on a
+    /// rewound handle), which reads up to it.
     pub fn readdir_each(
         &self,
         ctx: &Context,
@@ -1151,46 +1169,93 @@ impl Vfs {
         if *dino != ino {
             return Err(Error::BadHandle);
         }
-        let snapshot = {
-            let mut e = entries.lock();
-            match &*e {
-                Some(s) if offset != 0 => s.clone(),
-                _ => {
-                    // A new listing replaces this handle's old one first,
-                    // so a rewind never counts both.
-                    *e = None;
-                    let mut list = self.vol.meta.readdir(ctx, ino, plus)?;
-                    let n = list.len() as u64;
-                    let max = self.cfg.max_dir_entries;
-                    let held = self.listed.fetch_add(n, Ordering::Relaxed);
-                    if held.saturating_add(n) > max {
-                        self.listed.fetch_sub(n, Ordering::Relaxed);
-                        return Err(Error::Limit(Limit::DirEntries(max)));
-                    }
-                    if plus {
-                        for ent in &mut list {
-                            ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
-                        }
-                    }
-                    let s = Arc::new(Listing {
-                        entries: list,
-                        held: self.listed.clone(),
-                    });
-                    *e = Some(s.clone());
-                    self.touch_atime(ino);
-                    s
+        // Held for the call: calls on one handle take turns (the kernel
+        // sends them one at a time anyway), calls on others do not wait.
+        let mut guard = entries.lock();
+        if offset == 0 || guard.is_none() {
+            // A new listing replaces this handle's old one first, so a
+            // rewind never counts both.
+            *guard = None;
+            *guard = Some(Listing {
+                entries: Vec::new(),
+                next: Some(DirCursor::Start),
+                plus,
+                seen: None,
+                held: self.listed.clone(),
+            });
+            self.touch_atime(ino);
+        }
+        let listing = guard.as_mut().expect("set above");
+        let mut at = usize::try_from(offset).unwrap_or(usize::MAX);
+        let mut handed = false;
+        loop {
+            while at >= listing.entries.len() && listing.next.is_some() {
+                if let Err(e) = self.read_page(ctx, ino, listing) {
+                    // Entries already handed out stay in the caller's reply
+                    // (a READDIRPLUS reply holds references to them); the
+                    // next call reads the failed page again.
+                    return if handed { Ok(()) } else { Err(e) };
                 }
             }
-        };
-        let snapshot = &snapshot.entries;
-        let start = usize::try_from(offset)
-            .unwrap_or(usize::MAX)
-            .min(snapshot.len());
-        for entry in &snapshot[start..] {
+            let Some(entry) = listing.entries.get(at) else {
+                return Ok(());
+            };
             if !add(entry) {
-                break;
+                return Ok(());
+            }
+            handed = true;
+            at += 1;
+        }
+    }
+
+    /// Reads the next page of `listing` (of directory `ino`) into it.
+    fn read_page(&self, ctx: &Context, ino: Ino, listing: &mut Listing) -> Result<()> {
+        let Some(cursor) = listing.next.take() else {
+            return Ok(());
+        };
+        let page = match self
+            .vol
+            .meta
+            .readdir_page(ctx, ino, listing.plus, &cursor, READDIR_PAGE)
+        {
+            Ok(page) => page,
+            Err(e) => {
+                // The same page is read again by the next call.
+                listing.next = Some(cursor);
+                return Err(e);
+            }
+        };
+        let mut list = page.entries;
+        if page.may_repeat {
+            let seen = listing.seen.get_or_insert_with(|| {
+                listing
+                    .entries
+                    .iter()
+                    .map(|e| e.name.clone())
+                    .collect::<HashSet<_>>()
+            });
+            list.retain(|e| seen.insert(e.name.clone()));
+        }
+        let n = list.len() as u64;
+        let max = self.cfg.max_dir_entries;
+        let held = self.listed.fetch_add(n, Ordering::Relaxed);
+        if held.saturating_add(n) > max {
+            self.listed.fetch_sub(n, Ordering::Relaxed);
+            if let Some(seen) = &mut listing.seen {
+                for e in &list {
+                    seen.remove(&e.name);
+                }
+            }
+            listing.next = Some(cursor);
+            return Err(Error::Limit(Limit::DirEntries(max)));
+        }
+        if listing.plus {
+            for ent in &mut list {
+                ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
             }
         }
+        listing.entries.extend(list);
+        listing.next = page.next;
         Ok(())
     }
 

@@ -10,6 +10,9 @@
 //! for long. A chunk that does not exist reads as zeros, so a hole written
 //! over it would change nothing: it is skipped.
 //!
+//! Directory listings are bounded the same way: the VFS reads a directory
+//! a page at a time ([`crate::meta::Meta::readdir_page`]).
+//!
 //! [`WorkCounters`] count what was visited, for tests and metrics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,6 +95,7 @@ pub struct WorkCounters {
     chunk_probes: AtomicU64,
     scan_calls: AtomicU64,
     range_transactions: AtomicU64,
+    dir_entries_read: AtomicU64,
 }
 
 /// A copy of [`WorkCounters`] at one moment.
@@ -106,6 +110,9 @@ pub struct WorkStats {
     pub scan_calls: u64,
     /// Transactions that range operations committed.
     pub range_transactions: u64,
+    /// Directory entries that paged listings ([`crate::meta::Meta::readdir_page`])
+    /// read from the store.
+    pub dir_entries_read: u64,
 }
 
 impl WorkCounters {
@@ -129,6 +136,11 @@ impl WorkCounters {
         self.range_transactions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `n` directory entries read by a paged listing.
+    pub(crate) fn listed(&self, n: usize) {
+        self.dir_entries_read.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// The counts now.
     pub fn snapshot(&self) -> WorkStats {
         WorkStats {
@@ -136,6 +148,7 @@ impl WorkCounters {
             chunk_probes: self.chunk_probes.load(Ordering::Relaxed),
             scan_calls: self.scan_calls.load(Ordering::Relaxed),
             range_transactions: self.range_transactions.load(Ordering::Relaxed),
+            dir_entries_read: self.dir_entries_read.load(Ordering::Relaxed),
         }
     }
 }
@@ -148,6 +161,7 @@ impl WorkStats {
             chunk_probes: self.chunk_probes - earlier.chunk_probes,
             scan_calls: self.scan_calls - earlier.scan_calls,
             range_transactions: self.range_transactions - earlier.range_transactions,
+            dir_entries_read: self.dir_entries_read - earlier.dir_entries_read,
         }
     }
 }

@@ -12,9 +12,9 @@ use crate::error::Error;
 use crate::format::Format;
 use crate::meta::bounded::{CHUNKS_PER_TX, PROBE_SPAN};
 use crate::meta::{
-    CHUNK_SIZE, Context, CopyRange, FileType, Ino, MAX_COPY_LEN, MAX_FILE_LENGTH, Meta, ROOT_INO,
-    ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO, TimeChange, Timestamp, TruncateVia,
-    XattrMode,
+    CHUNK_SIZE, Context, CopyRange, DirCursor, Entry, FileType, Ino, MAX_COPY_LEN, MAX_FILE_LENGTH,
+    Meta, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, TRASH_INO, TimeChange, Timestamp,
+    TruncateVia, XattrMode,
 };
 
 /// One conformance check: it gets a fresh, unformatted store.
@@ -30,6 +30,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("names_are_checked", names_are_checked),
     ("mkdir_rmdir_nlink", mkdir_rmdir_nlink),
     ("readdir_lists_entries", readdir_lists_entries),
+    ("readdir_pages", readdir_pages),
     ("rename_moves_and_replaces", rename_moves_and_replaces),
     ("rename_flags", rename_flags),
     ("rename_directories", rename_directories),
@@ -390,6 +391,122 @@ pub(crate) fn readdir_lists_entries(m: &dyn Meta) {
         m.readdir(&c, f, false),
         |e| matches!(e, Error::NotDir),
         "readdir file",
+    );
+}
+
+/// Pages through directory `d` with pages of about `max` entries, creating
+/// and removing the names `changes` gives for each page between the pages.
+/// Returns every entry listed (repeats dropped as the caller must, where
+/// the engine says a page may repeat) and the most entries one page read.
+fn page_through(
+    m: &dyn Meta,
+    d: Ino,
+    plus: bool,
+    max: usize,
+    mut between: impl FnMut(usize),
+) -> (Vec<Entry>, u64) {
+    let c = root();
+    let (mut out, mut seen, mut most) = (Vec::new(), HashSet::new(), 0u64);
+    let mut cursor = Some(DirCursor::Start);
+    let mut pages = 0;
+    while let Some(at) = cursor {
+        let before = m.work();
+        let page = m.readdir_page(&c, d, plus, &at, max).expect("readdir page");
+        most = most.max(m.work().since(&before).dir_entries_read);
+        if at == DirCursor::Start {
+            assert_eq!(page.entries[0].name, b".");
+            assert_eq!(page.entries[0].inode, d);
+            assert_eq!(page.entries[1].name, b"..");
+        }
+        for e in page.entries {
+            if seen.insert(e.name.clone()) {
+                out.push(e);
+            } else {
+                assert!(page.may_repeat, "{:?} listed twice", e.name);
+            }
+        }
+        cursor = page.next;
+        between(pages);
+        pages += 1;
+        assert!(pages < 100_000, "the listing never ends");
+    }
+    (out, most)
+}
+
+/// A directory listed a page at a time: every entry once, each page read
+/// costs about its own entries, and entries that stay through the listing
+/// are all in it while others come and go.
+pub(crate) fn readdir_pages(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    const N: usize = 1000;
+    for i in 0..N {
+        let (f, _) = m
+            .create(&c, d, format!("f{i:04}").as_bytes(), 0o644, 0)
+            .expect("create");
+        m.close(f).expect("close");
+    }
+    let whole: HashSet<Vec<u8>> = m
+        .readdir(&c, d, false)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    for plus in [false, true] {
+        let (listed, most) = page_through(m, d, plus, 100, |_| {});
+        let names: HashSet<Vec<u8>> = listed.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(listed.len(), N + 2, "plus {plus}");
+        assert_eq!(names, whole, "plus {plus}");
+        // A page reads about what it returns (Redis's COUNT is a hint).
+        assert!(most <= 300, "a page read {most} entries");
+        if plus {
+            let f7 = listed.iter().find(|e| e.name == b"f0007").expect("f0007");
+            assert_eq!(
+                f7.attr,
+                m.getattr(f7.inode).expect("getattr"),
+                "plus pages carry attributes"
+            );
+        }
+    }
+    // Names come and go between pages: the ones that stay are all listed,
+    // once; the even ones removed meanwhile and the new ones may or may
+    // not be.
+    let (listed, _) = page_through(m, d, false, 64, |page| {
+        for k in 0..10 {
+            let i = (page * 10 + k) * 2;
+            if i < N {
+                m.unlink(&c, d, format!("f{i:04}").as_bytes())
+                    .expect("unlink");
+            }
+            let (f, _) = m
+                .create(&c, d, format!("g{page:03}-{k}").as_bytes(), 0o644, 0)
+                .expect("create");
+            m.close(f).expect("close");
+        }
+    });
+    let names: HashSet<Vec<u8>> = listed.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(names.len(), listed.len());
+    for i in (1..N).step_by(2) {
+        assert!(
+            names.contains(format!("f{i:04}").as_bytes()),
+            "f{i:04} stayed and was not listed"
+        );
+    }
+    // An empty directory: one page, `.` and `..`.
+    let (e, _) = m.mkdir(&c, ROOT_INO, b"e", 0o755, 0).expect("mkdir");
+    let page = m
+        .readdir_page(&c, e, false, &DirCursor::Start, 100)
+        .expect("empty");
+    assert_eq!(page.entries.len(), 2);
+    assert_eq!(page.next, None);
+    // Access is checked on the first page, as for readdir.
+    let (f, _) = m.create(&c, d, b"plain", 0o644, 0).expect("create");
+    m.close(f).expect("close");
+    assert_err(
+        m.readdir_page(&c, f, false, &DirCursor::Start, 100),
+        |e| matches!(e, Error::NotDir),
+        "a file",
     );
 }
 

@@ -175,6 +175,32 @@ pub struct Entry {
     pub attr: Attr,
 }
 
+/// Where a paged directory listing ([`Meta::readdir_page`]) goes on from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum DirCursor {
+    /// The start of the directory: the page begins with `.` and `..`.
+    #[default]
+    Start,
+    /// SQLite: the entries after this name (in byte order of the names,
+    /// the order of the `(parent, name)` index).
+    AfterName(Vec<u8>),
+    /// Redis: an `HSCAN` cursor of the directory's entry hash (never 0).
+    Scan(u64),
+}
+
+/// One page of a directory listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirPage {
+    /// The page's entries.
+    pub entries: Vec<Entry>,
+    /// Where the next page starts; `None` at the end of the directory.
+    pub next: Option<DirCursor>,
+    /// Whether a later page may repeat a name of an earlier one (Redis:
+    /// `HSCAN` returns an entry more than once when the hash is resized
+    /// during the scan); the caller drops the repeats.
+    pub may_repeat: bool,
+}
+
 /// A slice record inside a chunk, exactly JuiceFS's 24-byte record:
 /// the bytes `off..off+len` of slice `id` (which is `size` bytes long) appear
 /// at chunk offset `pos`. Slice id 0 is a hole (zeros).
@@ -471,6 +497,22 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// All entries of a directory, `.` and `..` first; with `plus`, each
     /// entry carries full attributes (otherwise only `typ` is meaningful).
     fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>>;
+    /// One page of a directory's entries: about `max` of them (at least
+    /// one unless the directory ends; Redis may return more for a small
+    /// directory), from `cursor` on. The first page ([`DirCursor::Start`])
+    /// checks access as [`Meta::readdir`] does and begins with `.` and `..`.
+    /// The work of a call is bounded by its page, not by the directory.
+    /// An entry that exists for the whole listing appears in it (once, but
+    /// see [`DirPage::may_repeat`]); one added or removed meanwhile may or
+    /// may not, as POSIX allows.
+    fn readdir_page(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        plus: bool,
+        cursor: &DirCursor,
+        max: usize,
+    ) -> Result<DirPage>;
 
     /// Creates and opens a regular file (or fails with `Exists`).
     fn create(

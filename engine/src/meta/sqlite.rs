@@ -895,6 +895,17 @@ impl Meta for SqliteMeta {
         namespace::readdir(&self.inner, ctx, ino, plus)
     }
 
+    fn readdir_page(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        plus: bool,
+        cursor: &crate::meta::DirCursor,
+        max: usize,
+    ) -> Result<crate::meta::DirPage> {
+        namespace::readdir_page(&self.inner, ctx, ino, plus, cursor, max)
+    }
+
     fn create(
         &self,
         ctx: &Context,

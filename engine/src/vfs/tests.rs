@@ -290,7 +290,9 @@ fn seeks_and_punches_on_a_2_58_byte_sparse_file_visit_only_existing_chunks() {
 }
 
 /// Paging through a directory of many entries costs the entries each call
-/// returns: the handle's snapshot is shared, never copied per call.
+/// returns: the handle's listing is shared, never copied per call, and read
+/// from the engine a page at a time as the calls reach its end — the first
+/// call does not read the whole directory.
 #[test]
 fn readdir_pages_cost_the_entries_they_return() {
     const N: usize = 20_000;
@@ -309,9 +311,11 @@ fn readdir_pages_cost_the_entries_they_return() {
     for plus in [false, true] {
         let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
         let (mut offset, mut listed, mut most) = (0u64, 0usize, 0usize);
+        let (mut most_read, first) = (0u64, t.vfs.meta_work());
         let started = Instant::now();
         loop {
             let (mut sent, mut seen) = (0usize, 0usize);
+            let before = t.vfs.meta_work();
             t.vfs
                 .readdir_each(&ctx(), d.inode, fh, offset, plus, &mut |_| {
                     seen += 1;
@@ -321,6 +325,7 @@ fn readdir_pages_cost_the_entries_they_return() {
                 .unwrap();
             let sent = sent.min(PAGE);
             most = most.max(seen);
+            most_read = most_read.max(t.vfs.meta_work().since(&before).dir_entries_read);
             if sent == 0 {
                 break;
             }
@@ -333,8 +338,78 @@ fn readdir_pages_cost_the_entries_they_return() {
         );
         assert_eq!(listed, N + 2, ". and .. and every entry");
         assert!(most <= PAGE + 1, "a call looked at {most} entries");
+        let read = t.vfs.meta_work().since(&first).dir_entries_read;
+        assert!(
+            most_read <= READDIR_PAGE as u64,
+            "a call read {most_read} entries from the engine"
+        );
+        assert!(
+            read <= (N + READDIR_PAGE) as u64,
+            "the listing read {read} entries"
+        );
         t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
     }
+}
+
+/// A listing is held to `max_dir_entries` a page at a time: the pages that
+/// fit are listed, the call that needs one more fails with the limit (or,
+/// having handed out entries already, ends short), nothing is counted
+/// twice, and a released handle gives its entries back.
+#[test]
+fn a_listing_past_the_entry_limit_stops_at_a_page() {
+    const N: usize = 3 * READDIR_PAGE;
+    let cfg = VfsConfig {
+        max_dir_entries: 2 * READDIR_PAGE as u64 + 2,
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg);
+    let d = t.vfs.mkdir(&ctx(), ROOT_INO, b"big", 0o755, 0).unwrap();
+    for i in 0..N {
+        t.vfs
+            .vol
+            .meta
+            .create(&ctx(), d.inode, format!("f{i:05}").as_bytes(), 0o644, 0)
+            .unwrap();
+    }
+    let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
+    let mut offset = 0u64;
+    let err = loop {
+        let mut sent = 0u64;
+        match t
+            .vfs
+            .readdir_each(&ctx(), d.inode, fh, offset, false, &mut |_| {
+                sent += 1;
+                sent <= 100
+            }) {
+            Ok(()) => {
+                let sent = sent.min(100);
+                assert!(sent > 0, "the listing ended early at {offset}");
+                offset += sent;
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::Limit(Limit::DirEntries(_))), "{err:?}");
+    // `.`, `..` and the first page of names, then the second: both fit.
+    assert_eq!(offset, 2 + 2 * READDIR_PAGE as u64);
+    // The failed page was not kept: asking again fails again.
+    let again = t
+        .vfs
+        .readdir_each(&ctx(), d.inode, fh, offset, false, &mut |_| true)
+        .unwrap_err();
+    assert!(matches!(again, Error::Limit(_)), "{again:?}");
+    t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
+    // Released: a new handle lists from the start again.
+    let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
+    let mut n = 0;
+    t.vfs
+        .readdir_each(&ctx(), d.inode, fh, 0, false, &mut |_| {
+            n += 1;
+            n < 10
+        })
+        .unwrap();
+    assert_eq!(n, 10);
+    t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
 }
 
 #[test]

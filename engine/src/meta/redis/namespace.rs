@@ -13,7 +13,8 @@ use crate::meta::sqlite::namespace::{check_name, hour_name, trash_entry_name, ty
 use crate::meta::sqlite::node::{self as rules, MASK_R, MASK_W, MASK_X};
 use crate::meta::sqlite::{TRASH_NAME, align4k, is_trash};
 use crate::meta::{
-    Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, TRASH_INO, Timestamp,
+    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
+    TRASH_INO, Timestamp,
 };
 
 pub(super) use crate::meta::sqlite::namespace::new_trash_attr;
@@ -770,68 +771,134 @@ pub(super) fn link(
 /// Lists a directory, `.` and `..` first.
 pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
     inner.read(|tx| {
-        let a = node::must_get(tx, ino)?;
-        if a.typ != FileType::Directory {
-            return Err(Error::NotDir.into());
-        }
-        let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-        rules::check_access(ctx, &a, mask)?;
-        let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-        let up_attr = if plus {
-            node::get(tx, up)?.unwrap_or_else(|| a.clone())
-        } else {
-            type_only(FileType::Directory)
-        };
-        let mut out = vec![
-            Entry {
-                inode: ino,
-                name: b".".to_vec(),
-                attr: if plus {
-                    a.clone()
-                } else {
-                    type_only(FileType::Directory)
-                },
-            },
-            Entry {
-                inode: up,
-                name: b"..".to_vec(),
-                attr: up_attr,
-            },
-        ];
+        let mut out = dots(tx, ctx, ino, plus)?;
         let key = tx.keys.entry(ino);
         for (name, v) in tx.hgetall(&key)? {
-            if name.is_empty() {
-                continue;
-            }
-            let Some((code, inode)) = decode_entry(&v) else {
-                log::warn!("entry {name:?} in {ino} is corrupt");
-                continue;
-            };
-            let Some(typ) = FileType::from_code(code) else {
-                log::warn!("entry {name:?} in {ino} has unknown type {code}");
-                continue;
-            };
-            out.push(Entry {
-                inode,
-                name,
-                attr: type_only(typ),
-            });
+            push_entry(&mut out, ino, name, &v);
         }
         if plus {
-            for batch in out[2..].chunks_mut(1024) {
-                let mut get = redis::cmd("MGET");
-                for e in batch.iter() {
-                    get.arg(tx.keys.inode(e.inode));
-                }
-                let values: Vec<Option<Vec<u8>>> = tx.now(&get)?;
-                for (e, v) in batch.iter_mut().zip(values) {
-                    match v.as_deref().and_then(super::codec::decode_attr) {
-                        Some(attr) => e.attr = attr,
-                        None => log::warn!("no attributes for inode {} in {ino}", e.inode),
-                    }
-                }
-            }
+            fill_attrs(tx, ino, &mut out[2..])?;
         }
         Ok(out)
     })
+}
+
+/// A field of a hash and its value.
+type Field = (Vec<u8>, Vec<u8>);
+
+/// One page of a directory: an `HSCAN` step over its entry hash (about
+/// `max` fields; a small hash, kept as a listpack, comes whole). A scan
+/// may return a field twice when the hash is resized meanwhile, hence
+/// [`DirPage::may_repeat`].
+pub(super) fn readdir_page(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    plus: bool,
+    cursor: &DirCursor,
+    max: usize,
+) -> Result<DirPage> {
+    let (entries, read, next) = inner.read(|tx| {
+        let (mut out, scan) = match cursor {
+            DirCursor::Start => (dots(tx, ctx, ino, plus)?, 0),
+            DirCursor::Scan(at) => (Vec::new(), *at),
+            DirCursor::AfterName(_) => {
+                return Err(Error::Invalid("a SQLite cursor for a Redis listing".into()).into());
+            }
+        };
+        let first = out.len();
+        let key = tx.keys.entry(ino);
+        let (next, fields): (u64, Vec<Field>) = tx.now(
+            redis::cmd("HSCAN")
+                .arg(&key)
+                .arg(scan)
+                .arg("COUNT")
+                .arg(max.max(1)),
+        )?;
+        let read = fields.len();
+        for (name, v) in fields {
+            push_entry(&mut out, ino, name, &v);
+        }
+        if plus {
+            fill_attrs(tx, ino, &mut out[first..])?;
+        }
+        Ok((out, read, next))
+    })?;
+    inner.work.listed(read);
+    Ok(DirPage {
+        entries,
+        next: (next != 0).then_some(DirCursor::Scan(next)),
+        may_repeat: true,
+    })
+}
+
+/// `.` and `..` of a directory, after checking that the caller may list it.
+fn dots(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
+    let a = node::must_get(tx, ino)?;
+    if a.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    let mask = if plus { MASK_R | MASK_X } else { MASK_R };
+    rules::check_access(ctx, &a, mask)?;
+    let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
+    let up_attr = if plus {
+        node::get(tx, up)?.unwrap_or_else(|| a.clone())
+    } else {
+        type_only(FileType::Directory)
+    };
+    Ok(vec![
+        Entry {
+            inode: ino,
+            name: b".".to_vec(),
+            attr: if plus {
+                a.clone()
+            } else {
+                type_only(FileType::Directory)
+            },
+        },
+        Entry {
+            inode: up,
+            name: b"..".to_vec(),
+            attr: up_attr,
+        },
+    ])
+}
+
+/// Appends the entry of field `name` (value `v`) of directory `ino`'s hash,
+/// with its type alone; a corrupt one is logged and left out.
+fn push_entry(out: &mut Vec<Entry>, ino: Ino, name: Vec<u8>, v: &[u8]) {
+    if name.is_empty() {
+        return;
+    }
+    let Some((code, inode)) = decode_entry(v) else {
+        log::warn!("entry {name:?} in {ino} is corrupt");
+        return;
+    };
+    let Some(typ) = FileType::from_code(code) else {
+        log::warn!("entry {name:?} in {ino} has unknown type {code}");
+        return;
+    };
+    out.push(Entry {
+        inode,
+        name,
+        attr: type_only(typ),
+    });
+}
+
+/// Reads the attributes of `entries` (of directory `ino`), 1024 per `MGET`.
+fn fill_attrs(tx: &mut Tx<'_>, ino: Ino, entries: &mut [Entry]) -> TxResult<()> {
+    for batch in entries.chunks_mut(1024) {
+        let mut get = redis::cmd("MGET");
+        for e in batch.iter() {
+            get.arg(tx.keys.inode(e.inode));
+        }
+        let values: Vec<Option<Vec<u8>>> = tx.now(&get)?;
+        for (e, v) in batch.iter_mut().zip(values) {
+            match v.as_deref().and_then(super::codec::decode_attr) {
+                Some(attr) => e.attr = attr,
+                None => log::warn!("no attributes for inode {} in {ino}", e.inode),
+            }
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,8 @@ use super::node::{self, MASK_R, MASK_W, MASK_X};
 use super::{Inner, TRASH_NAME, Tx, TxError, TxResult, align4k, counter, is_trash, session};
 use crate::error::{Error, Result};
 use crate::meta::{
-    Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, TRASH_INO, Timestamp,
+    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
+    TRASH_INO, Timestamp,
 };
 
 /// A directory entry row.
@@ -827,82 +828,163 @@ pub(crate) fn type_only(typ: FileType) -> Attr {
 /// Lists a directory, `.` and `..` first.
 pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
     inner.read(|c| {
-        let a = node::must_get(c, ino)?;
-        if a.typ != FileType::Directory {
-            return Err(Error::NotDir.into());
-        }
-        let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-        node::check_access(ctx, &a, mask)?;
-        let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-        let up_attr = if plus {
-            node::get(c, up)?.unwrap_or_else(|| a.clone())
-        } else {
-            type_only(FileType::Directory)
-        };
-        let mut out = vec![
-            Entry {
-                inode: ino,
-                name: b".".to_vec(),
-                attr: if plus {
-                    a.clone()
-                } else {
-                    type_only(FileType::Directory)
-                },
-            },
-            Entry {
-                inode: up,
-                name: b"..".to_vec(),
-                attr: up_attr,
-            },
-        ];
-        if plus {
-            let mut stmt = c.prepare(&format!(
-                "SELECT e.name, {} FROM jfs_edge e JOIN jfs_node n ON e.inode=n.inode \
-                 WHERE e.parent=? ORDER BY e.id",
-                node::COLUMNS
-                    .split(", ")
-                    .map(|col| format!("n.{col}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))?;
-            let rows = stmt.query_map(params![ino as i64], |r| {
-                let name = r.get_ref(0)?.as_bytes()?.to_vec();
-                let (inode, attr) = node::from_row(r, 1)?;
-                Ok(Entry { inode, name, attr })
-            })?;
-            for e in rows {
-                let e = e?;
-                if !e.name.is_empty() {
-                    out.push(e);
-                }
-            }
-        } else {
-            let mut stmt =
-                c.prepare("SELECT name, inode, type FROM jfs_edge WHERE parent=? ORDER BY id")?;
-            let rows = stmt.query_map(params![ino as i64], |r| {
-                Ok((
-                    r.get_ref(0)?.as_bytes()?.to_vec(),
-                    r.get::<_, i64>(1)? as u64,
-                    r.get::<_, i64>(2)?,
-                ))
-            })?;
-            for row in rows {
-                let (name, inode, code) = row?;
-                let Some(typ) = u8::try_from(code).ok().and_then(FileType::from_code) else {
-                    log::warn!("entry {name:?} in {ino} has unknown type {code}");
-                    continue;
-                };
-                if !name.is_empty() {
-                    out.push(Entry {
-                        inode,
-                        name,
-                        attr: type_only(typ),
-                    });
-                }
-            }
-        }
+        let mut out = dots(c, ctx, ino, plus)?;
+        edges(c, ino, plus, None, None, &mut out)?;
         Ok(out)
     })
+}
+
+/// One page of a directory, in name order (the `(parent, name)` index, so
+/// a page costs its own entries: no sort, no scan of what came before).
+pub(super) fn readdir_page(
+    inner: &Inner,
+    ctx: &Context,
+    ino: Ino,
+    plus: bool,
+    cursor: &DirCursor,
+    max: usize,
+) -> Result<DirPage> {
+    let max = max.max(1);
+    let (entries, rows, last) = inner.read(|c| {
+        let mut out = Vec::new();
+        let after = match cursor {
+            DirCursor::Start => {
+                out = dots(c, ctx, ino, plus)?;
+                None
+            }
+            DirCursor::AfterName(name) => Some(name.as_slice()),
+            DirCursor::Scan(_) => {
+                return Err(Error::Invalid("a Redis cursor for a SQLite listing".into()).into());
+            }
+        };
+        let (rows, last) = edges(c, ino, plus, after, Some(max), &mut out)?;
+        Ok((out, rows, last))
+    })?;
+    inner.work.listed(rows);
+    // A short page is the last; after a full one the next may be empty.
+    let next = if rows >= max {
+        last.map(DirCursor::AfterName)
+    } else {
+        None
+    };
+    Ok(DirPage {
+        entries,
+        next,
+        may_repeat: false,
+    })
+}
+
+/// `.` and `..` of a directory, after checking that the caller may list it.
+fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
+    let a = node::must_get(c, ino)?;
+    if a.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    let mask = if plus { MASK_R | MASK_X } else { MASK_R };
+    node::check_access(ctx, &a, mask)?;
+    let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
+    let up_attr = if plus {
+        node::get(c, up)?.unwrap_or_else(|| a.clone())
+    } else {
+        type_only(FileType::Directory)
+    };
+    Ok(vec![
+        Entry {
+            inode: ino,
+            name: b".".to_vec(),
+            attr: if plus {
+                a.clone()
+            } else {
+                type_only(FileType::Directory)
+            },
+        },
+        Entry {
+            inode: up,
+            name: b"..".to_vec(),
+            attr: up_attr,
+        },
+    ])
+}
+
+/// Appends the entries of directory `ino` to `out`: all of them in
+/// creation order, or at most `limit` rows after the name `after` in name
+/// order. Returns the rows read and the name of the last (a row that makes
+/// no entry — an unknown type — still moves the cursor).
+fn edges(
+    c: &Connection,
+    ino: Ino,
+    plus: bool,
+    after: Option<&[u8]>,
+    limit: Option<usize>,
+    out: &mut Vec<Entry>,
+) -> TxResult<(usize, Option<Vec<u8>>)> {
+    let paged = limit.is_some();
+    let filter = match (paged, after.is_some()) {
+        (false, _) => "e.parent=?1 ORDER BY e.id",
+        (true, false) => "e.parent=?1 ORDER BY e.name LIMIT ?3",
+        (true, true) => "e.parent=?1 AND e.name>?2 ORDER BY e.name LIMIT ?3",
+    };
+    let parent = ino as i64;
+    let after = after.unwrap_or_default();
+    let limit = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+    let args: &[&dyn rusqlite::ToSql] = if paged {
+        &[&parent, &after, &limit]
+    } else {
+        &[&parent]
+    };
+    let (mut rows_read, mut last) = (0usize, None);
+    if plus {
+        let columns = node::COLUMNS
+            .split(", ")
+            .map(|col| format!("n.{col}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stmt = c.prepare_cached(&format!(
+            "SELECT e.name, {columns} FROM jfs_edge e JOIN jfs_node n ON e.inode=n.inode \
+             WHERE {filter}"
+        ))?;
+        let rows = stmt.query_map(args, |r| {
+            let name = r.get_ref(0)?.as_bytes()?.to_vec();
+            let (inode, attr) = node::from_row(r, 1)?;
+            Ok(Entry { inode, name, attr })
+        })?;
+        for e in rows {
+            let e = e?;
+            rows_read += 1;
+            last = Some(e.name.clone());
+            if !e.name.is_empty() {
+                out.push(e);
+            }
+        }
+    } else {
+        let mut stmt = c.prepare_cached(&format!(
+            "SELECT e.name, e.inode, e.type FROM jfs_edge e WHERE {filter}"
+        ))?;
+        let rows = stmt.query_map(args, |r| {
+            Ok((
+                r.get_ref(0)?.as_bytes()?.to_vec(),
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)?,
+            ))
+        })?;
+        for row in rows {
+            let (name, inode, code) = row?;
+            rows_read += 1;
+            last = Some(name.clone());
+            let Some(typ) = u8::try_from(code).ok().and_then(FileType::from_code) else {
+                log::warn!("entry {name:?} in {ino} has unknown type {code}");
+                continue;
+            };
+            if !name.is_empty() {
+                out.push(Entry {
+                    inode,
+                    name,
+                    attr: type_only(typ),
+                });
+            }
+        }
+    }
+    Ok((rows_read, last))
 }
 
 #[cfg(test)]

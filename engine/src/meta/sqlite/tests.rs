@@ -42,6 +42,7 @@ conformance_tests!(
     names_are_checked,
     mkdir_rmdir_nlink,
     readdir_lists_entries,
+    readdir_pages,
     rename_moves_and_replaces,
     rename_flags,
     rename_directories,
