@@ -2,6 +2,7 @@
 //! and the mapping of request queues onto worker threads.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,10 +52,37 @@ struct FsBackend<H: ?Sized> {
     stats: Arc<[QueueStats]>,
     /// Taken once per worker by the daemon when it starts the thread.
     exit_events: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
+    /// The descriptors of the exit-event consumers the daemon took, which
+    /// it never closes (see [`VirtioFsDevice::serve`]).
+    exit_consumer_fds: Mutex<Vec<RawFd>>,
     handler: Arc<H>,
 }
 
 impl<H: RequestHandler + ?Sized> FsBackend<H> {
+    /// Closes the exit-event consumers the daemon took. vhost-user-backend
+    /// (0.24, and its main branch as of 2026-05) registers each with its
+    /// worker's epoll through `into_raw_fd()` and never closes it: without
+    /// this, every connection would leak one descriptor per queue, and a
+    /// daemon whose VMs reconnect long enough would run out of them (the
+    /// chains fuzzer, which reconnects after each DESTROY, hit the limit of
+    /// 20000: its next INIT never got an answer). Called once the daemon is
+    /// dropped, when its worker threads are joined and their epoll
+    /// descriptors closed, so nothing refers to these numbers any more;
+    /// the crate's version is pinned so that a release that closes them
+    /// itself is noticed (its `exit_event` would then be double-closed).
+    fn close_exit_consumers(&self) {
+        let fds = match self.exit_consumer_fds.lock() {
+            Ok(mut fds) => std::mem::take(&mut *fds),
+            Err(_) => return,
+        };
+        for fd in fds {
+            // SAFETY: `fd` is the consumer the daemon took from
+            // `exit_event` and turned into a raw descriptor it never closes
+            // (see above); the daemon is gone, so this is its only owner.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             max_request_size: self.config.max_request_size,
@@ -119,7 +147,9 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
 
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let mut events = self.exit_events.lock().ok()?;
-        events.get_mut(thread_index)?.take()
+        let pair = events.get_mut(thread_index)?.take()?;
+        self.exit_consumer_fds.lock().ok()?.push(pair.0.as_raw_fd());
+        Some(pair)
     }
 
     fn handle_event(
@@ -215,6 +245,7 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             workers: (0..num_queues).map(|_| Mutex::default()).collect(),
             stats: (0..num_queues).map(|_| QueueStats::default()).collect(),
             exit_events: Mutex::new(exit_events),
+            exit_consumer_fds: Mutex::new(Vec::new()),
             handler,
             config,
         };
@@ -241,17 +272,23 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
     pub fn serve(self, listener: &mut Listener) -> Result<()> {
         let mem = self.backend.mem.clone();
         let handler = self.backend.handler.clone();
-        let mut daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem)
-            .map_err(daemon_error)?;
-        daemon.start(listener).map_err(daemon_error)?;
-        info!("vhost-user frontend connected");
-        let result = daemon.wait();
-        for epoll_handler in daemon.get_epoll_handlers() {
-            epoll_handler.send_exit_event();
-        }
-        // The daemon owns the vhost-user handler, whose drop joins the worker
-        // threads: after this no request is in flight.
-        drop(daemon);
+        let backend = self.backend.clone();
+        let daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem);
+        let result = daemon.map_err(daemon_error).and_then(|mut daemon| {
+            daemon.start(listener).map_err(daemon_error)?;
+            info!("vhost-user frontend connected");
+            let result = daemon.wait();
+            for epoll_handler in daemon.get_epoll_handlers() {
+                epoll_handler.send_exit_event();
+            }
+            // The daemon owns the vhost-user handler, whose drop joins the
+            // worker threads and closes their epoll descriptors: after this
+            // no request is in flight and no thread waits on an exit event.
+            drop(daemon);
+            Ok(result)
+        });
+        backend.close_exit_consumers();
+        let result = result?;
         info!("vhost-user frontend disconnected");
         handler.connection_closed();
         match result {
