@@ -3,8 +3,11 @@
 //! `nobody` on every thread and still serves a SQLite + `file://` volume
 //! with a disk cache and writeback; Landlock stops it opening a file
 //! outside the volume that `nobody` could otherwise read; a system call
-//! outside the seccomp allowlist kills it with SIGSYS. The last two use the
-//! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs).
+//! outside the seccomp allowlist kills it with SIGSYS. Those two use the
+//! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs). On
+//! Redis metadata (a real `redis-server`, named by address and by host
+//! name) it keeps serving after Redis drops its connections and after Redis
+//! restarts: it resolves the name and connects again inside the sandbox.
 
 mod common;
 
@@ -15,11 +18,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SLUICE, Volume, Watchdog, sluice};
+use common::{RedisServer, SLUICE, Volume, Watchdog, sluice};
 use sluice_benches::virtiofs::wire::ROOT_ID;
-use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, HarnessError};
 
-/// FUSE_FSYNC, which the harness has no helper for.
+/// FUSE_UNLINK, FUSE_RENAME and FUSE_FSYNC, which the harness has no
+/// helpers for.
+const FUSE_UNLINK: u32 = 10;
+const FUSE_RENAME: u32 = 12;
 const FUSE_FSYNC: u32 = 20;
 
 struct Serve {
@@ -29,11 +35,23 @@ struct Serve {
 
 impl Serve {
     fn start(vol: &Volume, socket: &Path, extra: &[&str], probe: Option<&str>) -> Serve {
+        Serve::start_on(&vol.meta_url, vol.dir.path(), socket, extra, probe)
+    }
+
+    /// `sluice serve META_URL` with its disk cache and writeback staging
+    /// in `dir`.
+    fn start_on(
+        meta_url: &str,
+        dir: &Path,
+        socket: &Path,
+        extra: &[&str],
+        probe: Option<&str>,
+    ) -> Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
-        let cache = vol.dir.path().join("cache");
+        let cache = dir.join("cache");
         let mut cmd = Command::new(SLUICE);
-        cmd.args(["serve", &vol.meta_url, "--socket"])
+        cmd.args(["serve", meta_url, "--socket"])
             .arg(socket)
             .args([
                 "--no-pin",
@@ -315,4 +333,240 @@ fn bad_sandbox_flags_are_refused_with_a_clear_message() {
             "{text}"
         );
     }
+}
+
+/// The data of file `name` (a few blocks, so objects are made and staged).
+fn pattern(name: &[u8]) -> Vec<u8> {
+    let seed = name.iter().map(|&b| u32::from(b)).sum::<u32>();
+    (0..(3 << 20) + 4097)
+        .map(|i: u32| (i.wrapping_mul(31).wrapping_add(seed) % 253) as u8)
+        .collect()
+}
+
+/// The errno of a refused request.
+fn errno<T: std::fmt::Debug>(r: Result<T, HarnessError>) -> i32 {
+    match r {
+        Err(HarnessError::Errno { errno, .. }) => errno,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+/// Reads all of file `node` through a new handle.
+fn read_all(q: &mut FuseQueue, node: u64) -> Vec<u8> {
+    let fh = q.open(node, libc::O_RDONLY as u32).expect("OPEN");
+    let mut back = Vec::new();
+    loop {
+        let piece = q
+            .read(node, fh, back.len() as u64, 512 << 10)
+            .expect("READ");
+        if piece.is_empty() {
+            break;
+        }
+        back.extend_from_slice(&piece);
+    }
+    q.release(node, fh).expect("RELEASE");
+    back
+}
+
+/// The names in directory `dir`, sorted, without `.` and `..`.
+fn list(q: &mut FuseQueue, dir: u64) -> Vec<String> {
+    let dh = q.opendir(dir).expect("OPENDIR");
+    let mut names: Vec<String> = q
+        .readdirplus(dir, dh, 0, 64 << 10)
+        .expect("READDIRPLUS")
+        .iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    q.releasedir(dir, dh).expect("RELEASEDIR");
+    names.sort();
+    names
+}
+
+/// One round of guest traffic in a new directory `round`: create, write,
+/// fsync and read back a file, list the directory, rename the file, unlink
+/// a second one. Leaves `round/kept` with [`pattern`]`(round)`.
+fn guest_round(q: &mut FuseQueue, round: &[u8]) {
+    let dir = q.mkdir(ROOT_ID, round, 0o755).expect("MKDIR").nodeid;
+    let data = pattern(round);
+    for name in [&b"new"[..], b"scratch"] {
+        let (file, fh) = q
+            .create(dir, name, libc::O_RDWR as u32, 0o644)
+            .expect("CREATE");
+        for (i, piece) in data.chunks(512 << 10).enumerate() {
+            let n = q
+                .write(file.nodeid, fh, (i * (512 << 10)) as u64, piece)
+                .expect("WRITE");
+            assert_eq!(n as usize, piece.len());
+        }
+        let mut fsync_in = fh.to_le_bytes().to_vec();
+        fsync_in.extend_from_slice(&[0; 8]);
+        q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+            .expect("FSYNC sent")
+            .ok(FUSE_FSYNC)
+            .expect("FSYNC succeeds");
+        q.flush(file.nodeid, fh).expect("FLUSH");
+        q.release(file.nodeid, fh).expect("RELEASE");
+        assert!(
+            read_all(q, file.nodeid) == data,
+            "the data read back differs"
+        );
+    }
+    assert_eq!(list(q, dir), ["new", "scratch"]);
+
+    let mut rename_in = dir.to_le_bytes().to_vec();
+    rename_in.extend_from_slice(b"new\0kept\0");
+    q.call(FUSE_RENAME, dir, &rename_in)
+        .expect("RENAME sent")
+        .ok(FUSE_RENAME)
+        .expect("RENAME succeeds");
+    q.call(FUSE_UNLINK, dir, b"scratch\0")
+        .expect("UNLINK sent")
+        .ok(FUSE_UNLINK)
+        .expect("UNLINK succeeds");
+    assert_eq!(errno(q.lookup(dir, b"new")), libc::ENOENT);
+    assert_eq!(errno(q.lookup(dir, b"scratch")), libc::ENOENT);
+    assert_eq!(list(q, dir), ["kept"]);
+    let kept = q.lookup(dir, b"kept").expect("LOOKUP kept").nodeid;
+    assert!(read_all(q, kept) == data, "the renamed file differs");
+}
+
+/// Checks that every round so far left its `kept` file intact.
+fn check_rounds(q: &mut FuseQueue, rounds: &[&[u8]]) {
+    let mut want: Vec<String> = rounds
+        .iter()
+        .map(|r| String::from_utf8_lossy(r).into_owned())
+        .collect();
+    want.sort();
+    assert_eq!(list(q, ROOT_ID), want);
+    for round in rounds {
+        let dir = q.lookup(ROOT_ID, round).expect("LOOKUP round").nodeid;
+        let kept = q.lookup(dir, b"kept").expect("LOOKUP kept").nodeid;
+        assert!(read_all(q, kept) == pattern(round), "a kept file differs");
+    }
+}
+
+/// Sends one command to the Redis server on `port` and returns its answer
+/// line (`:N`, `+OK`, `-ERR ...`).
+fn redis_command(port: u16, args: &[&str]) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    conn.write_all(request.as_bytes()).expect("send to Redis");
+    let mut line = String::new();
+    BufReader::new(conn)
+        .read_line(&mut line)
+        .expect("an answer from Redis");
+    line.trim_end().to_owned()
+}
+
+/// The number of connections the Redis server on `port` has accepted.
+fn redis_connections(port: u16) -> u64 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
+    conn.write_all(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
+        .expect("send to Redis");
+    let mut reader = BufReader::new(conn);
+    let mut header = String::new();
+    reader.read_line(&mut header).expect("an answer from Redis");
+    let len: usize = header.trim_end().trim_start_matches('$').parse().unwrap();
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).unwrap();
+    let body = String::from_utf8(body).unwrap();
+    status_field(&body.replace(':', ": "), "total_connections_received:")
+        .parse()
+        .unwrap()
+}
+
+/// The daemon under the full sandbox (nobody, Landlock, seccomp kill) on
+/// Redis metadata named by `host`: it serves, and keeps serving once Redis
+/// drops its connections and once Redis restarts, which makes it resolve
+/// `host` and connect again from inside the sandbox.
+fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(mut redis) = RedisServer::start_persistent(test) else {
+        return;
+    };
+    let port = redis.port();
+    let meta_url = format!("redis://{host}:{port}/1");
+    // The bucket and caches live here; nobody must be able to pass through.
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bucket = dir.path().join("bucket");
+    common::sluice_ok(&[
+        "format",
+        &meta_url,
+        "redis-sandbox",
+        "--bucket",
+        bucket.to_str().unwrap(),
+    ]);
+    let socket = dir.path().join("vm.sock");
+    let mut serve = Serve::start_on(&meta_url, dir.path(), &socket, &[], None);
+    let log = serve.wait_for_log("waiting for a VM");
+    assert!(log.contains("running as nobody"), "{log}");
+    assert!(log.contains("seccomp:"), "{log}");
+    let pid = serve.child.id();
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert_eq!(status_field(&status, "Seccomp:"), "2", "filter mode");
+
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 256,
+            memory_size: 8 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    guest_round(&mut q, b"first");
+
+    // Redis drops every client connection: the daemon connects anew, from
+    // inside the sandbox.
+    let before = redis_connections(port);
+    let killed = redis_command(port, &["CLIENT", "KILL", "TYPE", "normal"]);
+    let killed: u64 = killed
+        .strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("CLIENT KILL answered {killed}"));
+    assert!(killed > 0, "the daemon had connections to Redis");
+    check_rounds(&mut q, &[b"first"]);
+    guest_round(&mut q, b"after-kill");
+    assert!(
+        redis_connections(port) > before + 1,
+        "the daemon connected again"
+    );
+
+    // Redis restarts (its data kept): every connection is new again, made
+    // while the server may still be down.
+    redis.restart(Duration::from_millis(300));
+    check_rounds(&mut q, &[b"after-kill", b"first"]);
+    guest_round(&mut q, b"after-restart");
+    check_rounds(&mut q, &[b"after-kill", b"after-restart", b"first"]);
+
+    drop(q);
+    drop(device);
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "still serving:\n{}",
+        serve.log_text()
+    );
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_by_address_reconnects() {
+    sandboxed_daemon_on_redis("sandbox-redis-ip", "127.0.0.1");
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
+    sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
 }
