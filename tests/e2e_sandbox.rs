@@ -446,39 +446,62 @@ fn check_rounds(q: &mut FuseQueue, rounds: &[&[u8]]) {
     }
 }
 
-/// Sends one command to the Redis server on `port` and returns its answer
-/// line (`:N`, `+OK`, `-ERR ...`).
-fn redis_command(port: u16, args: &[&str]) -> String {
-    use std::io::{BufRead, BufReader, Write};
+/// Runs one command on database `db` of the Redis server on `port`; the
+/// values of its answer (one for a number or a string, one per element of
+/// an array).
+fn redis_query(port: u16, db: u32, args: &[&str]) -> Vec<String> {
+    use std::io::{BufReader, Write};
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    let db = db.to_string();
+    let mut request = String::new();
+    for command in [&["SELECT", db.as_str()][..], args] {
+        request.push_str(&format!("*{}\r\n", command.len()));
+        for a in command {
+            request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
     }
     conn.write_all(request.as_bytes()).expect("send to Redis");
+    let mut reader = BufReader::new(conn);
+    let mut selected = Vec::new();
+    read_resp(&mut reader, &mut selected);
+    assert_eq!(selected, ["OK"], "SELECT {db}");
+    let mut out = Vec::new();
+    read_resp(&mut reader, &mut out);
+    out
+}
+
+/// Reads one RESP value into `out` (arrays flattened).
+fn read_resp(r: &mut impl std::io::BufRead, out: &mut Vec<String>) {
     let mut line = String::new();
-    BufReader::new(conn)
-        .read_line(&mut line)
-        .expect("an answer from Redis");
-    line.trim_end().to_owned()
+    r.read_line(&mut line).expect("an answer from Redis");
+    let line = line.trim_end();
+    let (kind, rest) = line.split_at(1);
+    match kind {
+        "+" | ":" => out.push(rest.to_owned()),
+        "$" => {
+            let Ok(len) = rest.parse::<usize>() else {
+                return; // $-1: nil
+            };
+            let mut bytes = vec![0; len + 2];
+            r.read_exact(&mut bytes).expect("a string from Redis");
+            bytes.truncate(len);
+            out.push(String::from_utf8(bytes).expect("UTF-8 from Redis"));
+        }
+        "*" => {
+            for _ in 0..rest.parse::<usize>().unwrap_or(0) {
+                read_resp(r, out);
+            }
+        }
+        _ => panic!("Redis answered {line}"),
+    }
 }
 
 /// The number of connections the Redis server on `port` has accepted.
 fn redis_connections(port: u16) -> u64 {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
-    conn.write_all(b"*2\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
-        .expect("send to Redis");
-    let mut reader = BufReader::new(conn);
-    let mut header = String::new();
-    reader.read_line(&mut header).expect("an answer from Redis");
-    let len: usize = header.trim_end().trim_start_matches('$').parse().unwrap();
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).unwrap();
-    let body = String::from_utf8(body).unwrap();
-    status_field(&body.replace(':', ": "), "total_connections_received:")
+    let info = redis_query(port, 0, &["INFO", "stats"]).concat();
+    status_field(&info.replace(':', ": "), "total_connections_received:")
         .parse()
-        .unwrap()
+        .expect("a number of connections")
 }
 
 /// The daemon under the full sandbox (nobody, Landlock, seccomp kill) on
@@ -529,15 +552,23 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
     q.init().expect("INIT");
     guest_round(&mut q, b"first");
 
+    // The session it registered (what `juicefs status` lists) names this
+    // host, read inside the sandbox.
+    let host_name = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let sessions = redis_query(port, 1, &["HVALS", "sessionInfos"]);
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let session: serde_json::Value = serde_json::from_str(&sessions[0]).unwrap();
+    assert_eq!(session["HostName"], host_name.trim(), "{session}");
+    assert_eq!(session["ProcessID"], pid, "{session}");
+
     // Redis drops every client connection: the daemon connects anew, from
     // inside the sandbox.
     let before = redis_connections(port);
-    let killed = redis_command(port, &["CLIENT", "KILL", "TYPE", "normal"]);
-    let killed: u64 = killed
-        .strip_prefix(':')
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("CLIENT KILL answered {killed}"));
-    assert!(killed > 0, "the daemon had connections to Redis");
+    let killed = redis_query(port, 1, &["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(
+        killed.concat().parse::<u64>().unwrap() > 0,
+        "the daemon had connections to Redis"
+    );
     check_rounds(&mut q, &[b"first"]);
     guest_round(&mut q, b"after-kill");
     assert!(
