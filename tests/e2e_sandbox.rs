@@ -8,6 +8,8 @@
 //! Redis metadata (a real `redis-server`, named by address and by host
 //! name) it keeps serving after Redis drops its connections and after Redis
 //! restarts: it resolves the name and connects again inside the sandbox.
+//! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
+//! for every new connection, and refuses to start when its user cannot.
 
 mod common;
 
@@ -35,17 +37,21 @@ struct Serve {
 
 impl Serve {
     fn start(vol: &Volume, socket: &Path, extra: &[&str], probe: Option<&str>) -> Serve {
-        Serve::start_on(&vol.meta_url, vol.dir.path(), socket, extra, probe)
+        let env: Vec<(&str, &str)> = probe
+            .map(|p| ("SLUICE_DEBUG_SANDBOX_PROBE", p))
+            .into_iter()
+            .collect();
+        Serve::start_on(&vol.meta_url, vol.dir.path(), socket, extra, &env)
     }
 
     /// `sluice serve META_URL` with its disk cache and writeback staging
-    /// in `dir`.
+    /// in `dir`, and `env` added to its environment.
     fn start_on(
         meta_url: &str,
         dir: &Path,
         socket: &Path,
         extra: &[&str],
-        probe: Option<&str>,
+        env: &[(&str, &str)],
     ) -> Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
@@ -63,10 +69,8 @@ impl Serve {
             .arg(&cache)
             .args(extra)
             .env("RUST_LOG", "info")
-            .env_remove("SLUICE_DEBUG_SANDBOX_PROBE");
-        if let Some(p) = probe {
-            cmd.env("SLUICE_DEBUG_SANDBOX_PROBE", p);
-        }
+            .env_remove("SLUICE_DEBUG_SANDBOX_PROBE")
+            .envs(env.iter().copied());
         let child = cmd
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
@@ -519,19 +523,36 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
     };
     let port = redis.port();
     let meta_url = format!("redis://{host}:{port}/1");
+    // Redis restarts (its data kept): every connection is new again, made
+    // while the server may still be down.
+    let mut restart = || redis.restart(Duration::from_millis(300));
+    serve_through_reconnects(&meta_url, port, &[], Some(&mut restart));
+}
+
+/// Formats a volume on `meta_url` (a `file://` bucket), serves it under the
+/// full sandbox with `env` added to the daemon's environment, drives guest
+/// traffic, makes Redis (plain TCP on `port` for the test's commands) drop
+/// the daemon's connections and checks that it connects again and keeps
+/// serving; then the same after `restart`, if given.
+fn serve_through_reconnects(
+    meta_url: &str,
+    port: u16,
+    env: &[(&str, &str)],
+    restart: Option<&mut dyn FnMut()>,
+) {
     // The bucket and caches live here; nobody must be able to pass through.
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bucket = dir.path().join("bucket");
     common::sluice_ok(&[
         "format",
-        &meta_url,
+        meta_url,
         "redis-sandbox",
         "--bucket",
         bucket.to_str().unwrap(),
     ]);
     let socket = dir.path().join("vm.sock");
-    let mut serve = Serve::start_on(&meta_url, dir.path(), &socket, &[], None);
+    let mut serve = Serve::start_on(meta_url, dir.path(), &socket, &[], env);
     let log = serve.wait_for_log("waiting for a VM");
     assert!(log.contains("running as nobody"), "{log}");
     assert!(log.contains("seccomp:"), "{log}");
@@ -576,12 +597,12 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
         "the daemon connected again"
     );
 
-    // Redis restarts (its data kept): every connection is new again, made
-    // while the server may still be down.
-    redis.restart(Duration::from_millis(300));
-    check_rounds(&mut q, &[b"after-kill", b"first"]);
-    guest_round(&mut q, b"after-restart");
-    check_rounds(&mut q, &[b"after-kill", b"after-restart", b"first"]);
+    if let Some(restart) = restart {
+        restart();
+        check_rounds(&mut q, &[b"after-kill", b"first"]);
+        guest_round(&mut q, b"after-restart");
+        check_rounds(&mut q, &[b"after-kill", b"after-restart", b"first"]);
+    }
 
     drop(q);
     drop(device);
@@ -600,4 +621,230 @@ fn a_sandboxed_daemon_on_redis_by_address_reconnects() {
 #[test]
 fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
     sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
+}
+
+/// A `redis-server` that speaks TLS on `tls_port` (a certificate for
+/// `localhost` signed by the test CA `ca.crt` in `dir`) and plain TCP on
+/// `port` for the test's own commands; killed on drop.
+struct TlsRedis {
+    child: Child,
+    port: u16,
+    tls_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    /// `None` (with the reason printed) without `redis-server` built with
+    /// TLS or without `openssl`.
+    fn start(test: &str) -> Option<TlsRedis> {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(
+            dir.path().join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=sluice test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-extfile",
+                "san.ext",
+                "-out",
+                "server.crt",
+            ],
+        ];
+        for step in steps {
+            match Command::new("openssl")
+                .args(step)
+                .current_dir(dir.path())
+                .output()
+            {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => panic!("openssl {step:?}: {}", common::text(&out)),
+                Err(e) => {
+                    eprintln!("{test}: skipped: no openssl ({e})");
+                    return None;
+                }
+            }
+        }
+        for f in ["ca.crt", "server.crt", "server.key"] {
+            fs::set_permissions(dir.path().join(f), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let (port, tls_port) = (free_port(), free_port());
+        let Ok(mut child) = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--tls-port",
+                &tls_port.to_string(),
+            ])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+            ])
+            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            eprintln!("{test}: skipped: redis-server is not installed");
+            return None;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
+            if child.try_wait().unwrap().is_some() {
+                eprintln!("{test}: skipped: this redis-server has no TLS");
+                return None;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(TlsRedis {
+            child,
+            port,
+            tls_port,
+            dir,
+        })
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_tls_reconnects_with_the_systems_roots() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-rediss";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // The system's roots as an administrator may keep them: SSL_CERT_DIR
+    // names a directory of links to certificates kept elsewhere (as
+    // update-ca-certificates links /usr/local/share/ca-certificates into
+    // /etc/ssl/certs). The TLS client reads them at every new connection,
+    // so inside the sandbox too.
+    let roots = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    for d in [roots.path(), store.path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::copy(
+        redis.dir.path().join("ca.crt"),
+        store.path().join("test-ca.crt"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        store.path().join("test-ca.crt"),
+        roots.path().join("test-ca.pem"),
+    )
+    .unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        redis.dir.path().join("ca.crt").display()
+    );
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    serve_through_reconnects(&meta_url, redis.port, &env, None);
+}
+
+#[test]
+fn roots_the_service_user_cannot_read_stop_serve_at_start() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-rediss-roots";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // Roots only root may read: after the switch to nobody every new TLS
+    // connection would fail, so serve refuses to start.
+    let roots = tempfile::tempdir().unwrap();
+    fs::set_permissions(roots.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::copy(redis.dir.path().join("ca.crt"), roots.path().join("ca.pem")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        redis.dir.path().join("ca.crt").display()
+    );
+    let bucket = dir.path().join("bucket");
+    common::sluice_ok(&[
+        "format",
+        &meta_url,
+        "roots",
+        "--bucket",
+        bucket.to_str().unwrap(),
+    ]);
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    let socket = dir.path().join("vm.sock");
+    let mut serve = Serve::start_on(&meta_url, dir.path(), &socket, &[], &env);
+    let status = serve.wait_exit();
+    let log = serve.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("the Redis TLS client cannot read the system's TLS roots inside the sandbox"),
+        "{log}"
+    );
+    assert!(log.contains(&roots.path().display().to_string()), "{log}");
+    assert!(!log.contains("waiting for a VM"), "{log}");
 }

@@ -17,10 +17,13 @@
 //! 4. [`Sandbox::lock_down`]: hands the volume's local files (the opening
 //!    created some as root) to the user, raises the locked-memory limit io_uring needs,
 //!    switches user (glibc applies set*id to every thread) and installs the
-//!    seccomp filter on every thread (TSYNC).
+//!    seccomp filter on every thread (TSYNC). With Redis over TLS it then
+//!    loads the system's TLS roots as the Redis client will for each new
+//!    connection (`tls_roots`), and fails if the sandbox hides them.
 
 mod landlock;
 mod seccomp;
+mod tls_roots;
 mod user;
 
 use std::path::{Path, PathBuf};
@@ -83,6 +86,9 @@ pub struct LocalState {
     /// Files and directories it only reads later (TLS certificates, the AWS
     /// shared configuration).
     pub read: Vec<PathBuf>,
+    /// Whether it makes TLS connections to Redis (`rediss://`), which read
+    /// the system's TLS roots each time (see `tls_roots`).
+    pub tls_roots: bool,
 }
 
 /// The sandbox a `sluice serve` sets up; see the module's documentation.
@@ -154,6 +160,9 @@ impl Sandbox {
             );
         }
         seccomp::install(self.args.seccomp)?;
+        if state.tls_roots {
+            tls_roots::check()?;
+        }
         #[cfg(debug_assertions)]
         probe_from_env();
         Ok(())
@@ -169,6 +178,12 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     }
     let path = rest.split_once('?').map_or(rest, |(p, _)| p);
     (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// Whether `url` names Redis over TLS.
+pub fn is_tls_url(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("rediss"))
 }
 
 /// The certificate and key files a `rediss://` URL names in its options.
@@ -252,6 +267,8 @@ mod tests {
             vec![PathBuf::from("/etc/ca.pem"), PathBuf::from("/k")]
         );
         assert!(tls_files("redis://h/1").is_empty());
+        assert!(is_tls_url("rediss://h/1") && is_tls_url("REDISS://h/1"));
+        assert!(!is_tls_url("redis://h/1") && !is_tls_url("sqlite3:///x.db"));
     }
 
     #[test]
