@@ -9,7 +9,8 @@
 //! name) it keeps serving after Redis drops its connections and after Redis
 //! restarts: it resolves the name and connects again inside the sandbox.
 //! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
-//! for every new connection, and refuses to start when its user cannot.
+//! for every new connection, and refuses to start when its user cannot; on
+//! a Unix socket likewise, refusing one only root may connect to.
 
 mod common;
 
@@ -846,5 +847,79 @@ fn roots_the_service_user_cannot_read_stop_serve_at_start() {
         "{log}"
     );
     assert!(log.contains(&roots.path().display().to_string()), "{log}");
+    assert!(!log.contains("waiting for a VM"), "{log}");
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-redis-unix";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    // The shared helper's skip rules (no redis-server, SLUICE_SKIP_REDIS=1);
+    // this test needs its own server, on a Unix socket.
+    if RedisServer::start(test).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.path().join("redis.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocketperm",
+            "777",
+        ])
+        .arg("--unixsocket")
+        .arg(&sock)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _redis = Kill(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let meta_url = format!("unix://{}?db=1", sock.display());
+    serve_through_reconnects(&meta_url, port, &[], None);
+
+    // A socket only root may use: the daemon, as nobody, could not connect
+    // again, so it refuses to start.
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    fs::set_permissions(cache.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = cache.path().join("vm.sock");
+    let mut serve = Serve::start_on(&meta_url, cache.path(), &socket, &[], &[]);
+    let status = serve.wait_exit();
+    let log = serve.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "nobody cannot connect to the Redis socket {} inside the sandbox",
+            sock.display()
+        )),
+        "{log}"
+    );
     assert!(!log.contains("waiting for a VM"), "{log}");
 }
