@@ -3,8 +3,14 @@
 //! `nobody` on every thread and still serves a SQLite + `file://` volume
 //! with a disk cache and writeback; Landlock stops it opening a file
 //! outside the volume that `nobody` could otherwise read; a system call
-//! outside the seccomp allowlist kills it with SIGSYS. The last two use the
-//! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs).
+//! outside the seccomp allowlist kills it with SIGSYS. Those two use the
+//! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs). On
+//! Redis metadata (a real `redis-server`, named by address and by host
+//! name) it keeps serving after Redis drops its connections and after Redis
+//! restarts: it resolves the name and connects again inside the sandbox.
+//! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
+//! for every new connection, and refuses to start when its user cannot; on
+//! a Unix socket likewise, refusing one only root may connect to.
 
 mod common;
 
@@ -15,11 +21,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SLUICE, Volume, Watchdog, sluice};
+use common::{RedisServer, SLUICE, Volume, Watchdog, sluice};
 use sluice_benches::virtiofs::wire::ROOT_ID;
-use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, HarnessError};
 
-/// FUSE_FSYNC, which the harness has no helper for.
+/// FUSE_UNLINK, FUSE_RENAME and FUSE_FSYNC, which the harness has no
+/// helpers for.
+const FUSE_UNLINK: u32 = 10;
+const FUSE_RENAME: u32 = 12;
 const FUSE_FSYNC: u32 = 20;
 
 struct Serve {
@@ -29,11 +38,27 @@ struct Serve {
 
 impl Serve {
     fn start(vol: &Volume, socket: &Path, extra: &[&str], probe: Option<&str>) -> Serve {
+        let env: Vec<(&str, &str)> = probe
+            .map(|p| ("SLUICE_DEBUG_SANDBOX_PROBE", p))
+            .into_iter()
+            .collect();
+        Serve::start_on(&vol.meta_url, vol.dir.path(), socket, extra, &env)
+    }
+
+    /// `sluice serve META_URL` with its disk cache and writeback staging
+    /// in `dir`, and `env` added to its environment.
+    fn start_on(
+        meta_url: &str,
+        dir: &Path,
+        socket: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
-        let cache = vol.dir.path().join("cache");
+        let cache = dir.join("cache");
         let mut cmd = Command::new(SLUICE);
-        cmd.args(["serve", &vol.meta_url, "--socket"])
+        cmd.args(["serve", meta_url, "--socket"])
             .arg(socket)
             .args([
                 "--no-pin",
@@ -45,10 +70,8 @@ impl Serve {
             .arg(&cache)
             .args(extra)
             .env("RUST_LOG", "info")
-            .env_remove("SLUICE_DEBUG_SANDBOX_PROBE");
-        if let Some(p) = probe {
-            cmd.env("SLUICE_DEBUG_SANDBOX_PROBE", p);
-        }
+            .env_remove("SLUICE_DEBUG_SANDBOX_PROBE")
+            .envs(env.iter().copied());
         let child = cmd
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
@@ -315,4 +338,588 @@ fn bad_sandbox_flags_are_refused_with_a_clear_message() {
             "{text}"
         );
     }
+}
+
+/// The data of file `name` (a few blocks, so objects are made and staged).
+fn pattern(name: &[u8]) -> Vec<u8> {
+    let seed = name.iter().map(|&b| u32::from(b)).sum::<u32>();
+    (0..(3 << 20) + 4097)
+        .map(|i: u32| (i.wrapping_mul(31).wrapping_add(seed) % 253) as u8)
+        .collect()
+}
+
+/// The errno of a refused request.
+fn errno<T: std::fmt::Debug>(r: Result<T, HarnessError>) -> i32 {
+    match r {
+        Err(HarnessError::Errno { errno, .. }) => errno,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+/// Reads all of file `node` through a new handle.
+fn read_all(q: &mut FuseQueue, node: u64) -> Vec<u8> {
+    let fh = q.open(node, libc::O_RDONLY as u32).expect("OPEN");
+    let mut back = Vec::new();
+    loop {
+        let piece = q
+            .read(node, fh, back.len() as u64, 512 << 10)
+            .expect("READ");
+        if piece.is_empty() {
+            break;
+        }
+        back.extend_from_slice(&piece);
+    }
+    q.release(node, fh).expect("RELEASE");
+    back
+}
+
+/// The names in directory `dir`, sorted, without `.` and `..`.
+fn list(q: &mut FuseQueue, dir: u64) -> Vec<String> {
+    let dh = q.opendir(dir).expect("OPENDIR");
+    let mut names: Vec<String> = q
+        .readdirplus(dir, dh, 0, 64 << 10)
+        .expect("READDIRPLUS")
+        .iter()
+        .filter(|e| e.name != b"." && e.name != b"..")
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .collect();
+    q.releasedir(dir, dh).expect("RELEASEDIR");
+    names.sort();
+    names
+}
+
+/// One round of guest traffic in a new directory `round`: create, write,
+/// fsync and read back a file, list the directory, rename the file, unlink
+/// a second one. Leaves `round/kept` with [`pattern`]`(round)`.
+fn guest_round(q: &mut FuseQueue, round: &[u8]) {
+    let dir = q.mkdir(ROOT_ID, round, 0o755).expect("MKDIR").nodeid;
+    let data = pattern(round);
+    for name in [&b"new"[..], b"scratch"] {
+        let (file, fh) = q
+            .create(dir, name, libc::O_RDWR as u32, 0o644)
+            .expect("CREATE");
+        for (i, piece) in data.chunks(512 << 10).enumerate() {
+            let n = q
+                .write(file.nodeid, fh, (i * (512 << 10)) as u64, piece)
+                .expect("WRITE");
+            assert_eq!(n as usize, piece.len());
+        }
+        let mut fsync_in = fh.to_le_bytes().to_vec();
+        fsync_in.extend_from_slice(&[0; 8]);
+        q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+            .expect("FSYNC sent")
+            .ok(FUSE_FSYNC)
+            .expect("FSYNC succeeds");
+        q.flush(file.nodeid, fh).expect("FLUSH");
+        q.release(file.nodeid, fh).expect("RELEASE");
+        assert!(
+            read_all(q, file.nodeid) == data,
+            "the data read back differs"
+        );
+    }
+    assert_eq!(list(q, dir), ["new", "scratch"]);
+
+    let mut rename_in = dir.to_le_bytes().to_vec();
+    rename_in.extend_from_slice(b"new\0kept\0");
+    q.call(FUSE_RENAME, dir, &rename_in)
+        .expect("RENAME sent")
+        .ok(FUSE_RENAME)
+        .expect("RENAME succeeds");
+    q.call(FUSE_UNLINK, dir, b"scratch\0")
+        .expect("UNLINK sent")
+        .ok(FUSE_UNLINK)
+        .expect("UNLINK succeeds");
+    assert_eq!(errno(q.lookup(dir, b"new")), libc::ENOENT);
+    assert_eq!(errno(q.lookup(dir, b"scratch")), libc::ENOENT);
+    assert_eq!(list(q, dir), ["kept"]);
+    let kept = q.lookup(dir, b"kept").expect("LOOKUP kept").nodeid;
+    assert!(read_all(q, kept) == data, "the renamed file differs");
+}
+
+/// Checks that every round so far left its `kept` file intact.
+fn check_rounds(q: &mut FuseQueue, rounds: &[&[u8]]) {
+    let mut want: Vec<String> = rounds
+        .iter()
+        .map(|r| String::from_utf8_lossy(r).into_owned())
+        .collect();
+    want.sort();
+    assert_eq!(list(q, ROOT_ID), want);
+    for round in rounds {
+        let dir = q.lookup(ROOT_ID, round).expect("LOOKUP round").nodeid;
+        let kept = q.lookup(dir, b"kept").expect("LOOKUP kept").nodeid;
+        assert!(read_all(q, kept) == pattern(round), "a kept file differs");
+    }
+}
+
+/// Runs one command on database `db` of the Redis server on `port`; the
+/// values of its answer (one for a number or a string, one per element of
+/// an array).
+fn redis_query(port: u16, db: u32, args: &[&str]) -> Vec<String> {
+    use std::io::{BufReader, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to Redis");
+    let db = db.to_string();
+    let mut request = String::new();
+    for command in [&["SELECT", db.as_str()][..], args] {
+        request.push_str(&format!("*{}\r\n", command.len()));
+        for a in command {
+            request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+    }
+    conn.write_all(request.as_bytes()).expect("send to Redis");
+    let mut reader = BufReader::new(conn);
+    let mut selected = Vec::new();
+    read_resp(&mut reader, &mut selected);
+    assert_eq!(selected, ["OK"], "SELECT {db}");
+    let mut out = Vec::new();
+    read_resp(&mut reader, &mut out);
+    out
+}
+
+/// Reads one RESP value into `out` (arrays flattened).
+fn read_resp(r: &mut impl std::io::BufRead, out: &mut Vec<String>) {
+    let mut line = String::new();
+    r.read_line(&mut line).expect("an answer from Redis");
+    let line = line.trim_end();
+    let (kind, rest) = line.split_at(1);
+    match kind {
+        "+" | ":" => out.push(rest.to_owned()),
+        "$" => {
+            let Ok(len) = rest.parse::<usize>() else {
+                return; // $-1: nil
+            };
+            let mut bytes = vec![0; len + 2];
+            r.read_exact(&mut bytes).expect("a string from Redis");
+            bytes.truncate(len);
+            out.push(String::from_utf8(bytes).expect("UTF-8 from Redis"));
+        }
+        "*" => {
+            for _ in 0..rest.parse::<usize>().unwrap_or(0) {
+                read_resp(r, out);
+            }
+        }
+        _ => panic!("Redis answered {line}"),
+    }
+}
+
+/// The number of connections the Redis server on `port` has accepted.
+fn redis_connections(port: u16) -> u64 {
+    let info = redis_query(port, 0, &["INFO", "stats"]).concat();
+    status_field(&info.replace(':', ": "), "total_connections_received:")
+        .parse()
+        .expect("a number of connections")
+}
+
+/// The daemon under the full sandbox (nobody, Landlock, seccomp kill) on
+/// Redis metadata named by `host`: it serves, and keeps serving once Redis
+/// drops its connections and once Redis restarts, which makes it resolve
+/// `host` and connect again from inside the sandbox.
+fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(mut redis) = RedisServer::start_persistent(test) else {
+        return;
+    };
+    let port = redis.port();
+    let meta_url = format!("redis://{host}:{port}/1");
+    // Redis restarts (its data kept): every connection is new again, made
+    // while the server may still be down.
+    let mut restart = || redis.restart(Duration::from_millis(300));
+    serve_through_reconnects(&meta_url, port, &[], Some(&mut restart));
+}
+
+/// Formats a volume on `meta_url` (a `file://` bucket), serves it under the
+/// full sandbox with `env` added to the daemon's environment, drives guest
+/// traffic, makes Redis (plain TCP on `port` for the test's commands) drop
+/// the daemon's connections and checks that it connects again and keeps
+/// serving; then the same after `restart`, if given.
+fn serve_through_reconnects(
+    meta_url: &str,
+    port: u16,
+    env: &[(&str, &str)],
+    restart: Option<&mut dyn FnMut()>,
+) {
+    // The bucket and caches live here; nobody must be able to pass through.
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bucket = dir.path().join("bucket");
+    common::sluice_ok(&[
+        "format",
+        meta_url,
+        "redis-sandbox",
+        "--bucket",
+        bucket.to_str().unwrap(),
+    ]);
+    let socket = dir.path().join("vm.sock");
+    let mut serve = Serve::start_on(meta_url, dir.path(), &socket, &[], env);
+    let log = serve.wait_for_log("waiting for a VM");
+    assert!(log.contains("running as nobody"), "{log}");
+    assert!(log.contains("seccomp:"), "{log}");
+    let pid = serve.child.id();
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert_eq!(status_field(&status, "Seccomp:"), "2", "filter mode");
+
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 256,
+            memory_size: 8 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    guest_round(&mut q, b"first");
+
+    // The session it registered (what `juicefs status` lists) names this
+    // host, read inside the sandbox.
+    let host_name = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let sessions = redis_query(port, 1, &["HVALS", "sessionInfos"]);
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let session: serde_json::Value = serde_json::from_str(&sessions[0]).unwrap();
+    assert_eq!(session["HostName"], host_name.trim(), "{session}");
+    assert_eq!(session["ProcessID"], pid, "{session}");
+
+    // Redis drops every client connection: the daemon connects anew, from
+    // inside the sandbox.
+    let before = redis_connections(port);
+    let killed = redis_query(port, 1, &["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(
+        killed.concat().parse::<u64>().unwrap() > 0,
+        "the daemon had connections to Redis"
+    );
+    check_rounds(&mut q, &[b"first"]);
+    guest_round(&mut q, b"after-kill");
+    assert!(
+        redis_connections(port) > before + 1,
+        "the daemon connected again"
+    );
+
+    if let Some(restart) = restart {
+        restart();
+        check_rounds(&mut q, &[b"after-kill", b"first"]);
+        guest_round(&mut q, b"after-restart");
+        check_rounds(&mut q, &[b"after-kill", b"after-restart", b"first"]);
+    }
+
+    drop(q);
+    drop(device);
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "still serving:\n{}",
+        serve.log_text()
+    );
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_by_address_reconnects() {
+    sandboxed_daemon_on_redis("sandbox-redis-ip", "127.0.0.1");
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
+    sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
+}
+
+/// A `redis-server` that speaks TLS on `tls_port` (a certificate for
+/// `localhost` signed by the test CA `ca.crt` in `dir`) and plain TCP on
+/// `port` for the test's own commands; killed on drop.
+struct TlsRedis {
+    child: Child,
+    port: u16,
+    tls_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl TlsRedis {
+    /// `None` (with the reason printed) without `redis-server` built with
+    /// TLS or without `openssl`.
+    fn start(test: &str) -> Option<TlsRedis> {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(
+            dir.path().join("san.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .unwrap();
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=sluice test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-extfile",
+                "san.ext",
+                "-out",
+                "server.crt",
+            ],
+        ];
+        for step in steps {
+            match Command::new("openssl")
+                .args(step)
+                .current_dir(dir.path())
+                .output()
+            {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => panic!("openssl {step:?}: {}", common::text(&out)),
+                Err(e) => {
+                    eprintln!("{test}: skipped: no openssl ({e})");
+                    return None;
+                }
+            }
+        }
+        for f in ["ca.crt", "server.crt", "server.key"] {
+            fs::set_permissions(dir.path().join(f), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let free_port = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let (port, tls_port) = (free_port(), free_port());
+        let Ok(mut child) = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--tls-port",
+                &tls_port.to_string(),
+            ])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+            ])
+            .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            eprintln!("{test}: skipped: redis-server is not installed");
+            return None;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
+            if child.try_wait().unwrap().is_some() {
+                eprintln!("{test}: skipped: this redis-server has no TLS");
+                return None;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(TlsRedis {
+            child,
+            port,
+            tls_port,
+            dir,
+        })
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_tls_reconnects_with_the_systems_roots() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-rediss";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // The system's roots as an administrator may keep them: SSL_CERT_DIR
+    // names a directory of links to certificates kept elsewhere (as
+    // update-ca-certificates links /usr/local/share/ca-certificates into
+    // /etc/ssl/certs). The TLS client reads them at every new connection,
+    // so inside the sandbox too.
+    let roots = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    for d in [roots.path(), store.path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::copy(
+        redis.dir.path().join("ca.crt"),
+        store.path().join("test-ca.crt"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        store.path().join("test-ca.crt"),
+        roots.path().join("test-ca.pem"),
+    )
+    .unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        redis.dir.path().join("ca.crt").display()
+    );
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    serve_through_reconnects(&meta_url, redis.port, &env, None);
+}
+
+#[test]
+fn roots_the_service_user_cannot_read_stop_serve_at_start() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-rediss-roots";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // Roots only root may read: after the switch to nobody every new TLS
+    // connection would fail, so serve refuses to start.
+    let roots = tempfile::tempdir().unwrap();
+    fs::set_permissions(roots.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::copy(redis.dir.path().join("ca.crt"), roots.path().join("ca.pem")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        redis.dir.path().join("ca.crt").display()
+    );
+    let bucket = dir.path().join("bucket");
+    common::sluice_ok(&[
+        "format",
+        &meta_url,
+        "roots",
+        "--bucket",
+        bucket.to_str().unwrap(),
+    ]);
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    let socket = dir.path().join("vm.sock");
+    let mut serve = Serve::start_on(&meta_url, dir.path(), &socket, &[], &env);
+    let status = serve.wait_exit();
+    let log = serve.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("the Redis TLS client cannot read the system's TLS roots inside the sandbox"),
+        "{log}"
+    );
+    assert!(log.contains(&roots.path().display().to_string()), "{log}");
+    assert!(!log.contains("waiting for a VM"), "{log}");
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let test = "sandbox-redis-unix";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    // The shared helper's skip rules (no redis-server, SLUICE_SKIP_REDIS=1);
+    // this test needs its own server, on a Unix socket.
+    if RedisServer::start(test).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.path().join("redis.sock");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--unixsocketperm",
+            "777",
+        ])
+        .arg("--unixsocket")
+        .arg(&sock)
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _redis = Kill(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let meta_url = format!("unix://{}?db=1", sock.display());
+    serve_through_reconnects(&meta_url, port, &[], None);
+
+    // A socket only root may use: the daemon, as nobody, could not connect
+    // again, so it refuses to start.
+    fs::set_permissions(&sock, fs::Permissions::from_mode(0o700)).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    fs::set_permissions(cache.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = cache.path().join("vm.sock");
+    let mut serve = Serve::start_on(&meta_url, cache.path(), &socket, &[], &[]);
+    let status = serve.wait_exit();
+    let log = serve.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "nobody cannot connect to the Redis socket {} inside the sandbox",
+            sock.display()
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("waiting for a VM"), "{log}");
 }

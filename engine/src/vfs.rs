@@ -338,13 +338,14 @@ impl Vfs {
         } else {
             None
         };
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        vol.meta.new_session(&format!(
-            "{{\"Version\":\"sluice {}\",\"HostName\":\"{}\",\"ProcessID\":{}}}",
-            env!("CARGO_PKG_VERSION"),
-            host.trim(),
-            std::process::id()
-        ))?;
+        vol.meta.new_session(
+            &serde_json::json!({
+                "Version": concat!("sluice ", env!("CARGO_PKG_VERSION")),
+                "HostName": crate::meta::sqlite::session::host_name(),
+                "ProcessID": std::process::id(),
+            })
+            .to_string(),
+        )?;
         let janitor = match cfg.cleanup_interval {
             Some(every) => {
                 let (stop, rx) = mpsc::channel::<()>();

@@ -249,6 +249,8 @@ fn local_state(
     let mut state = LocalState {
         database: sandbox::sqlite_path(url),
         read: sandbox::tls_files(url),
+        tls_roots: sandbox::is_tls_url(url),
+        sockets: sandbox::unix_socket(url).into_iter().collect(),
         ..LocalState::default()
     };
     // A volume that does not load is reported when it is opened.

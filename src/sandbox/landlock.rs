@@ -68,6 +68,9 @@ pub fn restrict(state: &LocalState) -> anyhow::Result<()> {
     };
     let mut ro: Vec<PathBuf> = READ_ONLY.iter().map(PathBuf::from).collect();
     ro.extend(state.read.iter().cloned());
+    if state.tls_roots {
+        ro.extend(super::tls_roots::paths());
+    }
     let status = Ruleset::default()
         .handle_access(all)
         .context("cannot set up Landlock")?

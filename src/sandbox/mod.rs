@@ -17,10 +17,14 @@
 //! 4. [`Sandbox::lock_down`]: hands the volume's local files (the opening
 //!    created some as root) to the user, raises the locked-memory limit io_uring needs,
 //!    switches user (glibc applies set*id to every thread) and installs the
-//!    seccomp filter on every thread (TSYNC).
+//!    seccomp filter on every thread (TSYNC). With Redis over TLS it then
+//!    loads the system's TLS roots as the Redis client will for each new
+//!    connection (`tls_roots`), and fails if the sandbox hides them; with
+//!    Redis on a Unix socket it connects to it once, likewise.
 
 mod landlock;
 mod seccomp;
+mod tls_roots;
 mod user;
 
 use std::path::{Path, PathBuf};
@@ -83,6 +87,11 @@ pub struct LocalState {
     /// Files and directories it only reads later (TLS certificates, the AWS
     /// shared configuration).
     pub read: Vec<PathBuf>,
+    /// Whether it makes TLS connections to Redis (`rediss://`), which read
+    /// the system's TLS roots each time (see `tls_roots`).
+    pub tls_roots: bool,
+    /// Unix sockets it connects to again later (a `unix://` Redis).
+    pub sockets: Vec<PathBuf>,
 }
 
 /// The sandbox a `sluice serve` sets up; see the module's documentation.
@@ -154,6 +163,12 @@ impl Sandbox {
             );
         }
         seccomp::install(self.args.seccomp)?;
+        if state.tls_roots {
+            tls_roots::check()?;
+        }
+        for socket in &state.sockets {
+            check_socket(socket, self.target.as_ref())?;
+        }
         #[cfg(debug_assertions)]
         probe_from_env();
         Ok(())
@@ -169,6 +184,39 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     }
     let path = rest.split_once('?').map_or(rest, |(p, _)| p);
     (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// Connects to `socket` once from inside the finished sandbox, as the
+/// Redis client will for every new connection: a socket the service user
+/// may not connect to would fail them all, so serve stops with the reason.
+fn check_socket(socket: &Path, user: Option<&ServiceUser>) -> anyhow::Result<()> {
+    if let Err(e) = std::os::unix::net::UnixStream::connect(socket) {
+        let who = user.map_or("the user sluice serve runs as", |u| u.name.as_str());
+        bail!(
+            "{who} cannot connect to the Redis socket {} inside the sandbox ({e}), and sluice \
+             serve connects again whenever Redis drops a connection; let {who} write the \
+             socket and pass through its directories (Redis: unixsocketperm, or a group with \
+             --user), or use a redis:// URL",
+            socket.display()
+        );
+    }
+    Ok(())
+}
+
+/// The socket of a `unix://PATH?OPTIONS` Redis URL; `None` for other URLs.
+pub fn unix_socket(url: &str) -> Option<PathBuf> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("unix") {
+        return None;
+    }
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    (!path.is_empty()).then(|| PathBuf::from(path))
+}
+
+/// Whether `url` names Redis over TLS.
+pub fn is_tls_url(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("rediss"))
 }
 
 /// The certificate and key files a `rediss://` URL names in its options.
@@ -252,6 +300,13 @@ mod tests {
             vec![PathBuf::from("/etc/ca.pem"), PathBuf::from("/k")]
         );
         assert!(tls_files("redis://h/1").is_empty());
+        assert!(is_tls_url("rediss://h/1") && is_tls_url("REDISS://h/1"));
+        assert_eq!(
+            unix_socket("unix:///run/redis/redis.sock?db=2"),
+            Some(PathBuf::from("/run/redis/redis.sock"))
+        );
+        assert_eq!(unix_socket("redis://h/1"), None);
+        assert!(!is_tls_url("redis://h/1") && !is_tls_url("sqlite3:///x.db"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::LocalState;
 
 /// Directories the system shares with others: the daemon never takes one
 /// over, so the volume's files must live in a directory of their own.
-const SHARED_DIRS: &[&str] = &[
+pub(super) const SHARED_DIRS: &[&str] = &[
     "/",
     "/bin",
     "/boot",

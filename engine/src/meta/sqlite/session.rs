@@ -33,18 +33,36 @@ pub(crate) fn session_info(info: &str) -> String {
     if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(info).is_ok() {
         return info.to_string();
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
     serde_json::json!({
         "Version": concat!("sluice-", env!("CARGO_PKG_VERSION")),
-        "HostName": host,
+        "HostName": host_name(),
         "IPAddrs": [],
         "MountPoint": info,
         "MountTime": rfc3339(Timestamp::now()),
         "ProcessID": std::process::id(),
     })
     .to_string()
+}
+
+/// This machine's host name, for the session record (`juicefs status`).
+/// From uname(2), not /proc/sys/kernel/hostname: sessions are opened after
+/// `sluice serve` has confined itself, and a system call needs no file the
+/// sandbox would have to allow.
+pub(crate) fn host_name() -> String {
+    // SAFETY: `utsname` is plain data (byte arrays); all zeros is a valid
+    // value, overwritten by the call.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = uts
+        .nodename
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|c| c.to_ne_bytes()[0])
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// A time as Go's `time.Time` reads it from JSON (RFC 3339, UTC).
@@ -401,5 +419,12 @@ mod tests {
             session_info("{\"MountPoint\":\"/m\"}"),
             "{\"MountPoint\":\"/m\"}"
         );
+    }
+
+    #[test]
+    fn the_host_name_is_the_kernels() {
+        let proc = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("a host name");
+        assert_eq!(host_name(), proc.trim());
+        assert!(!host_name().is_empty());
     }
 }
