@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
 mod sandbox;
@@ -47,6 +47,8 @@ enum Command {
     Objbench(cmd::objbench::ObjbenchArgs),
     /// Benchmarks: `sluice bench PATH` (file system), `sluice bench mlperf ...` (MLPerf Storage).
     Bench(sluice_benches::command::BenchArgs),
+    /// Print a shell completion script: `sluice completions bash|zsh|fish`.
+    Completions(cmd::completions::CompletionsArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -63,6 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Objbench(args) => cmd::objbench::run(args),
         Command::Warmup(args) => cmd::warmup::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
+        Command::Completions(args) => cmd::completions::run(args, Cli::command()),
     }
 }
 
