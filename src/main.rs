@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
+mod notify;
 mod sandbox;
 
 /// mimalloc keeps freed pages for reuse per thread: the data path allocates
