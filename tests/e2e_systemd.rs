@@ -1,5 +1,7 @@
 //! The daemons as systemd runs them: `sluice serve` and `sluice mount` send
-//! `READY=1` to `$NOTIFY_SOCKET` once they serve (`Type=notify`).
+//! `READY=1` to `$NOTIFY_SOCKET` once they serve (`Type=notify` in
+//! packaging/systemd/), and the unit files there pass `systemd-analyze
+//! verify` with this build's binary in their command lines.
 
 mod common;
 
@@ -178,4 +180,39 @@ fn without_notify_socket_nothing_is_sent_and_serving_starts_anyway() {
         text.contains("cannot reach systemd's NOTIFY_SOCKET"),
         "{text}"
     );
+}
+
+#[test]
+fn the_unit_files_pass_systemd_analyze_verify() {
+    let Ok(version) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("skipped: systemd-analyze is not installed");
+        return;
+    };
+    assert!(version.status.success());
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut paths = Vec::new();
+    for (template, instance) in [
+        ("sluice-mount@.service", "sluice-mount@vol.service"),
+        ("sluice-serve@.service", "sluice-serve@vm1.service"),
+    ] {
+        let text = std::fs::read_to_string(units.join(template)).expect("a unit file");
+        assert!(text.contains("ExecStart=/usr/bin/sluice "), "{template}");
+        let path = dir.path().join(instance);
+        std::fs::write(&path, text.replace("/usr/bin/sluice", SLUICE)).expect("write");
+        paths.push(path);
+    }
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&paths)
+        .output()
+        .expect("systemd-analyze runs");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{report}");
+    // verify reports unknown keys and bad values but still succeeds.
+    assert!(report.trim().is_empty(), "{report}");
 }
