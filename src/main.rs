@@ -2,9 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
+mod notify;
 mod sandbox;
 
 /// mimalloc keeps freed pages for reuse per thread: the data path allocates
@@ -47,6 +48,8 @@ enum Command {
     Objbench(cmd::objbench::ObjbenchArgs),
     /// Benchmarks: `sluice bench PATH` (file system), `sluice bench mlperf ...` (MLPerf Storage).
     Bench(sluice_benches::command::BenchArgs),
+    /// Print a shell completion script: `sluice completions bash|zsh|fish`.
+    Completions(cmd::completions::CompletionsArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -63,6 +66,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Objbench(args) => cmd::objbench::run(args),
         Command::Warmup(args) => cmd::warmup::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
+        Command::Completions(args) => cmd::completions::run(args, Cli::command()),
     }
 }
 

@@ -101,6 +101,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
+    // Connected now, before any thread starts (see src/notify.rs).
+    let notifier = crate::notify::Notifier::from_env();
     let seconds_ok = |s: f64| s.is_finite() && s >= 0.0;
     if !seconds_ok(args.attr_cache) || !seconds_ok(args.entry_cache) {
         bail!("--attr-cache and --entry-cache take a number of seconds ≥ 0");
@@ -165,6 +167,12 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         args.threads,
         sluice_simd::selected()
     );
+    if let Some(notifier) = &notifier {
+        notifier.ready(&format!(
+            "volume {name} mounted on {}",
+            mountpoint.display()
+        ));
+    }
     let waiter_path = mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".into())

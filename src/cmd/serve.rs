@@ -107,6 +107,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     args.readahead.apply(VfsConfig::default())?;
     let client_limits = args.limits.apply(&mut VfsConfig::default())?;
     let sandbox = Sandbox::new(&args.sandbox)?;
+    // Connected while still root and unconfined (see src/notify.rs).
+    let notifier = crate::notify::Notifier::from_env();
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config.guest_io = args.guest_io;
     device_config
@@ -181,6 +183,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
             .ok()
     });
+    if let Some(notifier) = &notifier {
+        notifier.ready(&format!(
+            "serving volume {} on {}",
+            volume.name(),
+            args.socket.display()
+        ));
+    }
     loop {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
