@@ -122,6 +122,9 @@ impl Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the log of sluice serve:\n{}", self.log_text());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
