@@ -7,7 +7,9 @@
 //! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs). On
 //! Redis metadata (a real `redis-server`, named by address and by host
 //! name) it keeps serving after Redis drops its connections and after Redis
-//! restarts: it resolves the name and connects again inside the sandbox.
+//! restarts: it resolves the name and connects again inside the sandbox,
+//! also after the system replaced `/etc/hosts` (in a mount namespace of the
+//! test's, in `/etc` and where a link from there points).
 //! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
 //! for every new connection, and refuses to start when its user cannot; on
 //! a Unix socket likewise, refusing one only root may connect to.
@@ -54,10 +56,23 @@ impl Serve {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Serve {
+        Serve::start_in(None, meta_url, dir, socket, extra, env)
+    }
+
+    /// The same, where `etc` (if given) is the daemon's `/etc` (see
+    /// [`sluice_command`]).
+    fn start_in(
+        etc: Option<&Path>,
+        meta_url: &str,
+        dir: &Path,
+        socket: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
         let cache = dir.join("cache");
-        let mut cmd = Command::new(SLUICE);
+        let mut cmd = sluice_command(etc);
         cmd.args(["serve", meta_url, "--socket"])
             .arg(socket)
             .args([
@@ -128,6 +143,22 @@ impl Drop for Serve {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A command running `sluice`; with `etc`, in a mount namespace of its
+/// own where the directory `etc` is mounted on `/etc`, so that the test can
+/// change the host's files there (replace `/etc/hosts`) without touching
+/// the host's.
+fn sluice_command(etc: Option<&Path>) -> Command {
+    let Some(etc) = etc else {
+        return Command::new(SLUICE);
+    };
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc && exec "$@""#)
+        .arg(etc)
+        .arg(SLUICE);
+    cmd
 }
 
 fn is_root() -> bool {
@@ -530,33 +561,49 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
     // Redis restarts (its data kept): every connection is new again, made
     // while the server may still be down.
     let mut restart = || redis.restart(Duration::from_millis(300));
-    serve_through_reconnects(&meta_url, port, &[], Some(&mut restart));
+    serve_through_reconnects(
+        &meta_url,
+        port,
+        Reconnects {
+            restart: Some(&mut restart),
+            ..Reconnects::default()
+        },
+    );
+}
+
+/// How [`serve_through_reconnects`] runs the daemon, and what it does to
+/// it besides dropping its Redis connections.
+#[derive(Default)]
+struct Reconnects<'a> {
+    /// Added to the daemon's environment.
+    env: &'a [(&'a str, &'a str)],
+    /// The daemon's `/etc` (see [`sluice_command`]).
+    etc: Option<&'a Path>,
+    /// Runs after the first guest traffic, just before Redis drops the
+    /// daemon's connections.
+    before_kill: Option<&'a mut dyn FnMut()>,
+    /// Restarts Redis (its data kept) once the daemon has connected again.
+    restart: Option<&'a mut dyn FnMut()>,
 }
 
 /// Formats a volume on `meta_url` (a `file://` bucket), serves it under the
-/// full sandbox with `env` added to the daemon's environment, drives guest
-/// traffic, makes Redis (plain TCP on `port` for the test's commands) drop
-/// the daemon's connections and checks that it connects again and keeps
-/// serving; then the same after `restart`, if given.
-fn serve_through_reconnects(
-    meta_url: &str,
-    port: u16,
-    env: &[(&str, &str)],
-    restart: Option<&mut dyn FnMut()>,
-) {
+/// full sandbox as `with` says, drives guest traffic, makes Redis (plain
+/// TCP on `port` for the test's commands) drop the daemon's connections
+/// and checks that it connects again and keeps serving; then the same
+/// after `with.restart`, if given.
+fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) {
     // The bucket and caches live here; nobody must be able to pass through.
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bucket = dir.path().join("bucket");
-    common::sluice_ok(&[
-        "format",
-        meta_url,
-        "redis-sandbox",
-        "--bucket",
-        bucket.to_str().unwrap(),
-    ]);
+    let out = sluice_command(with.etc)
+        .args(["format", meta_url, "redis-sandbox", "--bucket"])
+        .arg(&bucket)
+        .output()
+        .expect("sluice format runs");
+    assert!(out.status.success(), "{}", common::text(&out));
     let socket = dir.path().join("vm.sock");
-    let mut serve = Serve::start_on(meta_url, dir.path(), &socket, &[], env);
+    let mut serve = Serve::start_in(with.etc, meta_url, dir.path(), &socket, &[], with.env);
     let log = serve.wait_for_log("waiting for a VM");
     assert!(log.contains("running as nobody"), "{log}");
     assert!(log.contains("seccomp:"), "{log}");
@@ -586,6 +633,9 @@ fn serve_through_reconnects(
     assert_eq!(session["HostName"], host_name.trim(), "{session}");
     assert_eq!(session["ProcessID"], pid, "{session}");
 
+    if let Some(before_kill) = with.before_kill {
+        before_kill();
+    }
     // Redis drops every client connection: the daemon connects anew, from
     // inside the sandbox.
     let before = redis_connections(port);
@@ -601,7 +651,7 @@ fn serve_through_reconnects(
         "the daemon connected again"
     );
 
-    if let Some(restart) = restart {
+    if let Some(restart) = with.restart {
         restart();
         check_rounds(&mut q, &[b"after-kill", b"first"]);
         guest_round(&mut q, b"after-restart");
@@ -625,6 +675,88 @@ fn a_sandboxed_daemon_on_redis_by_address_reconnects() {
 #[test]
 fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
     sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
+}
+
+/// A host name for Redis that only the test's `/etc/hosts` knows (`.test`
+/// is reserved: no DNS server answers for it).
+const REDIS_NAME: &str = "sluice-redis.test";
+
+/// The daemon under the full sandbox on Redis named by [`REDIS_NAME`], in a
+/// mount namespace whose `/etc` is a copy of the host's with that name in
+/// `hosts`. While it serves, the system replaces `hosts` (written beside it
+/// and renamed over it, as `sed -i` does it, and as DHCP clients and
+/// systemd-resolved replace `resolv.conf`); then Redis drops the daemon's
+/// connections, and it must read the new file to connect again. `linked`:
+/// `/etc/hosts` is a link into a directory of its own, where the file is
+/// replaced (as `/etc/resolv.conf` links to systemd-resolved's
+/// `/run/systemd/resolve/stub-resolv.conf`).
+fn follows_a_replaced_hosts_file(test: &'static str, linked: bool) {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let namespaces = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .status();
+    if !namespaces.is_ok_and(|s| s.success()) {
+        println!("skipped: no `unshare --mount` here (util-linux, CAP_SYS_ADMIN)");
+        return;
+    }
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = RedisServer::start(test) else {
+        return;
+    };
+    let etc = tempfile::tempdir().unwrap();
+    let cp = Command::new("cp")
+        .args(["-a", "/etc/."])
+        .arg(etc.path())
+        .output()
+        .expect("cp runs");
+    assert!(cp.status.success(), "copying /etc: {}", common::text(&cp));
+    fs::set_permissions(etc.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let resolver = tempfile::tempdir().unwrap();
+    fs::set_permissions(resolver.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let hosts_dir = if linked {
+        fs::remove_file(etc.path().join("hosts")).unwrap();
+        std::os::unix::fs::symlink(resolver.path().join("hosts"), etc.path().join("hosts"))
+            .unwrap();
+        resolver.path()
+    } else {
+        etc.path()
+    };
+    let host_lines = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let replace_hosts = |generation: u32| {
+        let new = hosts_dir.join("hosts.new");
+        fs::write(
+            &new,
+            format!("{host_lines}\n127.0.0.1 {REDIS_NAME}\n# generation {generation}\n"),
+        )
+        .unwrap();
+        fs::set_permissions(&new, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::rename(&new, hosts_dir.join("hosts")).unwrap();
+    };
+    replace_hosts(0);
+    let meta_url = format!("redis://{REDIS_NAME}:{}/1", redis.port());
+    let mut replace = || replace_hosts(1);
+    serve_through_reconnects(
+        &meta_url,
+        redis.port(),
+        Reconnects {
+            etc: Some(etc.path()),
+            before_kill: Some(&mut replace),
+            ..Reconnects::default()
+        },
+    );
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_in_etc() {
+    follows_a_replaced_hosts_file("sandbox-redis-hosts", false);
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_where_it_links() {
+    follows_a_replaced_hosts_file("sandbox-redis-hosts-link", true);
 }
 
 /// A `redis-server` that speaks TLS on `tls_port` (a certificate for
@@ -805,7 +937,14 @@ fn a_sandboxed_daemon_on_redis_over_tls_reconnects_with_the_systems_roots() {
         redis.dir.path().join("ca.crt").display()
     );
     let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
-    serve_through_reconnects(&meta_url, redis.port, &env, None);
+    serve_through_reconnects(
+        &meta_url,
+        redis.port,
+        Reconnects {
+            env: &env,
+            ..Reconnects::default()
+        },
+    );
 }
 
 #[test]
@@ -905,7 +1044,7 @@ fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start
         std::thread::sleep(Duration::from_millis(20));
     }
     let meta_url = format!("unix://{}?db=1", sock.display());
-    serve_through_reconnects(&meta_url, port, &[], None);
+    serve_through_reconnects(&meta_url, port, Reconnects::default());
 
     // A socket only root may use: the daemon, as nobody, could not connect
     // again, so it refuses to start.
