@@ -9,7 +9,8 @@
 //! name) it keeps serving after Redis drops its connections and after Redis
 //! restarts: it resolves the name and connects again inside the sandbox,
 //! also after the system replaced `/etc/hosts` (in a mount namespace of the
-//! test's, in `/etc` and where a link from there points).
+//! test's, in `/etc` and where a link from there points), and through a
+//! DNS server of the test's after `resolv.conf` was replaced.
 //! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
 //! for every new connection, and refuses to start when its user cannot; on
 //! a Unix socket likewise, refusing one only root may connect to.
@@ -21,6 +22,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, SLUICE, Volume, Watchdog, sluice};
@@ -677,20 +680,31 @@ fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
     sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
 }
 
-/// A host name for Redis that only the test's `/etc/hosts` knows (`.test`
-/// is reserved: no DNS server answers for it).
+/// A host name for Redis that only the test's `/etc/hosts` or DNS server
+/// knows (`.test` is reserved: no other DNS server answers for it).
 const REDIS_NAME: &str = "sluice-redis.test";
 
+/// Where the daemon finds the address of [`REDIS_NAME`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameSource {
+    /// In `/etc/hosts`.
+    Hosts,
+    /// From the DNS server `/etc/resolv.conf` names (a [`DnsServer`]).
+    Dns,
+}
+
 /// The daemon under the full sandbox on Redis named by [`REDIS_NAME`], in a
-/// mount namespace whose `/etc` is a copy of the host's with that name in
-/// `hosts`. While it serves, the system replaces `hosts` (written beside it
-/// and renamed over it, as `sed -i` does it, and as DHCP clients and
-/// systemd-resolved replace `resolv.conf`); then Redis drops the daemon's
-/// connections, and it must read the new file to connect again. `linked`:
-/// `/etc/hosts` is a link into a directory of its own, where the file is
-/// replaced (as `/etc/resolv.conf` links to systemd-resolved's
+/// mount namespace whose `/etc` is a copy of the host's, with
+/// `nsswitch.conf` asking `hosts: files dns` and the name in `source`.
+/// While it serves, the system replaces the file that leads to the name
+/// (`hosts`, or `resolv.conf`), writing it beside the old one and renaming
+/// it over, as `sed -i` does and DHCP clients and systemd-resolved do with
+/// `resolv.conf`; then Redis drops the daemon's connections, and the daemon
+/// must read the new file to connect again. `linked`: that file in `/etc`
+/// is a link into a directory of its own, where the file is replaced (as
+/// `/etc/resolv.conf` links to systemd-resolved's
 /// `/run/systemd/resolve/stub-resolv.conf`).
-fn follows_a_replaced_hosts_file(test: &'static str, linked: bool) {
+fn follows_replaced_resolver_files(test: &'static str, source: NameSource, linked: bool) {
     if !is_root() {
         println!("skipped: sluice serve switches users only when started as root");
         return;
@@ -706,6 +720,16 @@ fn follows_a_replaced_hosts_file(test: &'static str, linked: bool) {
     let Some(redis) = RedisServer::start(test) else {
         return;
     };
+    let dns = match source {
+        NameSource::Hosts => None,
+        NameSource::Dns => {
+            let Some(dns) = DnsServer::start() else {
+                println!("skipped: cannot serve DNS on a loopback address's port 53");
+                return;
+            };
+            Some(dns)
+        }
+    };
     let etc = tempfile::tempdir().unwrap();
     let cp = Command::new("cp")
         .args(["-a", "/etc/."])
@@ -714,30 +738,48 @@ fn follows_a_replaced_hosts_file(test: &'static str, linked: bool) {
         .expect("cp runs");
     assert!(cp.status.success(), "copying /etc: {}", common::text(&cp));
     fs::set_permissions(etc.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Files of the copy are replaced, never written through: one may be a
+    // link to the host's.
+    let nsswitch: String = fs::read_to_string("/etc/nsswitch.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("hosts:"))
+        .map(|l| format!("{l}\n"))
+        .chain(std::iter::once("hosts: files dns\n".to_owned()))
+        .collect();
+    let _ = fs::remove_file(etc.path().join("nsswitch.conf"));
+    fs::write(etc.path().join("nsswitch.conf"), nsswitch).unwrap();
     let resolver = tempfile::tempdir().unwrap();
     fs::set_permissions(resolver.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let hosts_dir = if linked {
-        fs::remove_file(etc.path().join("hosts")).unwrap();
-        std::os::unix::fs::symlink(resolver.path().join("hosts"), etc.path().join("hosts"))
-            .unwrap();
+    let name = match source {
+        NameSource::Hosts => "hosts",
+        NameSource::Dns => "resolv.conf",
+    };
+    let _ = fs::remove_file(etc.path().join(name));
+    let dir = if linked {
+        std::os::unix::fs::symlink(resolver.path().join(name), etc.path().join(name)).unwrap();
         resolver.path()
     } else {
         etc.path()
     };
     let host_lines = fs::read_to_string("/etc/hosts").unwrap_or_default();
-    let replace_hosts = |generation: u32| {
-        let new = hosts_dir.join("hosts.new");
-        fs::write(
-            &new,
-            format!("{host_lines}\n127.0.0.1 {REDIS_NAME}\n# generation {generation}\n"),
-        )
-        .unwrap();
+    let replace_file = |generation: u32| {
+        let text = match &dns {
+            None => format!("{host_lines}\n127.0.0.1 {REDIS_NAME}\n"),
+            Some(dns) => format!("nameserver {}\noptions timeout:1 attempts:2\n", dns.addr),
+        };
+        let new = dir.join(format!("{name}.new"));
+        fs::write(&new, format!("{text}# generation {generation}\n")).unwrap();
         fs::set_permissions(&new, fs::Permissions::from_mode(0o644)).unwrap();
-        fs::rename(&new, hosts_dir.join("hosts")).unwrap();
+        fs::rename(&new, dir.join(name)).unwrap();
     };
-    replace_hosts(0);
+    replace_file(0);
     let meta_url = format!("redis://{REDIS_NAME}:{}/1", redis.port());
-    let mut replace = || replace_hosts(1);
+    let queries_at_replace = std::cell::Cell::new(0);
+    let mut replace = || {
+        replace_file(1);
+        queries_at_replace.set(dns.as_ref().map_or(0, DnsServer::queries));
+    };
     serve_through_reconnects(
         &meta_url,
         redis.port(),
@@ -747,16 +789,116 @@ fn follows_a_replaced_hosts_file(test: &'static str, linked: bool) {
             ..Reconnects::default()
         },
     );
+    if let Some(dns) = &dns {
+        assert!(
+            dns.queries() > queries_at_replace.get(),
+            "the daemon asked the DNS server again once Redis dropped its connections"
+        );
+    }
 }
 
 #[test]
 fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_in_etc() {
-    follows_a_replaced_hosts_file("sandbox-redis-hosts", false);
+    follows_replaced_resolver_files("sandbox-redis-hosts", NameSource::Hosts, false);
 }
 
 #[test]
 fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_where_it_links() {
-    follows_a_replaced_hosts_file("sandbox-redis-hosts-link", true);
+    follows_replaced_resolver_files("sandbox-redis-hosts-link", NameSource::Hosts, true);
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_asks_dns_with_a_resolv_conf_replaced_where_it_links() {
+    follows_replaced_resolver_files("sandbox-redis-dns-link", NameSource::Dns, true);
+}
+
+/// A DNS server on port 53 of a loopback address of its own (glibc asks
+/// name servers on port 53 only) that answers every A query with
+/// 127.0.0.1 and any other with no records, and counts the queries.
+struct DnsServer {
+    addr: std::net::Ipv4Addr,
+    queries: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DnsServer {
+    /// `None` where no such address's port 53 is free.
+    fn start() -> Option<DnsServer> {
+        let pid = std::process::id();
+        let (addr, socket) = (1..=8u8).find_map(|n| {
+            let addr = std::net::Ipv4Addr::new(127, 53, n, (pid % 250) as u8 + 2);
+            std::net::UdpSocket::bind((addr, 53))
+                .ok()
+                .map(|s| (addr, s))
+        })?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let queries = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let (queries, stop) = (queries.clone(), stop.clone());
+            move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((n, peer)) = socket.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    if let Some(reply) = dns_answer(&buf[..n]) {
+                        queries.fetch_add(1, Ordering::Relaxed);
+                        let _ = socket.send_to(&reply, peer);
+                    }
+                }
+            }
+        });
+        Some(DnsServer {
+            addr,
+            queries,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The queries answered so far.
+    fn queries(&self) -> usize {
+        self.queries.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The answer to the DNS `query` (RFC 1035 4.1): its id and question, and
+/// for type A one record, 127.0.0.1 with no time to live; `None` for what
+/// is not a query.
+fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
+    const HEADER: usize = 12;
+    if query.len() < HEADER || query[2] & 0x80 != 0 {
+        return None;
+    }
+    // The question's name: labels up to a zero length; then type, class.
+    let mut at = HEADER;
+    while *query.get(at)? != 0 {
+        at += 1 + usize::from(query[at]);
+    }
+    let question = query.get(HEADER..at + 5)?;
+    let is_a = query[at + 1..at + 3] == [0, 1];
+    let mut reply = query[..2].to_vec();
+    // A response, recursion desired and available, no error; one question.
+    reply.extend_from_slice(&[0x81, 0x80, 0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
+    reply.extend_from_slice(question);
+    if is_a {
+        // The question's name (a pointer to it), A, IN, TTL 0, 4 bytes.
+        reply.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 127, 0, 0, 1]);
+    }
+    Some(reply)
 }
 
 /// A `redis-server` that speaks TLS on `tls_port` (a certificate for
