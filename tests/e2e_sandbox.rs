@@ -12,7 +12,8 @@
 //! test's, in `/etc` and where a link from there points), and through a
 //! DNS server of the test's after `resolv.conf` was replaced.
 //! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
-//! for every new connection, and refuses to start when its user cannot; on
+//! for every new connection, a CA installed while it serves included, and
+//! refuses to start when its user cannot; on
 //! a Unix socket likewise, refusing one only root may connect to.
 
 mod common;
@@ -59,13 +60,13 @@ impl Serve {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Serve {
-        Serve::start_in(None, meta_url, dir, socket, extra, env)
+        Serve::start_in(&[], meta_url, dir, socket, extra, env)
     }
 
-    /// The same, where `etc` (if given) is the daemon's `/etc` (see
-    /// [`sluice_command`]).
+    /// The same, with the test's directories `mounts` mounted over the
+    /// host's in the daemon's view (see [`sluice_command`]).
     fn start_in(
-        etc: Option<&Path>,
+        mounts: &[(&Path, &str)],
         meta_url: &str,
         dir: &Path,
         socket: &Path,
@@ -75,7 +76,7 @@ impl Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
         let cache = dir.join("cache");
-        let mut cmd = sluice_command(etc);
+        let mut cmd = sluice_command(mounts);
         cmd.args(["serve", meta_url, "--socket"])
             .arg(socket)
             .args([
@@ -148,18 +149,24 @@ impl Drop for Serve {
     }
 }
 
-/// A command running `sluice`; with `etc`, in a mount namespace of its
-/// own where the directory `etc` is mounted on `/etc`, so that the test can
-/// change the host's files there (replace `/etc/hosts`) without touching
-/// the host's.
-fn sluice_command(etc: Option<&Path>) -> Command {
-    let Some(etc) = etc else {
+/// A command running `sluice`; with `mounts` (a directory of the test's,
+/// where the daemon sees it), in a mount namespace of its own where each
+/// is mounted there, so that the test can change the host's files (replace
+/// `/etc/hosts`) without touching the host's.
+fn sluice_command(mounts: &[(&Path, &str)]) -> Command {
+    if mounts.is_empty() {
         return Command::new(SLUICE);
-    };
+    }
+    let script: String = mounts
+        .iter()
+        .map(|(_, at)| format!(r#"mount --bind "$1" {at} && shift && "#))
+        .chain(std::iter::once(r#"exec "$@""#.to_owned()))
+        .collect();
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(r#"mount --bind "$0" /etc && exec "$@""#)
-        .arg(etc)
+        .arg(script)
+        .arg("sh")
+        .args(mounts.iter().map(|(dir, _)| dir))
         .arg(SLUICE);
     cmd
 }
@@ -580,8 +587,9 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
 struct Reconnects<'a> {
     /// Added to the daemon's environment.
     env: &'a [(&'a str, &'a str)],
-    /// The daemon's `/etc` (see [`sluice_command`]).
-    etc: Option<&'a Path>,
+    /// The test's directories mounted over the host's in the daemon's view
+    /// (see [`sluice_command`]).
+    mounts: &'a [(&'a Path, &'a str)],
     /// Runs after the first guest traffic, just before Redis drops the
     /// daemon's connections.
     before_kill: Option<&'a mut dyn FnMut()>,
@@ -599,14 +607,14 @@ fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) {
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bucket = dir.path().join("bucket");
-    let out = sluice_command(with.etc)
+    let out = sluice_command(with.mounts)
         .args(["format", meta_url, "redis-sandbox", "--bucket"])
         .arg(&bucket)
         .output()
         .expect("sluice format runs");
     assert!(out.status.success(), "{}", common::text(&out));
     let socket = dir.path().join("vm.sock");
-    let mut serve = Serve::start_in(with.etc, meta_url, dir.path(), &socket, &[], with.env);
+    let mut serve = Serve::start_in(with.mounts, meta_url, dir.path(), &socket, &[], with.env);
     let log = serve.wait_for_log("waiting for a VM");
     assert!(log.contains("running as nobody"), "{log}");
     assert!(log.contains("seccomp:"), "{log}");
@@ -784,7 +792,7 @@ fn follows_replaced_resolver_files(test: &'static str, source: NameSource, linke
         &meta_url,
         redis.port(),
         Reconnects {
-            etc: Some(etc.path()),
+            mounts: &[(etc.path(), "/etc")],
             before_kill: Some(&mut replace),
             ..Reconnects::default()
         },
@@ -1084,6 +1092,60 @@ fn a_sandboxed_daemon_on_redis_over_tls_reconnects_with_the_systems_roots() {
         redis.port,
         Reconnects {
             env: &env,
+            ..Reconnects::default()
+        },
+    );
+}
+
+/// Where `update-ca-certificates` takes an administrator's own CAs from,
+/// linking each into `/etc/ssl/certs`.
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_tls_reads_a_ca_installed_later() {
+    if !is_root() || !Path::new(LOCAL_CAS).is_dir() {
+        println!("skipped: needs root and {LOCAL_CAS}");
+        return;
+    }
+    let test = "sandbox-rediss-later";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // The daemon sees an empty LOCAL_CAS (a directory of the test's), and
+    // SSL_CERT_DIR (as /etc/ssl/certs) holds only the test CA. While it
+    // serves, the administrator installs a CA of their own as
+    // update-ca-certificates does: the file in LOCAL_CAS, a link to it in
+    // the roots' directory. The TLS client reads every file there at each
+    // new connection, and fails the connection on one it cannot read.
+    let local_cas = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    for d in [local_cas.path(), roots.path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let ca = redis.dir.path().join("ca.crt");
+    fs::copy(&ca, roots.path().join("test-ca.pem")).unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        ca.display()
+    );
+    let mut install = || {
+        fs::copy(&ca, local_cas.path().join("later.crt")).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new(LOCAL_CAS).join("later.crt"),
+            roots.path().join("later.pem"),
+        )
+        .unwrap();
+    };
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    serve_through_reconnects(
+        &meta_url,
+        redis.port,
+        Reconnects {
+            env: &env,
+            mounts: &[(local_cas.path(), LOCAL_CAS)],
+            before_kill: Some(&mut install),
             ..Reconnects::default()
         },
     );
