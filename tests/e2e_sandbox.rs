@@ -328,6 +328,22 @@ fn the_daemon_cannot_open_a_file_outside_its_volume() {
     let socket = vol.dir.path().join("off.sock");
     let mut serve = Serve::start(&vol, &socket, &["--landlock", "off"], Some(&probe));
     serve.wait_for_log(&format!("sandbox probe: opened {}", secret.display()));
+    drop(serve);
+
+    // Kept as root, the daemon may read the name service's files in /etc,
+    // not /etc: root's own files there stay out of its reach (as nobody,
+    // /etc is readable and its permissions keep it out of them).
+    let shadow = Path::new("/etc/shadow");
+    if shadow.exists() {
+        let socket = vol.dir.path().join("root.sock");
+        let probe = format!("open:{}", shadow.display());
+        let mut serve = Serve::start(&vol, &socket, &["--user", "root"], Some(&probe));
+        let log = serve.wait_for_log(&format!(
+            "sandbox probe: cannot open /etc/shadow: errno {}",
+            libc::EACCES
+        ));
+        assert!(log.contains("kept as root"), "{log}");
+    }
 }
 
 #[test]
