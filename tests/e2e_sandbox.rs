@@ -7,9 +7,13 @@
 //! debug-build hook `SLUICE_DEBUG_SANDBOX_PROBE` (src/sandbox/mod.rs). On
 //! Redis metadata (a real `redis-server`, named by address and by host
 //! name) it keeps serving after Redis drops its connections and after Redis
-//! restarts: it resolves the name and connects again inside the sandbox.
+//! restarts: it resolves the name and connects again inside the sandbox,
+//! also after the system replaced `/etc/hosts` (in a mount namespace of the
+//! test's, in `/etc` and where a link from there points), and through a
+//! DNS server of the test's after `resolv.conf` was replaced.
 //! Over TLS it reads the system's roots (here through `SSL_CERT_DIR` links)
-//! for every new connection, and refuses to start when its user cannot; on
+//! for every new connection, a CA installed while it serves included, and
+//! refuses to start when its user cannot; on
 //! a Unix socket likewise, refusing one only root may connect to.
 
 mod common;
@@ -19,6 +23,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, SLUICE, Volume, Watchdog, sluice};
@@ -54,10 +60,23 @@ impl Serve {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Serve {
+        Serve::start_in(&[], meta_url, dir, socket, extra, env)
+    }
+
+    /// The same, with the test's directories `mounts` mounted over the
+    /// host's in the daemon's view (see [`sluice_command`]).
+    fn start_in(
+        mounts: &[(&Path, &str)],
+        meta_url: &str,
+        dir: &Path,
+        socket: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         let log = socket.with_extension("log");
         let logf = fs::File::create(&log).unwrap();
         let cache = dir.join("cache");
-        let mut cmd = Command::new(SLUICE);
+        let mut cmd = sluice_command(mounts);
         cmd.args(["serve", meta_url, "--socket"])
             .arg(socket)
             .args([
@@ -122,9 +141,34 @@ impl Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the log of sluice serve:\n{}", self.log_text());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A command running `sluice`; with `mounts` (a directory of the test's,
+/// where the daemon sees it), in a mount namespace of its own where each
+/// is mounted there, so that the test can change the host's files (replace
+/// `/etc/hosts`) without touching the host's.
+fn sluice_command(mounts: &[(&Path, &str)]) -> Command {
+    if mounts.is_empty() {
+        return Command::new(SLUICE);
+    }
+    let script: String = mounts
+        .iter()
+        .map(|(_, at)| format!(r#"mount --bind "$1" {at} && shift && "#))
+        .chain(std::iter::once(r#"exec "$@""#.to_owned()))
+        .collect();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(script)
+        .arg("sh")
+        .args(mounts.iter().map(|(dir, _)| dir))
+        .arg(SLUICE);
+    cmd
 }
 
 fn is_root() -> bool {
@@ -284,6 +328,22 @@ fn the_daemon_cannot_open_a_file_outside_its_volume() {
     let socket = vol.dir.path().join("off.sock");
     let mut serve = Serve::start(&vol, &socket, &["--landlock", "off"], Some(&probe));
     serve.wait_for_log(&format!("sandbox probe: opened {}", secret.display()));
+    drop(serve);
+
+    // Kept as root, the daemon may read the name service's files in /etc,
+    // not /etc: root's own files there stay out of its reach (as nobody,
+    // /etc is readable and its permissions keep it out of them).
+    let shadow = Path::new("/etc/shadow");
+    if shadow.exists() {
+        let socket = vol.dir.path().join("root.sock");
+        let probe = format!("open:{}", shadow.display());
+        let mut serve = Serve::start(&vol, &socket, &["--user", "root"], Some(&probe));
+        let log = serve.wait_for_log(&format!(
+            "sandbox probe: cannot open /etc/shadow: errno {}",
+            libc::EACCES
+        ));
+        assert!(log.contains("kept as root"), "{log}");
+    }
 }
 
 #[test]
@@ -527,33 +587,50 @@ fn sandboxed_daemon_on_redis(test: &'static str, host: &str) {
     // Redis restarts (its data kept): every connection is new again, made
     // while the server may still be down.
     let mut restart = || redis.restart(Duration::from_millis(300));
-    serve_through_reconnects(&meta_url, port, &[], Some(&mut restart));
+    serve_through_reconnects(
+        &meta_url,
+        port,
+        Reconnects {
+            restart: Some(&mut restart),
+            ..Reconnects::default()
+        },
+    );
+}
+
+/// How [`serve_through_reconnects`] runs the daemon, and what it does to
+/// it besides dropping its Redis connections.
+#[derive(Default)]
+struct Reconnects<'a> {
+    /// Added to the daemon's environment.
+    env: &'a [(&'a str, &'a str)],
+    /// The test's directories mounted over the host's in the daemon's view
+    /// (see [`sluice_command`]).
+    mounts: &'a [(&'a Path, &'a str)],
+    /// Runs after the first guest traffic, just before Redis drops the
+    /// daemon's connections.
+    before_kill: Option<&'a mut dyn FnMut()>,
+    /// Restarts Redis (its data kept) once the daemon has connected again.
+    restart: Option<&'a mut dyn FnMut()>,
 }
 
 /// Formats a volume on `meta_url` (a `file://` bucket), serves it under the
-/// full sandbox with `env` added to the daemon's environment, drives guest
-/// traffic, makes Redis (plain TCP on `port` for the test's commands) drop
-/// the daemon's connections and checks that it connects again and keeps
-/// serving; then the same after `restart`, if given.
-fn serve_through_reconnects(
-    meta_url: &str,
-    port: u16,
-    env: &[(&str, &str)],
-    restart: Option<&mut dyn FnMut()>,
-) {
+/// full sandbox as `with` says, drives guest traffic, makes Redis (plain
+/// TCP on `port` for the test's commands) drop the daemon's connections
+/// and checks that it connects again and keeps serving; then the same
+/// after `with.restart`, if given.
+fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) {
     // The bucket and caches live here; nobody must be able to pass through.
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let bucket = dir.path().join("bucket");
-    common::sluice_ok(&[
-        "format",
-        meta_url,
-        "redis-sandbox",
-        "--bucket",
-        bucket.to_str().unwrap(),
-    ]);
+    let out = sluice_command(with.mounts)
+        .args(["format", meta_url, "redis-sandbox", "--bucket"])
+        .arg(&bucket)
+        .output()
+        .expect("sluice format runs");
+    assert!(out.status.success(), "{}", common::text(&out));
     let socket = dir.path().join("vm.sock");
-    let mut serve = Serve::start_on(meta_url, dir.path(), &socket, &[], env);
+    let mut serve = Serve::start_in(with.mounts, meta_url, dir.path(), &socket, &[], with.env);
     let log = serve.wait_for_log("waiting for a VM");
     assert!(log.contains("running as nobody"), "{log}");
     assert!(log.contains("seccomp:"), "{log}");
@@ -583,6 +660,9 @@ fn serve_through_reconnects(
     assert_eq!(session["HostName"], host_name.trim(), "{session}");
     assert_eq!(session["ProcessID"], pid, "{session}");
 
+    if let Some(before_kill) = with.before_kill {
+        before_kill();
+    }
     // Redis drops every client connection: the daemon connects anew, from
     // inside the sandbox.
     let before = redis_connections(port);
@@ -598,7 +678,7 @@ fn serve_through_reconnects(
         "the daemon connected again"
     );
 
-    if let Some(restart) = restart {
+    if let Some(restart) = with.restart {
         restart();
         check_rounds(&mut q, &[b"after-kill", b"first"]);
         guest_round(&mut q, b"after-restart");
@@ -622,6 +702,227 @@ fn a_sandboxed_daemon_on_redis_by_address_reconnects() {
 #[test]
 fn a_sandboxed_daemon_on_redis_by_host_name_reconnects() {
     sandboxed_daemon_on_redis("sandbox-redis-name", "localhost");
+}
+
+/// A host name for Redis that only the test's `/etc/hosts` or DNS server
+/// knows (`.test` is reserved: no other DNS server answers for it).
+const REDIS_NAME: &str = "sluice-redis.test";
+
+/// Where the daemon finds the address of [`REDIS_NAME`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameSource {
+    /// In `/etc/hosts`.
+    Hosts,
+    /// From the DNS server `/etc/resolv.conf` names (a [`DnsServer`]).
+    Dns,
+}
+
+/// The daemon under the full sandbox on Redis named by [`REDIS_NAME`], in a
+/// mount namespace whose `/etc` is a copy of the host's, with
+/// `nsswitch.conf` asking `hosts: files dns` and the name in `source`.
+/// While it serves, the system replaces the file that leads to the name
+/// (`hosts`, or `resolv.conf`), writing it beside the old one and renaming
+/// it over, as `sed -i` does and DHCP clients and systemd-resolved do with
+/// `resolv.conf`; then Redis drops the daemon's connections, and the daemon
+/// must read the new file to connect again. `linked`: that file in `/etc`
+/// is a link into a directory of its own, where the file is replaced (as
+/// `/etc/resolv.conf` links to systemd-resolved's
+/// `/run/systemd/resolve/stub-resolv.conf`).
+fn follows_replaced_resolver_files(test: &'static str, source: NameSource, linked: bool) {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let namespaces = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "true"])
+        .status();
+    if !namespaces.is_ok_and(|s| s.success()) {
+        println!("skipped: no `unshare --mount` here (util-linux, CAP_SYS_ADMIN)");
+        return;
+    }
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = RedisServer::start(test) else {
+        return;
+    };
+    let dns = match source {
+        NameSource::Hosts => None,
+        NameSource::Dns => {
+            let Some(dns) = DnsServer::start() else {
+                println!("skipped: cannot serve DNS on a loopback address's port 53");
+                return;
+            };
+            Some(dns)
+        }
+    };
+    let etc = tempfile::tempdir().unwrap();
+    let cp = Command::new("cp")
+        .args(["-a", "/etc/."])
+        .arg(etc.path())
+        .output()
+        .expect("cp runs");
+    assert!(cp.status.success(), "copying /etc: {}", common::text(&cp));
+    fs::set_permissions(etc.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // Files of the copy are replaced, never written through: one may be a
+    // link to the host's.
+    let nsswitch: String = fs::read_to_string("/etc/nsswitch.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("hosts:"))
+        .map(|l| format!("{l}\n"))
+        .chain(std::iter::once("hosts: files dns\n".to_owned()))
+        .collect();
+    let _ = fs::remove_file(etc.path().join("nsswitch.conf"));
+    fs::write(etc.path().join("nsswitch.conf"), nsswitch).unwrap();
+    let resolver = tempfile::tempdir().unwrap();
+    fs::set_permissions(resolver.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let name = match source {
+        NameSource::Hosts => "hosts",
+        NameSource::Dns => "resolv.conf",
+    };
+    let _ = fs::remove_file(etc.path().join(name));
+    let dir = if linked {
+        std::os::unix::fs::symlink(resolver.path().join(name), etc.path().join(name)).unwrap();
+        resolver.path()
+    } else {
+        etc.path()
+    };
+    let host_lines = fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let replace_file = |generation: u32| {
+        let text = match &dns {
+            None => format!("{host_lines}\n127.0.0.1 {REDIS_NAME}\n"),
+            Some(dns) => format!("nameserver {}\noptions timeout:1 attempts:2\n", dns.addr),
+        };
+        let new = dir.join(format!("{name}.new"));
+        fs::write(&new, format!("{text}# generation {generation}\n")).unwrap();
+        fs::set_permissions(&new, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::rename(&new, dir.join(name)).unwrap();
+    };
+    replace_file(0);
+    let meta_url = format!("redis://{REDIS_NAME}:{}/1", redis.port());
+    let queries_at_replace = std::cell::Cell::new(0);
+    let mut replace = || {
+        replace_file(1);
+        queries_at_replace.set(dns.as_ref().map_or(0, DnsServer::queries));
+    };
+    serve_through_reconnects(
+        &meta_url,
+        redis.port(),
+        Reconnects {
+            mounts: &[(etc.path(), "/etc")],
+            before_kill: Some(&mut replace),
+            ..Reconnects::default()
+        },
+    );
+    if let Some(dns) = &dns {
+        assert!(
+            dns.queries() > queries_at_replace.get(),
+            "the daemon asked the DNS server again once Redis dropped its connections"
+        );
+    }
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_in_etc() {
+    follows_replaced_resolver_files("sandbox-redis-hosts", NameSource::Hosts, false);
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_reads_a_hosts_file_replaced_where_it_links() {
+    follows_replaced_resolver_files("sandbox-redis-hosts-link", NameSource::Hosts, true);
+}
+
+#[test]
+fn a_sandboxed_daemon_on_redis_asks_dns_with_a_resolv_conf_replaced_where_it_links() {
+    follows_replaced_resolver_files("sandbox-redis-dns-link", NameSource::Dns, true);
+}
+
+/// A DNS server on port 53 of a loopback address of its own (glibc asks
+/// name servers on port 53 only) that answers every A query with
+/// 127.0.0.1 and any other with no records, and counts the queries.
+struct DnsServer {
+    addr: std::net::Ipv4Addr,
+    queries: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DnsServer {
+    /// `None` where no such address's port 53 is free.
+    fn start() -> Option<DnsServer> {
+        let pid = std::process::id();
+        let (addr, socket) = (1..=8u8).find_map(|n| {
+            let addr = std::net::Ipv4Addr::new(127, 53, n, (pid % 250) as u8 + 2);
+            std::net::UdpSocket::bind((addr, 53))
+                .ok()
+                .map(|s| (addr, s))
+        })?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let queries = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let (queries, stop) = (queries.clone(), stop.clone());
+            move || {
+                let mut buf = [0u8; 512];
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((n, peer)) = socket.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    if let Some(reply) = dns_answer(&buf[..n]) {
+                        queries.fetch_add(1, Ordering::Relaxed);
+                        let _ = socket.send_to(&reply, peer);
+                    }
+                }
+            }
+        });
+        Some(DnsServer {
+            addr,
+            queries,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The queries answered so far.
+    fn queries(&self) -> usize {
+        self.queries.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The answer to the DNS `query` (RFC 1035 4.1): its id and question, and
+/// for type A one record, 127.0.0.1 with no time to live; `None` for what
+/// is not a query.
+fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
+    const HEADER: usize = 12;
+    if query.len() < HEADER || query[2] & 0x80 != 0 {
+        return None;
+    }
+    // The question's name: labels up to a zero length; then type, class.
+    let mut at = HEADER;
+    while *query.get(at)? != 0 {
+        at += 1 + usize::from(query[at]);
+    }
+    let question = query.get(HEADER..at + 5)?;
+    let is_a = query[at + 1..at + 3] == [0, 1];
+    let mut reply = query[..2].to_vec();
+    // A response, recursion desired and available, no error; one question.
+    reply.extend_from_slice(&[0x81, 0x80, 0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
+    reply.extend_from_slice(question);
+    if is_a {
+        // The question's name (a pointer to it), A, IN, TTL 0, 4 bytes.
+        reply.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, 127, 0, 0, 1]);
+    }
+    Some(reply)
 }
 
 /// A `redis-server` that speaks TLS on `tls_port` (a certificate for
@@ -802,7 +1103,68 @@ fn a_sandboxed_daemon_on_redis_over_tls_reconnects_with_the_systems_roots() {
         redis.dir.path().join("ca.crt").display()
     );
     let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
-    serve_through_reconnects(&meta_url, redis.port, &env, None);
+    serve_through_reconnects(
+        &meta_url,
+        redis.port,
+        Reconnects {
+            env: &env,
+            ..Reconnects::default()
+        },
+    );
+}
+
+/// Where `update-ca-certificates` takes an administrator's own CAs from,
+/// linking each into `/etc/ssl/certs`.
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
+#[test]
+fn a_sandboxed_daemon_on_redis_over_tls_reads_a_ca_installed_later() {
+    if !is_root() || !Path::new(LOCAL_CAS).is_dir() {
+        println!("skipped: needs root and {LOCAL_CAS}");
+        return;
+    }
+    let test = "sandbox-rediss-later";
+    let _dog = Watchdog::new(test, Duration::from_secs(300));
+    let Some(redis) = TlsRedis::start(test) else {
+        return;
+    };
+    // The daemon sees an empty LOCAL_CAS (a directory of the test's), and
+    // SSL_CERT_DIR (as /etc/ssl/certs) holds only the test CA. While it
+    // serves, the administrator installs a CA of their own as
+    // update-ca-certificates does: the file in LOCAL_CAS, a link to it in
+    // the roots' directory. The TLS client reads every file there at each
+    // new connection, and fails the connection on one it cannot read.
+    let local_cas = tempfile::tempdir().unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    for d in [local_cas.path(), roots.path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let ca = redis.dir.path().join("ca.crt");
+    fs::copy(&ca, roots.path().join("test-ca.pem")).unwrap();
+    let meta_url = format!(
+        "rediss://localhost:{}/1?tls-ca-cert-file={}",
+        redis.tls_port,
+        ca.display()
+    );
+    let mut install = || {
+        fs::copy(&ca, local_cas.path().join("later.crt")).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new(LOCAL_CAS).join("later.crt"),
+            roots.path().join("later.pem"),
+        )
+        .unwrap();
+    };
+    let env = [("SSL_CERT_DIR", roots.path().to_str().unwrap())];
+    serve_through_reconnects(
+        &meta_url,
+        redis.port,
+        Reconnects {
+            env: &env,
+            mounts: &[(local_cas.path(), LOCAL_CAS)],
+            before_kill: Some(&mut install),
+            ..Reconnects::default()
+        },
+    );
 }
 
 #[test]
@@ -902,7 +1264,7 @@ fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start
         std::thread::sleep(Duration::from_millis(20));
     }
     let meta_url = format!("unix://{}?db=1", sock.display());
-    serve_through_reconnects(&meta_url, port, &[], None);
+    serve_through_reconnects(&meta_url, port, Reconnects::default());
 
     // A socket only root may use: the daemon, as nobody, could not connect
     // again, so it refuses to start.

@@ -16,17 +16,11 @@ use super::LocalState;
 /// The newest ABI this code asks for; older kernels get what they support.
 const ABI_WANTED: ABI = ABI::V5;
 
-/// Read-only paths libraries use after setup: name resolution for S3 and
-/// Redis hosts (and the NSS modules glibc loads for it), TLS roots, time
-/// zones, randomness, this process's own /proc entries (thread names,
-/// `/proc/self/fd/N` reopens) and the NUMA topology.
+/// Read-only paths libraries use after setup besides the name service's
+/// files (`resolver`): the NSS modules glibc loads to resolve S3 and Redis
+/// hosts, TLS roots, time zones, randomness, this process's own /proc
+/// entries (thread names, `/proc/self/fd/N` reopens) and the NUMA topology.
 const READ_ONLY: &[&str] = &[
-    "/etc/resolv.conf",
-    "/etc/hosts",
-    "/etc/nsswitch.conf",
-    "/etc/gai.conf",
-    "/etc/host.conf",
-    "/etc/services",
     "/etc/localtime",
     "/etc/ssl",
     "/etc/pki",
@@ -47,8 +41,9 @@ const READ_ONLY: &[&str] = &[
 const READ_WRITE_FILES: &[&str] = &["/dev/null"];
 
 /// Restricts the calling thread, and every thread it starts later, to
-/// `state` and the paths above.
-pub fn restrict(state: &LocalState) -> anyhow::Result<()> {
+/// `state`, the paths above and the name service's files; `as_root`: the
+/// daemon keeps running as root (see `resolver::paths`).
+pub fn restrict(state: &LocalState, as_root: bool) -> anyhow::Result<()> {
     let all = AccessFs::from_all(ABI_WANTED);
     let read = AccessFs::from_read(ABI_WANTED);
     let file_rw: BitFlags<AccessFs> = read | AccessFs::WriteFile | AccessFs::Truncate;
@@ -67,6 +62,7 @@ pub fn restrict(state: &LocalState) -> anyhow::Result<()> {
         paths.into_iter().filter(|p| p.exists()).collect()
     };
     let mut ro: Vec<PathBuf> = READ_ONLY.iter().map(PathBuf::from).collect();
+    ro.extend(super::resolver::paths(as_root));
     ro.extend(state.read.iter().cloned());
     if state.tls_roots {
         ro.extend(super::tls_roots::paths());

@@ -10,9 +10,11 @@
 //!    anything is opened.
 //! 2. [`Sandbox::confine_files`], while the process has one thread:
 //!    checks the volume's local directories and creates the missing ones,
-//!    then restricts the file system to them with Landlock. A Landlock domain is per thread and inherited by the
-//!    threads started later (the kernel applies it to all threads only from
-//!    ABI 8), so it comes before the volume starts any thread.
+//!    then restricts the file system to them with Landlock, and to what
+//!    libraries read (the name service's files where the system replaces
+//!    them: `resolver`). A Landlock domain is per thread and inherited by
+//!    the threads started later (the kernel applies it to all threads only
+//!    from ABI 8), so it comes before the volume starts any thread.
 //! 3. The caller opens the volume (S3 clients, writeback uploads).
 //! 4. [`Sandbox::lock_down`]: hands the volume's local files (the opening
 //!    created some as root) to the user, raises the locked-memory limit io_uring needs,
@@ -23,6 +25,7 @@
 //!    Redis on a Unix socket it connects to it once, likewise.
 
 mod landlock;
+mod resolver;
 mod seccomp;
 mod tls_roots;
 mod user;
@@ -142,10 +145,27 @@ impl Sandbox {
             user::prepare(state, user)?;
         }
         match self.args.landlock {
-            LandlockMode::On => landlock::restrict(state)?,
+            LandlockMode::On => {
+                landlock::restrict(state, self.runs_as_root())?;
+                if self.runs_as_root() {
+                    log::warn!(
+                        "kept as root, sluice serve reads the name service's files in /etc \
+                         (hosts, resolv.conf, ...) as they are now: one the system replaces \
+                         later (a DHCP client, sed -i) is not seen until it restarts, and a \
+                         Redis or S3 host name may then stop resolving; run it as another \
+                         user (--user), which may read /etc"
+                    );
+                }
+            }
             LandlockMode::Off => log::warn!("--landlock off: the file system is not confined"),
         }
         Ok(())
+    }
+
+    /// Whether the daemon keeps running as root once sandboxed.
+    fn runs_as_root(&self) -> bool {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        self.target.is_none() && unsafe { libc::geteuid() } == 0
     }
 
     /// Switches to the service user and installs the seccomp filter on

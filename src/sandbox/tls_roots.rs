@@ -12,6 +12,10 @@ use anyhow::bail;
 
 use super::user::SHARED_DIRS;
 
+/// Where `update-ca-certificates` (Debian, Ubuntu, Alpine) takes an
+/// administrator's own CAs from, to link each into `/etc/ssl/certs`.
+const LOCAL_CAS: &str = "/usr/local/share/ca-certificates";
+
 /// What Landlock must let the daemon read for the roots: the bundle file
 /// and certificate directories OpenSSL's probe finds (`SSL_CERT_FILE`,
 /// `SSL_CERT_DIR`, then the distribution's places), and the directories
@@ -19,6 +23,9 @@ use super::user::SHARED_DIRS;
 /// `/usr/local/share/ca-certificates/*.crt` into `/etc/ssl/certs`). A
 /// whole directory, so a certificate added there later stays readable;
 /// only the file where that directory is one the system shares (`/etc`).
+/// And [`LOCAL_CAS`] whether or not a link points there at start: a CA
+/// installed there while the daemon serves is linked into the directories
+/// above, and one file the client cannot read fails every connection.
 pub fn paths() -> Vec<PathBuf> {
     let probe = openssl_probe::probe();
     let mut out: Vec<PathBuf> = Vec::new();
@@ -39,6 +46,7 @@ pub fn paths() -> Vec<PathBuf> {
         }
         add(dir);
     }
+    add(PathBuf::from(LOCAL_CAS));
     out
 }
 

@@ -232,7 +232,7 @@ pub fn hand_over(state: &LocalState, user: &ServiceUser) -> anyhow::Result<()> {
 
 /// Whether `dir` is a directory the system (or other users) share: one of
 /// the well-known ones, or one with the sticky bit or writable by others.
-fn is_shared(dir: &Path) -> anyhow::Result<bool> {
+pub(super) fn is_shared(dir: &Path) -> anyhow::Result<bool> {
     let meta = dir
         .metadata()
         .with_context(|| format!("cannot read {}", dir.display()))?;
