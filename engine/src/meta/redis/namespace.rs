@@ -9,7 +9,9 @@ use super::node::{self, entry_stat};
 use super::session;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
-use crate::meta::sqlite::namespace::{check_name, hour_name, trash_entry_name, type_only};
+use crate::meta::sqlite::namespace::{
+    check_name, dot_entries, hour_name, trash_entry_name, type_only,
+};
 use crate::meta::sqlite::node::{self as rules, MASK_R, MASK_W, MASK_X};
 use crate::meta::sqlite::{TRASH_NAME, align4k, is_trash};
 use crate::meta::{
@@ -841,27 +843,8 @@ fn dots(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<En
     let mask = if plus { MASK_R | MASK_X } else { MASK_R };
     rules::check_access(ctx, &a, mask)?;
     let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-    let up_attr = if plus {
-        node::get(tx, up)?.unwrap_or_else(|| a.clone())
-    } else {
-        type_only(FileType::Directory)
-    };
-    Ok(vec![
-        Entry {
-            inode: ino,
-            name: b".".to_vec(),
-            attr: if plus {
-                a.clone()
-            } else {
-                type_only(FileType::Directory)
-            },
-        },
-        Entry {
-            inode: up,
-            name: b"..".to_vec(),
-            attr: up_attr,
-        },
-    ])
+    let up_attr = if plus { node::get(tx, up)? } else { None };
+    Ok(dot_entries(ino, a, up, up_attr, plus))
 }
 
 /// Appends the entry of field `name` (value `v`) of directory `ino`'s hash,

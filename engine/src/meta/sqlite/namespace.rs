@@ -874,6 +874,36 @@ pub(super) fn readdir_page(
     })
 }
 
+/// `.` and `..` of directory `ino` (attributes `a`) whose parent is `up`:
+/// with `plus`, their attributes (`up_attr`, or the directory's own when
+/// the parent is gone); otherwise their type alone. Both engines list them.
+pub(crate) fn dot_entries(
+    ino: Ino,
+    a: Attr,
+    up: Ino,
+    up_attr: Option<Attr>,
+    plus: bool,
+) -> Vec<Entry> {
+    let dir = || type_only(FileType::Directory);
+    let (attr, up_attr) = if plus {
+        (a.clone(), up_attr.unwrap_or(a))
+    } else {
+        (dir(), dir())
+    };
+    vec![
+        Entry {
+            inode: ino,
+            name: b".".to_vec(),
+            attr,
+        },
+        Entry {
+            inode: up,
+            name: b"..".to_vec(),
+            attr: up_attr,
+        },
+    ]
+}
+
 /// `.` and `..` of a directory, after checking that the caller may list it.
 fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
     let a = node::must_get(c, ino)?;
@@ -883,27 +913,8 @@ fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Ent
     let mask = if plus { MASK_R | MASK_X } else { MASK_R };
     node::check_access(ctx, &a, mask)?;
     let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-    let up_attr = if plus {
-        node::get(c, up)?.unwrap_or_else(|| a.clone())
-    } else {
-        type_only(FileType::Directory)
-    };
-    Ok(vec![
-        Entry {
-            inode: ino,
-            name: b".".to_vec(),
-            attr: if plus {
-                a.clone()
-            } else {
-                type_only(FileType::Directory)
-            },
-        },
-        Entry {
-            inode: up,
-            name: b"..".to_vec(),
-            attr: up_attr,
-        },
-    ])
+    let up_attr = if plus { node::get(c, up)? } else { None };
+    Ok(dot_entries(ino, a, up, up_attr, plus))
 }
 
 /// Appends the entries of directory `ino` to `out`: all of them in
