@@ -29,6 +29,8 @@ need_command mkfs.ext4 e2fsprogs
 need_command redis-server redis-server
 # The rediss:// (TLS) test makes its certificates with openssl.
 need_command openssl openssl
+# The metrics tests check the exposition with Prometheus's own promtool.
+need_command promtool prometheus
 
 step "JuiceFS 1.4 for the interoperability tests"
 if [ ! -x .venv/bin/juicefs ]; then

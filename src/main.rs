@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 mod cmd;
+mod metrics;
 mod notify;
 mod sandbox;
 
@@ -36,6 +37,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// The writeback backlog: blocks staged on local disk, not yet uploaded.
     Status(cmd::status::StatusArgs),
+    /// A running mount's or VM daemon's activity, one line a second (as `juicefs stats`).
+    Stats(cmd::stats::StatsArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
     /// Directory quotas: set, get, list, delete, check (as `juicefs quota`).
@@ -60,6 +63,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Umount(args) => cmd::mount::umount(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Status(args) => cmd::status::run(args),
+        Command::Stats(args) => cmd::stats::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Quota(args) => cmd::quota::run(args),
         Command::Config(args) => cmd::quota::config(args),

@@ -207,7 +207,7 @@ fn a_sandboxed_daemon_runs_as_nobody_on_every_thread_and_still_serves() {
     let _dog = Watchdog::new("sandbox", Duration::from_secs(300));
     let vol = Volume::format("sandbox", &[]);
     let socket = vol.dir.path().join("vm.sock");
-    let mut serve = Serve::start(&vol, &socket, &[], None);
+    let mut serve = Serve::start(&vol, &socket, &["--metrics", "127.0.0.1:0"], None);
     let log = serve.wait_for_log("waiting for a VM");
     assert!(log.contains("running as nobody"), "{log}");
 
@@ -288,6 +288,18 @@ fn a_sandboxed_daemon_runs_as_nobody_on_every_thread_and_still_serves() {
     for o in &objects {
         assert_eq!(fs::metadata(o).unwrap().uid(), uid, "{}", o.display());
     }
+
+    // Scrapes (HTTP and `sluice stats` on the control socket) are answered
+    // from inside the sandbox, and the guest's bytes are counted.
+    let metrics = common::scrape(&common::metrics_addr(&|| serve.log_text()));
+    assert!(
+        metrics.contains("sluice_virtiofs_requests_total"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("juicefs_used_space"), "{metrics}");
+    let stats = common::sluice(&["stats", socket.to_str().unwrap(), "--count", "1"]);
+    assert!(stats.status.success(), "{}", common::text(&stats));
+
     drop(q);
     drop(device);
     assert!(serve.child.try_wait().unwrap().is_none(), "still serving");

@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod compress;
 pub mod gc;
 pub mod info;
+pub mod metrics;
 pub mod object;
 pub mod readahead;
 pub mod reader;

@@ -402,6 +402,12 @@ impl Vfs {
         self.disk_cache.as_ref().map(|c| c.stats().snapshot())
     }
 
+    /// The disk cache's live counters (None without a disk cache), for a
+    /// metrics endpoint that outlives this session's borrow.
+    pub fn disk_cache_counters(&self) -> Option<Arc<crate::object::disk_cache::DiskCacheStats>> {
+        self.disk_cache.as_ref().map(|c| c.stats().clone())
+    }
+
     /// The volume served.
     pub fn volume(&self) -> &Arc<Volume> {
         &self.vol

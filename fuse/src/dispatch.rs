@@ -12,7 +12,9 @@
 //! error through [`crate::DecodeError::errno`].
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Instant;
 
 use sluice_engine::Result as EngineResult;
 use sluice_engine::meta::{CopyRange, MAX_COPY_LEN, SetAttr, TimeChange, Timestamp};
@@ -21,6 +23,7 @@ use sluice_engine::reader::Fragment;
 use crate::abi::{self, fattr, init_flags};
 use crate::filesystem::Filesystem;
 use crate::log_limit::{LogLimit, suppressed_note};
+use crate::metrics::{Observed, OpMetrics};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
 use crate::request::{BadRequest, Limits, Operation, Request, opcode_name};
 
@@ -197,6 +200,7 @@ pub struct Dispatcher<F> {
     limits: Limits,
     state: AtomicU8,
     destroy_called: AtomicBool,
+    metrics: Arc<OpMetrics>,
 }
 
 fn time_change(valid: u32, set: u32, now: u32, secs: u64, nsecs: u32) -> Option<TimeChange> {
@@ -228,7 +232,21 @@ impl<F: Filesystem> Dispatcher<F> {
             },
             state: AtomicU8::new(STATE_NEW),
             destroy_called: AtomicBool::new(false),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Counts this session's requests in `metrics` (shared by a daemon's
+    /// sessions, so that its counts outlive each connection) instead of
+    /// counters of its own.
+    pub fn with_metrics(mut self, metrics: Arc<OpMetrics>) -> Dispatcher<F> {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The per-operation counters.
+    pub fn metrics(&self) -> &Arc<OpMetrics> {
+        &self.metrics
     }
 
     /// The file system served.
@@ -270,20 +288,40 @@ impl<F: Filesystem> Dispatcher<F> {
 
     /// Decodes one contiguous message and handles it. A message that does
     /// not decode gets an error reply, or is dropped when it has no request
-    /// id or its operation takes no reply.
+    /// id or its operation takes no reply. Each message is counted in
+    /// [`Dispatcher::metrics`]: its opcode, latency and reply errno.
     pub fn handle_message(
         &self,
         msg: &[u8],
         scratch: &mut Scratch,
         sink: &mut impl ReplySink,
     ) -> io::Result<Outcome> {
-        match Request::decode(msg, &self.limits) {
-            Ok(req) => self.handle(&req, scratch, sink),
+        let started = Instant::now();
+        let opcode = msg
+            .get(4..8)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let mut observed = Observed {
+            inner: sink,
+            errno: 0,
+            payload: 0,
+        };
+        let outcome = match Request::decode(msg, &self.limits) {
+            Ok(req) => {
+                if let Operation::Write { data, .. } = req.op {
+                    self.metrics.written(data.len());
+                }
+                self.handle(&req, scratch, &mut observed)
+            }
             Err(bad) => {
-                self.reject(&bad, sink)?;
+                self.reject(&bad, &mut observed)?;
                 Ok(Outcome::Continue)
             }
+        };
+        if opcode == abi::opcode::READ && observed.errno == 0 {
+            self.metrics.read(observed.payload);
         }
+        self.metrics.record(opcode, started, observed.errno);
+        outcome
     }
 
     /// Answers a message that failed to decode.

@@ -2,7 +2,8 @@
 //! serve`): how `sluice warmup` reaches the caches that matter — the
 //! daemon's own. One request per connection, as a JSON line; the daemon
 //! answers with JSON lines: the size of the job, progress now and then, and
-//! the final counts (or an error).
+//! the final counts (or an error). `sluice stats` asks it for the
+//! daemon's metrics the same way.
 //!
 //! The socket is created mode 0600 and root's (the daemon binds it as root;
 //! `sluice serve` before it switches to its service user): warming or
@@ -19,6 +20,8 @@ use serde::{Deserialize, Serialize};
 use sluice_engine::reader::Reader;
 use sluice_engine::warmup::{CacheOp, Progress, collect, run};
 
+use crate::metrics::Metrics;
+
 /// A request to the daemon.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Request {
@@ -28,6 +31,14 @@ pub struct Request {
     pub paths: Vec<String>,
     /// Threads to do it with.
     pub threads: usize,
+}
+
+/// Asks for the daemon's metrics (`sluice stats`): `{"metrics": true}`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsRequest {
+    /// Always true.
+    pub metrics: bool,
 }
 
 /// One line of the daemon's answer.
@@ -47,6 +58,11 @@ pub enum Reply {
     Progress(Progress),
     /// The final counts.
     Done(Progress),
+    /// The daemon's metrics, in the Prometheus text format.
+    Metrics {
+        /// The exposition text.
+        text: String,
+    },
     /// The request failed.
     Error {
         /// Why.
@@ -89,9 +105,10 @@ impl ControlServer {
     pub fn start(
         path: &Path,
         slot: ReaderSlot,
+        metrics: Option<Arc<Metrics>>,
         group: Option<u32>,
     ) -> anyhow::Result<ControlServer> {
-        Self::bind(path, group)?.start(slot)
+        Self::bind(path, group)?.start(slot, metrics)
     }
 
     /// Binds the socket as [`ControlServer::start`] does, without starting
@@ -120,8 +137,13 @@ pub struct BoundControl {
 }
 
 impl BoundControl {
-    /// Starts serving requests against `slot`.
-    pub fn start(self, slot: ReaderSlot) -> anyhow::Result<ControlServer> {
+    /// Starts serving requests against `slot` (and `metrics`, for
+    /// `sluice stats`).
+    pub fn start(
+        self,
+        slot: ReaderSlot,
+        metrics: Option<Arc<Metrics>>,
+    ) -> anyhow::Result<ControlServer> {
         let BoundControl { path, listener } = self;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
@@ -134,10 +156,11 @@ impl BoundControl {
                     }
                     let Ok(conn) = conn else { continue };
                     let slot = slot.clone();
+                    let metrics = metrics.clone();
                     let _ = std::thread::Builder::new()
                         .name("control-request".into())
                         .spawn(move || {
-                            if let Err(e) = handle(conn, &slot) {
+                            if let Err(e) = handle(conn, &slot, metrics.as_deref()) {
                                 log::warn!("control request: {e}");
                             }
                         });
@@ -157,7 +180,7 @@ impl Drop for ControlServer {
 }
 
 /// Serves one request.
-fn handle(conn: UnixStream, slot: &ReaderSlot) -> anyhow::Result<()> {
+fn handle(conn: UnixStream, slot: &ReaderSlot, metrics: Option<&Metrics>) -> anyhow::Result<()> {
     let mut line = String::new();
     BufReader::new(conn.try_clone()?)
         .take(1 << 20)
@@ -168,6 +191,15 @@ fn handle(conn: UnixStream, slot: &ReaderSlot) -> anyhow::Result<()> {
         text.push('\n');
         out.lock().write_all(text.as_bytes())
     };
+    if let Ok(MetricsRequest { metrics: true }) = serde_json::from_str(&line) {
+        return match metrics {
+            Some(m) => send(&Reply::Metrics { text: m.render() }),
+            None => send(&Reply::Error {
+                message: "this daemon keeps no metrics".into(),
+            }),
+        }
+        .map_err(Into::into);
+    }
     let req: Request = match serde_json::from_str(&line) {
         Ok(r) => r,
         Err(e) => {

@@ -74,6 +74,8 @@ pub struct MountArgs {
     /// The disk block cache.
     #[command(flatten)]
     pub cache: CacheArgs,
+    #[command(flatten)]
+    pub metrics: super::metrics_args::MetricsArgs,
 }
 
 /// Arguments of `sluice umount`.
@@ -110,6 +112,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.buffer_size == 0 {
         bail!("--threads and --buffer-size must be at least 1");
     }
+    let metrics_socket = args.metrics.bind()?;
     let disk_cache = args.cache.disk_cache()?;
     let volume = args
         .writeback
@@ -151,12 +154,33 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     let slot = std::sync::Arc::new(parking_lot::Mutex::new(Some(vfs.reader().clone())));
+    let view = crate::metrics::SessionView {
+        reader: vfs.reader().clone(),
+        disk: vfs.disk_cache_counters(),
+    };
+    let volume = vfs.volume().clone();
     let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    let metrics = crate::metrics::Metrics::new(
+        crate::metrics::Sources {
+            volume,
+            ops: session.dispatcher().metrics().clone(),
+            queues: None,
+            session: std::sync::Arc::new(parking_lot::Mutex::new(Some(view))),
+            started: Instant::now(),
+        },
+        &mountpoint.to_string_lossy(),
+    );
+    let _endpoint = metrics_socket.and_then(|m| {
+        m.start(metrics.clone())
+            .map_err(|e| log::warn!("no metrics endpoint: {e:#}"))
+            .ok()
+    });
     set_kernel_readahead(&mountpoint, args.kernel_readahead);
-    // `sluice warmup` reaches this mount's caches here.
+    // `sluice warmup` and `sluice stats` reach this mount here.
     let control = super::control::ControlServer::start(
         &super::control::socket_for_mount(&mountpoint),
         slot.clone(),
+        Some(metrics),
         None,
     )
     .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this mount: {e:#}"))

@@ -8,10 +8,10 @@ use sluice_engine::meta::{Context, FileType, Ino, Meta, MetaUrl, ROOT_INO};
 use sluice_engine::object::disk_cache::DiskCacheConfig;
 use sluice_engine::object::writeback::volume_dir;
 use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
-use sluice_fuse::{Config, Dispatcher, Export};
+use sluice_fuse::{Config, Dispatcher, Export, OpMetrics};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
-use sluice_vhost::{DeviceConfig, FuseHandler, GuestIoMode, VirtioFsDevice};
+use sluice_vhost::{DeviceConfig, FuseHandler, GuestIoMode, QueueStats, VirtioFsDevice};
 
 use super::cache_args::CacheArgs;
 use super::writeback_args::WritebackArgs;
@@ -97,6 +97,8 @@ pub struct ServeArgs {
     /// The sandbox the daemon runs in once set up.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub metrics: super::metrics_args::MetricsArgs,
 }
 
 /// Runs `sluice serve`.
@@ -145,6 +147,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     let mut listener = sluice_vhost::listen(&args.socket, group)
         .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
+    // Bound while still root and unconfined; served once the sandbox is up.
+    let metrics_socket = args.metrics.bind()?;
     let control =
         super::control::ControlServer::bind(&super::control::socket_for_serve(&args.socket), group)
             .map_err(|e| {
@@ -174,10 +178,33 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         sluice_simd::selected(),
         args.guest_io
     );
-    // `sluice warmup --serve-socket` reaches the current session's caches here.
+    // The counters outlive each VM connection: Prometheus sees one series
+    // per queue for the daemon's life.
+    let queue_stats: Arc<[QueueStats]> = (0..device_config.num_queues())
+        .map(|_| QueueStats::default())
+        .collect();
+    let ops = Arc::new(OpMetrics::default());
+    let view: crate::metrics::SessionSlot = Default::default();
+    let metrics = crate::metrics::Metrics::new(
+        crate::metrics::Sources {
+            volume: volume.clone(),
+            ops: ops.clone(),
+            queues: Some(queue_stats.clone()),
+            session: view.clone(),
+            started: std::time::Instant::now(),
+        },
+        &args.socket.to_string_lossy(),
+    );
+    let _endpoint = metrics_socket.and_then(|m| {
+        m.start(metrics.clone())
+            .map_err(|e| log::warn!("no metrics endpoint: {e:#}"))
+            .ok()
+    });
+    // `sluice warmup --serve-socket` reaches the current session's caches
+    // here, and `sluice stats` the metrics.
     let slot: super::control::ReaderSlot = Default::default();
     let _control = control.and_then(|c| {
-        c.start(slot.clone())
+        c.start(slot.clone(), Some(metrics))
             .map_err(|e| {
                 log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}")
             })
@@ -214,15 +241,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             None => ROOT_INO,
         };
         *slot.lock() = Some(vfs.reader().clone());
+        *view.lock() = Some(crate::metrics::SessionView {
+            reader: vfs.reader().clone(),
+            disk: vfs.disk_cache_counters(),
+        });
         let handler = Arc::new(FuseHandler::new(
             Dispatcher::new(
                 Export::new(vfs, root, args.read_only).with_limits(client_limits),
                 Config::default(),
-            ),
+            )
+            .with_metrics(ops.clone()),
             device_config.num_queues(),
         ));
-        let device = VirtioFsDevice::new(device_config.clone(), handler)
-            .context("cannot create the virtio-fs device")?;
+        let device =
+            VirtioFsDevice::with_stats(device_config.clone(), handler, queue_stats.clone())
+                .context("cannot create the virtio-fs device")?;
         let stats = device.stats();
         log::info!("waiting for a VM on {}", args.socket.display());
         let served = device.serve(&mut listener);
@@ -230,12 +263,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let (requests, bytes_in, bytes_out, batches) = q.snapshot();
             let (fixed, direct, pread) = q.guest_io_snapshot();
             log::info!(
-                "queue {queue}: {requests} requests in {batches} batches, \
+                "queue {queue} since start: {requests} requests in {batches} batches, \
                  {bytes_in} bytes in, {bytes_out} bytes out; file READ bytes: \
                  {fixed} io_uring, {direct} io_uring O_DIRECT, {pread} pread"
             );
         }
         slot.lock().take();
+        view.lock().take();
         served.context("the vhost-user connection failed")?;
         log::info!("the VM disconnected; its session is flushed and closed");
         if args.once {

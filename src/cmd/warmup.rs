@@ -141,6 +141,7 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             Reply::Error { message } => bail!("{message}"),
+            Reply::Metrics { .. } => bail!("unexpected answer from the daemon: {line}"),
         }
     }
     bail!("the daemon closed the control connection before finishing")

@@ -483,3 +483,38 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// The address a daemon started with `--metrics 127.0.0.1:0` logged.
+pub fn metrics_addr(log: &dyn Fn() -> String) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = log();
+        if let Some(rest) = text.split("metrics on http://").nth(1) {
+            return rest.split('/').next().expect("an address").to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in the log: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `GET /metrics` over plain HTTP/1.0.
+pub fn scrape(addr: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\nHost: sluice\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.to_owned()
+}

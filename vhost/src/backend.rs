@@ -230,8 +230,28 @@ impl<H: RequestHandler + ?Sized> std::fmt::Debug for VirtioFsDevice<H> {
 impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
     /// A device with `config` whose requests go to `handler`.
     pub fn new(config: DeviceConfig, handler: Arc<H>) -> Result<Self> {
+        let stats = (0..config.num_queues())
+            .map(|_| QueueStats::default())
+            .collect();
+        Self::with_stats(config, handler, stats)
+    }
+
+    /// A device like [`VirtioFsDevice::new`] that counts in `stats` (one
+    /// per queue, hiprio first), e.g. counters a daemon keeps across the
+    /// connections of successive VMs.
+    pub fn with_stats(
+        config: DeviceConfig,
+        handler: Arc<H>,
+        stats: Arc<[QueueStats]>,
+    ) -> Result<Self> {
         config.validate()?;
         let num_queues = config.num_queues();
+        if stats.len() != num_queues {
+            return Err(Error::QueueStatsMismatch {
+                got: stats.len(),
+                queues: num_queues,
+            });
+        }
         let mut exit_events = Vec::with_capacity(num_queues);
         for _ in 0..num_queues {
             let pair = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)
@@ -243,7 +263,7 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             workers: (0..num_queues).map(|_| Mutex::default()).collect(),
-            stats: (0..num_queues).map(|_| QueueStats::default()).collect(),
+            stats,
             exit_events: Mutex::new(exit_events),
             exit_consumer_fds: Mutex::new(Vec::new()),
             handler,

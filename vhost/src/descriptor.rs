@@ -389,7 +389,22 @@ impl<'a> Writer<'a> {
             // is host memory, which guest memory never overlaps; no Rust
             // reference to the guest bytes exists during the copy.
             unsafe { sluice_simd::copy_raw(dst, src[done..].as_ptr(), n) }
-        })
+        })?;
+        if let Some(route) = self.io {
+            sluice_metrics::add(&route.stats.guest_copy_bytes, src.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Counts a chain refused with `errno` in its queue's counters.
+    pub(crate) fn count_rejected(&self, errno: i32) {
+        if let Some(route) = self.io
+            && let Some(i) = crate::worker::REJECT_ERRNOS
+                .iter()
+                .position(|&e| e == errno)
+        {
+            sluice_metrics::add(&route.stats.rejected[i], 1);
+        }
     }
 
     /// Reads `len` bytes of `file` from offset `off` straight into the

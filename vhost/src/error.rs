@@ -27,6 +27,14 @@ pub enum Error {
         /// The smallest limit accepted.
         min: usize,
     },
+    /// The per-queue counters given do not match the number of queues.
+    #[error("{got} queue counters given for {queues} queues")]
+    QueueStatsMismatch {
+        /// Counters given.
+        got: usize,
+        /// Queues of the device (hiprio included).
+        queues: usize,
+    },
     /// An eventfd for stopping the workers could not be created.
     #[error("cannot create a worker exit eventfd")]
     ExitEvent(#[source] io::Error),

@@ -37,7 +37,7 @@ const _: fn() = || {
     assert_send_sync::<Error>();
 };
 pub use fuse_handler::FuseHandler;
-pub use worker::QueueStats;
+pub use worker::{QueueStats, REJECT_ERRNOS, queue_latency_bounds};
 
 /// Answers FUSE requests taken off a virtqueue.
 ///

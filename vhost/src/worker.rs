@@ -4,9 +4,11 @@
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use log::{debug, warn};
 use sluice_fuse::log_limit::{LogLimit, suppressed_note};
+use sluice_metrics::Histogram;
 use vhost_user_backend::{VringRwLock, VringT};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -21,7 +23,9 @@ pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
 
 /// What one queue has carried since the device started: the daemon's
 /// per-queue counters (read them with [`crate::VirtioFsDevice::stats`]).
-#[derive(Debug, Default)]
+/// Only the queue's worker thread writes them: plain relaxed adds, no
+/// cache line shared with another writer.
+#[derive(Debug)]
 pub struct QueueStats {
     /// Requests answered (malformed ones included).
     pub requests: AtomicU64,
@@ -40,6 +44,45 @@ pub struct QueueStats {
     /// READ bytes read from local files into guest memory with pread
     /// (`--guest-io pread`, or where io_uring could not serve).
     pub guest_io_pread_bytes: AtomicU64,
+    /// READ bytes the CPU copied into guest memory from the engine's
+    /// memory (cached blocks, write buffers).
+    pub guest_copy_bytes: AtomicU64,
+    /// Chains popped and not yet returned to the guest.
+    pub in_flight: AtomicU64,
+    /// Time from popping a chain to returning it on the used ring, in
+    /// nanoseconds.
+    pub latency: Histogram,
+    /// Chains refused before any FUSE decoding, by the errno answered:
+    /// see [`REJECT_ERRNOS`].
+    pub rejected: [AtomicU64; REJECT_ERRNOS.len()],
+}
+
+/// The errnos a worker answers malformed chains with, in the order of
+/// [`QueueStats::rejected`]: outside guest memory, malformed, oversized,
+/// the handler failing with nothing written.
+pub const REJECT_ERRNOS: [i32; 4] = [libc::EFAULT, libc::EINVAL, libc::E2BIG, libc::EIO];
+
+/// Latency buckets of a queue: 10 µs × 1.5^k, 36 of them (to ~15 s).
+pub fn queue_latency_bounds() -> Vec<u64> {
+    sluice_metrics::exponential_bounds(10_000.0, 1.5, 36)
+}
+
+impl Default for QueueStats {
+    fn default() -> Self {
+        QueueStats {
+            requests: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            guest_io_fixed_bytes: AtomicU64::new(0),
+            guest_io_direct_bytes: AtomicU64::new(0),
+            guest_io_pread_bytes: AtomicU64::new(0),
+            guest_copy_bytes: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            latency: Histogram::new(queue_latency_bounds()),
+            rejected: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl QueueStats {
@@ -160,6 +203,10 @@ fn process_batch<H: RequestHandler + ?Sized>(
     }
     state.completed.clear();
     stats.batches.fetch_add(1, Ordering::Relaxed);
+    let popped = Instant::now();
+    stats
+        .in_flight
+        .store(chains.len() as u64, Ordering::Relaxed);
     for chain in chains {
         let head = chain.head_index();
         let (buffers, problem) = ChainBuffers::parse(&mem, chain);
@@ -197,6 +244,11 @@ fn process_batch<H: RequestHandler + ?Sized>(
         .needs_notification(&*mem)
         .map_err(io::Error::other)?;
     drop(guard);
+    let waited = u64::try_from(popped.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    for _ in &state.completed {
+        stats.latency.observe(waited);
+    }
+    stats.in_flight.store(0, Ordering::Relaxed);
     if notify {
         vring.signal_used_queue()?;
     }
@@ -287,6 +339,7 @@ fn guest_fault(msg: std::fmt::Arguments<'_>) {
 
 /// Writes an error reply if there is room for one; returns the used length.
 fn answer_error(reply: &mut Writer<'_>, errno: i32, unique: u64) -> u32 {
+    reply.count_rejected(errno);
     if reply.available_bytes() < OUT_HEADER_LEN {
         guest_fault(format_args!(
             "no room for an error reply; returning the chain empty"

@@ -473,6 +473,7 @@ impl Inner {
         };
         let (dir_stats, trash_days) = fmt.map_or((false, 0), |f| (f.dir_stats, f.trash_days));
         let mut tries = 0;
+        let started = std::time::Instant::now();
         loop {
             let attempt = {
                 let mut conn = self.writer.lock();
@@ -508,11 +509,13 @@ impl Inner {
             };
             match attempt {
                 Ok((value, post)) => {
+                    crate::metrics::TRANSACTIONS.record(started);
                     self.after_commit(post);
                     return Ok(value);
                 }
                 Err(TxError::Sql(e)) if is_busy(&e) && tries < MAX_TRIES => {
                     tries += 1;
+                    crate::metrics::TRANSACTIONS.restarted();
                     log::debug!("SQLite busy, restarting transaction (try {tries}): {e}");
                     std::thread::sleep(Duration::from_millis(u64::from(tries * tries)));
                 }

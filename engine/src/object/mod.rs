@@ -4,6 +4,7 @@
 
 pub mod disk_cache;
 pub mod file;
+pub mod measured;
 pub mod s3;
 #[cfg(any(test, feature = "s3-test-server"))]
 pub mod s3_test_server;
@@ -123,13 +124,15 @@ pub fn open_store(
     create: bool,
 ) -> Result<Arc<dyn ObjectStore>> {
     match storage {
-        "file" => Ok(Arc::new(FileStore::new(bucket)?)),
+        "file" => Ok(Arc::new(measured::Measured(Box::new(FileStore::new(
+            bucket,
+        )?)))),
         "s3" => {
             let store = S3Store::new(bucket, creds, s3.clone())?;
             if create {
                 store.ensure_bucket()?;
             }
-            Ok(Arc::new(store))
+            Ok(Arc::new(measured::Measured(Box::new(store))))
         }
         other => Err(Error::NotSupported(format!(
             "storage {other:?}; this build serves {}",

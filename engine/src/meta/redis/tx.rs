@@ -451,6 +451,7 @@ impl Pool {
         mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
     ) -> Result<(T, PostCommit)> {
         let (mut conflicts, mut reconnects) = (0u32, 0u32);
+        let started = std::time::Instant::now();
         loop {
             let attempt = match self.take() {
                 Err(e) => Attempt::Retry(e),
@@ -522,10 +523,16 @@ impl Pool {
                 }
             };
             match attempt {
-                Attempt::Done(v, post) => return Ok((v, post)),
+                Attempt::Done(v, post) => {
+                    if writing {
+                        crate::metrics::TRANSACTIONS.record(started);
+                    }
+                    return Ok((v, post));
+                }
                 Attempt::Failed(e) => return Err(e),
                 Attempt::Conflict if conflicts < MAX_CONFLICTS => {
                     conflicts += 1;
+                    crate::metrics::TRANSACTIONS.restarted();
                     log::debug!("Redis transaction conflicted, restarting (try {conflicts})");
                     let jitter =
                         u64::from(std::process::id() ^ conflicts.wrapping_mul(2_654_435_761))
