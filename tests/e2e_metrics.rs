@@ -247,7 +247,10 @@ fn serve_counts_each_queue() {
             "64",
             "--metrics",
             "127.0.0.1:0",
+            "--writeback",
+            "--cache-dir",
         ])
+        .arg(vol.dir.path().join("cache"))
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(logf.try_clone().unwrap())
@@ -352,6 +355,27 @@ fn serve_counts_each_queue() {
             &[("method", "GET")]
         ) >= data.len() as f64
     );
+
+    // The Grafana dashboard's panels query metrics the daemon serves.
+    let dashboard = fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/grafana/sluice.json"
+    ))
+    .unwrap();
+    let mut queried = 0;
+    for part in dashboard.split("sluice_").skip(1) {
+        let name: String = part
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        let name = format!("sluice_{}", name.trim_end_matches("_bucket"));
+        assert!(
+            scraped.contains(&format!("\n{name}")),
+            "the dashboard queries {name}, which the daemon does not serve"
+        );
+        queried += 1;
+    }
+    assert!(queried >= 10, "{queried} metrics queried");
 
     // `sluice stats` names the VM's queues.
     let out = Command::new(SLUICE)

@@ -642,10 +642,7 @@ fn virtio_queues(e: &mut Enc<'_>, queues: &[QueueStats]) -> Res {
     let mut rejected = Vec::new();
     for (i, s) in queues.iter().enumerate() {
         for (errno, c) in REJECT_ERRNOS.iter().zip(s.rejected.iter()) {
-            let n = get(c);
-            if n > 0 {
-                rejected.push((vec![("queue", q(i)), ("errno", errno_name(*errno))], n));
-            }
+            rejected.push((vec![("queue", q(i)), ("errno", errno_name(*errno))], get(c)));
         }
     }
     value_family(
