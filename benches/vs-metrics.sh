@@ -7,17 +7,22 @@
 # order is run once (A then B, B then A), so that which daemon ran first
 # does not decide the ratio.
 #
-# Usage: benches/vs-metrics.sh [--seconds S] [--block-size SIZE] [--keep]
+# Usage: benches/vs-metrics.sh [--seconds S] [--block-size SIZE] [--baseline BIN] [--keep]
+# --baseline BIN: the first daemon is BIN (a sluice built before the
+# counters existed) instead of this build with --no-metrics: the cost of
+# the counters themselves, not only of the endpoint.
 # Needs root (the harness's shared memory) and curl.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 seconds=10
 block=4K
+baseline=
 keep=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --seconds) seconds=${2:?}; shift 2 ;;
     --block-size) block=${2:?}; shift 2 ;;
+    --baseline) baseline=${2:?}; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -43,7 +48,14 @@ wait_socket() {
 }
 
 "$sluice" format "sqlite3://$work/meta.db" bench --bucket "$work/objects" >/dev/null
-"$sluice" serve "sqlite3://$work/meta.db" --socket "$work/plain.sock" --no-metrics \
+if [ -n "$baseline" ]; then
+    plain=("$baseline" serve)
+    label="$baseline"
+else
+    plain=("$sluice" serve --no-metrics)
+    label="--no-metrics"
+fi
+"${plain[@]}" "sqlite3://$work/meta.db" --socket "$work/plain.sock" \
     >"$work/plain.log" 2>&1 &
 pids+=($!)
 "$sluice" serve "sqlite3://$work/meta.db" --socket "$work/metrics.sock" \
@@ -66,10 +78,10 @@ run() {
     "$sluice" bench virtiofs --socket "$1" --vs-socket "$2" --block-size "$block" \
         --depth 32 --seconds "$seconds" --file metrics-bench.dat --file-size 64M
 }
-echo "== A: --no-metrics, B: --metrics scraped every second ($block READs)"
+echo "== A: $label, B: --metrics scraped every second ($block READs)"
 run "$work/plain.sock" "$work/metrics.sock"
 echo
-echo "== A: --metrics scraped every second, B: --no-metrics ($block READs)"
+echo "== A: --metrics scraped every second, B: $label ($block READs)"
 run "$work/metrics.sock" "$work/plain.sock"
 echo
 echo "scrapes answered during the run: $(wc -l <"$scrapes")"
