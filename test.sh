@@ -69,6 +69,12 @@ else
     echo "SKIPPED: no xfstests source (../shared/tools/xfstests/xfstests-src-*.tar.zst)" >&2
 fi
 
+step "x86_64 Debian package (cargo deb) of the test build, checked"
+# CI packages the debug build it already has (a release build would add
+# minutes); `packaging/deb.sh` alone builds the release package users install.
+cargo build --bin sluice
+bash packaging/deb.sh --profile dev --no-build
+
 if [ "${SLUICE_SKIP_ARM64:-0}" != 1 ]; then
     step "arm64: cross toolchain, simd and numa tests under qemu-aarch64, release cross-build"
     bash .ci/aarch64.sh setup
@@ -77,6 +83,9 @@ if [ "${SLUICE_SKIP_ARM64:-0}" != 1 ]; then
     # A debug cross-build keeps CI well under its time limit; ./test.sh with
     # SLUICE_AARCH64_PROFILE=release builds what users install.
     SLUICE_AARCH64_PROFILE=${SLUICE_AARCH64_PROFILE:-dev} bash .ci/aarch64.sh build-release
+    step "arm64 Debian package (cargo deb) of that build, checked under qemu-aarch64"
+    bash packaging/deb.sh --target aarch64-unknown-linux-gnu \
+        --profile "${SLUICE_AARCH64_PROFILE:-dev}" --no-build
 fi
 
 if [ "${SLUICE_SKIP_VM:-0}" != 1 ]; then
