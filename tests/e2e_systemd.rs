@@ -37,6 +37,8 @@ impl Notified {
         let child = Command::new(SLUICE)
             .args(args)
             .env("NOTIFY_SOCKET", &notify)
+            // `WatchdogSec=400ms`: the daemon pings every 200 ms.
+            .env("WATCHDOG_USEC", "400000")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(logf.try_clone().expect("a log file"))
@@ -75,6 +77,14 @@ impl Notified {
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// After READY=1: the watchdog pings (the daemon's probe passes).
+    fn wait_pings(&mut self, n: usize) {
+        for _ in 0..n {
+            let message = self.wait_message();
+            assert_eq!(message, "WATCHDOG=1\n", "{}", self.log_text());
+        }
+    }
 }
 
 impl Drop for Notified {
@@ -104,6 +114,7 @@ fn serve_is_ready_once_its_socket_is_bound_and_its_sandbox_up() {
         "{message:?}"
     );
     assert!(socket.exists(), "READY=1 came before the socket was bound");
+    serve.wait_pings(3);
     assert!(serve.child.try_wait().expect("try_wait").is_none());
 }
 
@@ -121,6 +132,8 @@ fn mount_is_ready_once_the_kernel_shows_the_mount() {
     let mut mount = Notified::start(vol.dir.path(), &["mount", &vol.meta_url, mnt_s]);
     let message = mount.wait_message();
     let shown = mount_type(&mnt);
+    // Its probe (a LOOKUP through the mount) passes: it pings.
+    mount.wait_pings(3);
     sluice_ok(&["umount", mnt_s]);
     let status = mount.child.wait().expect("wait");
     assert!(message.starts_with("READY=1\n"), "{message:?}");

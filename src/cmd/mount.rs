@@ -196,6 +196,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             "volume {name} mounted on {}",
             mountpoint.display()
         ));
+        notifier.start_watchdog(mount_probe(mountpoint.clone()))?;
     }
     let waiter_path = mountpoint.clone();
     std::thread::Builder::new()
@@ -213,6 +214,25 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     ended.context("the mount ended with an error")?;
     log::info!("{} unmounted; all data committed", mountpoint.display());
     Ok(())
+}
+
+/// The watchdog's probe of a mount: a LOOKUP of a name that does not
+/// exist (a new one each time, so no cached entry answers) through the
+/// kernel mount. Any answer (ENOENT, even an error of the metadata store)
+/// shows the kernel and a FUSE worker serve; a dead connection does not,
+/// and a hung worker keeps the probe from returning at all.
+fn mount_probe(mountpoint: PathBuf) -> impl FnMut() -> Result<(), String> + Send + 'static {
+    let mut n = 0u64;
+    move || {
+        n += 1;
+        let name = mountpoint.join(format!(".sluice-watchdog-{}-{n}", std::process::id()));
+        match std::fs::symlink_metadata(&name) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                Err(format!("{} no longer answers: {e}", mountpoint.display()))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Runs `sluice umount`.

@@ -216,6 +216,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             volume.name(),
             args.socket.display()
         ));
+        notifier.start_watchdog(queue_probe(queue_stats.clone()))?;
     }
     loop {
         // Each connection gets its own file-system session: a rebooted guest
@@ -275,6 +276,66 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if args.once {
             return Ok(());
         }
+    }
+}
+
+/// The watchdog's probe of a `serve` daemon: every request queue moved
+/// since the last probe, or had nothing in flight then or now. A queue
+/// whose worker sits on the same request from one probe to the next (half
+/// the watchdog period) is stuck.
+fn queue_probe(stats: Arc<[QueueStats]>) -> impl FnMut() -> Result<(), String> + Send + 'static {
+    let mut before: Vec<(u64, u64)> = Vec::new();
+    move || {
+        let now: Vec<(u64, u64)> = stats
+            .iter()
+            .map(|q| {
+                (
+                    sluice_metrics::get(&q.requests),
+                    sluice_metrics::get(&q.in_flight),
+                )
+            })
+            .collect();
+        let stuck = stuck_queues(&before, &now);
+        before = now;
+        if stuck.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "request queue(s) {stuck:?} made no progress since the last probe"
+            ))
+        }
+    }
+}
+
+/// The queues (by index) that had requests in flight at both samples of
+/// (requests answered, in flight) and answered none in between.
+fn stuck_queues(before: &[(u64, u64)], now: &[(u64, u64)]) -> Vec<usize> {
+    before
+        .iter()
+        .zip(now)
+        .enumerate()
+        .filter(|(_, (b, n))| b.1 > 0 && n.1 > 0 && b.0 == n.0)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stuck_queues;
+
+    #[test]
+    fn a_queue_is_stuck_only_when_busy_without_progress_at_both_probes() {
+        assert!(stuck_queues(&[], &[(5, 1)]).is_empty(), "first probe");
+        assert!(stuck_queues(&[(5, 0)], &[(5, 0)]).is_empty(), "idle");
+        assert!(
+            stuck_queues(&[(5, 2)], &[(9, 2)]).is_empty(),
+            "busy, moving"
+        );
+        assert!(
+            stuck_queues(&[(5, 0)], &[(5, 3)]).is_empty(),
+            "just started"
+        );
+        assert_eq!(stuck_queues(&[(1, 0), (5, 2)], &[(1, 0), (5, 2)]), vec![1]);
     }
 }
 
