@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{SLUICE, Volume, Watchdog, mount_type, sluice_ok};
+use sluice_benches::virtiofs::wire::ROOT_ID;
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -147,6 +149,70 @@ fn mount_is_ready_once_the_kernel_shows_the_mount() {
         "READY=1 before the mount"
     );
     assert!(status.success(), "{status}: {}", mount.log_text());
+}
+
+/// `systemctl stop` (SIGTERM) of a `sluice serve` with a VM connected:
+/// what the guest wrote and had not flushed yet is committed before the
+/// daemon exits, and a mount then reads it.
+#[test]
+fn serve_commits_the_guests_writes_at_sigterm() {
+    let _watchdog = Watchdog::new("serve_sigterm", Duration::from_secs(180));
+    let vol = Volume::format("notify", &[]);
+    let socket = vol.dir.path().join("vm.sock");
+    let socket_s = socket.to_str().expect("a UTF-8 path");
+    let mut args = vec!["serve", &vol.meta_url, "--socket", socket_s, "--no-pin"];
+    if is_root() {
+        args.extend(["--user", "root"]);
+    }
+    let mut serve = Notified::start(vol.dir.path(), &args);
+    assert!(serve.wait_message().starts_with("READY=1\n"));
+
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 256,
+            memory_size: 8 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    let data: Vec<u8> = (0..(3 << 20) + 777).map(|i: u32| (i % 253) as u8).collect();
+    let (file, fh) = q
+        .create(ROOT_ID, b"unflushed", libc::O_RDWR as u32, 0o644)
+        .expect("CREATE");
+    for (i, piece) in data.chunks(256 << 10).enumerate() {
+        q.write(file.nodeid, fh, (i * (256 << 10)) as u64, piece)
+            .expect("WRITE");
+    }
+    // No FLUSH, FSYNC nor RELEASE: the bytes sit in the daemon's buffers.
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(
+        unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = serve.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 60 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}: {}", serve.log_text());
+    drop(q);
+    drop(device);
+
+    if is_root() && Path::new("/dev/fuse").exists() {
+        let mount = vol.mount("after");
+        let back = std::fs::read(mount.path.join("unflushed")).expect("the file");
+        assert!(back == data, "the unflushed writes were not committed");
+        mount.unmount();
+    }
 }
 
 #[test]

@@ -451,7 +451,7 @@ fn set_kernel_readahead(mountpoint: &Path, mib: u32) {
 
 /// Blocks SIGINT and SIGTERM in the calling thread (and the threads it
 /// starts afterwards) and returns the set for [`wait_for_signal`].
-fn block_termination_signals() -> libc::sigset_t {
+pub(crate) fn block_termination_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset initialises it before use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only
@@ -466,7 +466,7 @@ fn block_termination_signals() -> libc::sigset_t {
 }
 
 /// Waits for one of the blocked termination signals.
-fn wait_for_signal(set: &libc::sigset_t) -> i32 {
+pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     let mut sig = 0;
     // SAFETY: `set` is an initialised sigset_t and `sig` a valid out pointer.
     while unsafe { libc::sigwait(set, &mut sig) } != 0 {}

@@ -101,8 +101,14 @@ pub struct ServeArgs {
     pub metrics: super::metrics_args::MetricsArgs,
 }
 
+/// Ends the current VM's file-system session (set while a VM is connected).
+type SessionStop = Arc<parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>>;
+
 /// Runs `sluice serve`.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    // Before any thread starts, so that every thread inherits the mask and
+    // only the signal thread (started once the sandbox is up) takes them.
+    let signals = super::mount::block_termination_signals();
     if args.queues == 0 || args.cache_size == 0 || args.buffer_size == 0 {
         bail!("--queues, --cache-size and --buffer-size must be at least 1");
     }
@@ -210,6 +216,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             })
             .ok()
     });
+    // SIGTERM/SIGINT: end the connected VM's file-system session (its
+    // buffered writes are committed, as at a guest's DESTROY), wait for
+    // the uploads, exit.
+    let current: SessionStop = Default::default();
+    {
+        let current = current.clone();
+        let volume = volume.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let sig = super::mount::wait_for_signal(&signals);
+                log::info!("signal {sig}: ending the VM's session and exiting");
+                if let Some(stop) = current.lock().take() {
+                    stop();
+                }
+                volume.store.drain_uploads(DEFAULT_UPLOAD_DRAIN);
+                log::info!("the VM's writes are committed; exiting");
+                std::process::exit(0);
+            })?;
+    }
     if let Some(notifier) = &notifier {
         notifier.ready(&format!(
             "serving volume {} on {}",
@@ -254,6 +280,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_metrics(ops.clone()),
             device_config.num_queues(),
         ));
+        {
+            let handler = handler.clone();
+            *current.lock() = Some(Box::new(move || handler.dispatcher().shutdown()));
+        }
         let device =
             VirtioFsDevice::with_stats(device_config.clone(), handler, queue_stats.clone())
                 .context("cannot create the virtio-fs device")?;
@@ -271,6 +301,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         slot.lock().take();
         view.lock().take();
+        current.lock().take();
         served.context("the vhost-user connection failed")?;
         log::info!("the VM disconnected; its session is flushed and closed");
         if args.once {
