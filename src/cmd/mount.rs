@@ -165,6 +165,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             volume,
             ops: session.dispatcher().metrics().clone(),
             queues: None,
+            cache_node: None,
             session: std::sync::Arc::new(parking_lot::Mutex::new(Some(view))),
             started: Instant::now(),
         },

@@ -123,6 +123,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .validate()
         .context("invalid device settings")?;
     let mut prefetch_cpus = None;
+    // The NUMA node the memory cache's blocks are allocated on, if placed.
+    let mut cache_node = None;
     if let Some(plan) = print_plan(&args)
         && !args.no_pin
     {
@@ -138,6 +140,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .and_then(|w| plan.service_cpus(w.node))
             .filter(|cpus| !cpus.is_empty())
             .cloned();
+        if prefetch_cpus.is_some() {
+            cache_node = plan.worker_for(0, 0).map(|w| w.node.to_string());
+        }
     }
     let disk_cache = args.cache.disk_cache()?;
     let staging_root = args.cache.staging_root()?;
@@ -197,6 +202,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ops: ops.clone(),
             queues: Some(queue_stats.clone()),
             session: view.clone(),
+            cache_node,
             started: std::time::Instant::now(),
         },
         &args.socket.to_string_lossy(),

@@ -58,6 +58,9 @@ pub struct Sources {
     pub queues: Option<Arc<[QueueStats]>>,
     /// The current session.
     pub session: SessionSlot,
+    /// The NUMA node the memory cache's blocks are allocated on (`serve`
+    /// with a placement plan: its prefetch threads run there), if known.
+    pub cache_node: Option<String>,
     /// When the daemon started.
     pub started: Instant,
 }
@@ -197,7 +200,7 @@ impl Collector for Collect {
         objects(e)?;
         transactions(e)?;
         let session = s.session.lock().clone();
-        caches(e, session.as_ref())?;
+        caches(e, session.as_ref(), s.cache_node.as_deref())?;
         writeback(e, &s.volume)?;
         if let Some(queues) = &s.queues {
             virtio_queues(e, queues)?;
@@ -375,7 +378,7 @@ fn transactions(e: &mut Enc<'_>) -> Res {
     )
 }
 
-fn caches(e: &mut Enc<'_>, session: Option<&SessionView>) -> Res {
+fn caches(e: &mut Enc<'_>, session: Option<&SessionView>, node: Option<&str>) -> Res {
     let Some(session) = session else {
         return Ok(());
     };
@@ -486,11 +489,16 @@ fn caches(e: &mut Enc<'_>, session: Option<&SessionView>) -> Res {
         "Blocks pushed out of the memory cache for room.",
         mem.evictions,
     )?;
-    gauge(
+    value_family(
         e,
         "sluice_memcache_bytes",
-        "Bytes the memory block cache holds.",
-        mem.used_bytes,
+        "Bytes the memory block cache holds, by the NUMA node its blocks are allocated on \
+         (\"unplaced\" without a placement plan).",
+        MetricType::Gauge,
+        &[(
+            vec![("node", node.unwrap_or("unplaced").to_owned())],
+            mem.used_bytes,
+        )],
     )?;
     if let Some(d) = disk {
         counter(
