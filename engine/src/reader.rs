@@ -10,8 +10,9 @@
 //! sequential reads, readahead and larger reads fetch and check whole
 //! blocks. Reads are
 //! expressed as a walk over fragments (a stretch of zeros, or a range of a
-//! cached block) so a caller can land the bytes wherever it wants — a plain
-//! buffer here, guest memory for virtio-fs later — with one copy.
+//! cached block, or a range of a local file) so a caller can land the
+//! bytes wherever it wants — a plain buffer for the host mount, guest
+//! memory for virtio-fs — with one copy.
 
 use std::collections::HashMap;
 use std::sync::Arc;

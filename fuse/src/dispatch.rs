@@ -2,11 +2,12 @@
 //! to the transport's [`ReplySink`].
 //!
 //! The dispatcher holds no transport state, so the `/dev/fuse` session and
-//! the virtio-fs device share it. A transport that wants READ data to land
-//! somewhere other than the dispatcher's scratch buffer (guest memory)
-//! matches [`Operation::Read`] itself, reads through the file system into
-//! its destination, and replies with [`ReplyHead::data`]; everything else
-//! goes through [`Dispatcher::handle`]. It owns the protocol's session state (INIT
+//! the virtio-fs device share it. READ data goes to the transport's
+//! [`ReplySink::send_read`] first: a sink that can place the data itself
+//! (virtio-fs: straight into the guest's buffers) walks the file system's
+//! fragments there; one that cannot (`/dev/fuse`) declines, and the
+//! dispatcher reads into its scratch buffer and sends that. It owns the
+//! protocol's session state (INIT
 //! negotiation, DESTROY) and turns every engine error into an errno through
 //! `sluice_engine::Error::errno` — the one errno mapping — and every decode
 //! error through [`crate::DecodeError::errno`].

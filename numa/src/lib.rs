@@ -23,8 +23,7 @@ pub use placement::{PlacementOptions, Plan, VmRequest, plan};
 pub use reactor::{BackendKind, Reactor, ReactorConfig, ReactorHandle};
 pub use topology::{NodeId, Topology};
 
-/// Prints the host topology and the placement of `vms` on it, for `sluice serve` and
-/// `sluice numa`.
+/// Prints the host topology and the placement of `vms` on it, for `sluice serve`.
 pub fn describe(
     topology: &Topology,
     vms: &[VmRequest],
