@@ -23,7 +23,13 @@ fn a_300_mib_file_reads_back_equal_before_and_after_remount() {
     let vol = Volume::format("big", &[]);
     let mount = vol.mount("mnt");
     let path = mount.path.join("big.bin");
-    // The mount widens the kernel's readahead window to 4 MiB.
+    // The mount widens the kernel's readahead window to 4 MiB, before it
+    // logs that it is mounted (the kernel shows the mount a moment earlier).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !mount.log_text().contains(" mounted on ") {
+        assert!(std::time::Instant::now() < deadline, "{}", mount.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let dev = std::fs::metadata(&mount.path)
         .expect("stat the mount")
         .dev();

@@ -160,6 +160,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     };
     let volume = vfs.volume().clone();
     let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    set_kernel_readahead(&mountpoint, args.kernel_readahead);
     let metrics = crate::metrics::Metrics::new(
         crate::metrics::Sources {
             volume,
@@ -176,7 +177,6 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             .map_err(|e| log::warn!("no metrics endpoint: {e:#}"))
             .ok()
     });
-    set_kernel_readahead(&mountpoint, args.kernel_readahead);
     // `sluice warmup` and `sluice stats` reach this mount here.
     let control = super::control::ControlServer::start(
         &super::control::socket_for_mount(&mountpoint),
