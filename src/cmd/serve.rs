@@ -300,9 +300,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let (requests, bytes_in, bytes_out, batches) = q.snapshot();
             let (fixed, direct, pread) = q.guest_io_snapshot();
             log::info!(
-                "queue {queue} since start: {requests} requests in {batches} batches, \
+                "queue {queue}: {requests} requests in {batches} batches, \
                  {bytes_in} bytes in, {bytes_out} bytes out; file READ bytes: \
-                 {fixed} io_uring, {direct} io_uring O_DIRECT, {pread} pread"
+                 {fixed} io_uring, {direct} io_uring O_DIRECT, {pread} pread \
+                 (since the daemon started)"
             );
         }
         slot.lock().take();
