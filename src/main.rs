@@ -53,6 +53,10 @@ enum Command {
     Bench(sluice_benches::command::BenchArgs),
     /// Print a shell completion script: `sluice completions bash|zsh|fish`.
     Completions(cmd::completions::CompletionsArgs),
+    /// Write a volume's metadata as a JuiceFS JSON dump (as `juicefs dump`).
+    Dump(cmd::dump::DumpArgs),
+    /// Load a JuiceFS JSON dump into an empty metadata store (as `juicefs load`).
+    Load(cmd::dump::LoadArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -71,6 +75,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Warmup(args) => cmd::warmup::run(args),
         Command::Bench(args) => Ok(sluice_benches::command::run(args)?),
         Command::Completions(args) => cmd::completions::run(args, Cli::command()),
+        Command::Dump(args) => cmd::dump::run_dump(args),
+        Command::Load(args) => cmd::dump::run_load(args),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod chunk;
 pub mod chunk_cache;
 pub mod compaction;
 pub mod compress;
+pub mod dump;
 pub mod gc;
 pub mod info;
 pub mod metrics;

@@ -3,6 +3,7 @@
 pub mod cache_args;
 pub mod completions;
 pub mod control;
+pub mod dump;
 pub mod format;
 pub mod gc;
 pub mod info;

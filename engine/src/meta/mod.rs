@@ -13,6 +13,7 @@ pub mod copy_range;
 mod open_files;
 pub mod quota;
 pub mod redis;
+pub mod restore;
 pub mod sqlite;
 pub mod url;
 
@@ -20,6 +21,7 @@ pub use bounded::{WorkCounters, WorkStats};
 pub use copy_range::{CopyRange, MAX_COPY_LEN};
 pub use quota::{DirQuota, QuotaChange, Quotas};
 pub use redis::RedisMeta;
+pub use restore::{Counters, DirStat, Restore};
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::{MetaUrl, open_meta};
 
@@ -613,4 +615,10 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// Adds (space, inodes) to the usage of each quota record named, in one
     /// transaction.
     fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()>;
+
+    /// The volume-wide counters, as `sluice dump` writes them.
+    fn counters(&self) -> Result<Counters>;
+    /// Starts filling this store from a dump (`sluice load`); fails with a
+    /// message naming the store when it is not empty.
+    fn restore(&self) -> Result<Box<dyn Restore + '_>>;
 }

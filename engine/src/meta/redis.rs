@@ -27,6 +27,7 @@ mod dir_quota;
 mod keys;
 mod namespace;
 mod node;
+mod restore;
 mod session;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -946,5 +947,13 @@ impl Meta for RedisMeta {
 
     fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()> {
         self.inner.add_dir_quota_usage(changes)
+    }
+
+    fn counters(&self) -> Result<crate::meta::Counters> {
+        self.inner.counters()
+    }
+
+    fn restore(&self) -> Result<Box<dyn crate::meta::Restore + '_>> {
+        Ok(Box::new(self.inner.restore()?))
     }
 }

@@ -18,6 +18,7 @@ mod chunk;
 mod dir_quota;
 pub(crate) mod namespace;
 pub(crate) mod node;
+mod restore;
 mod schema;
 pub(crate) mod session;
 #[cfg(test)]
@@ -1047,6 +1048,14 @@ impl Meta for SqliteMeta {
 
     fn add_dir_quota_usage(&self, changes: &[(Ino, i64, i64)]) -> Result<()> {
         self.inner.add_dir_quota_usage(changes)
+    }
+
+    fn counters(&self) -> Result<crate::meta::Counters> {
+        self.inner.counters()
+    }
+
+    fn restore(&self) -> Result<Box<dyn crate::meta::Restore + '_>> {
+        Ok(Box::new(self.inner.restore()?))
     }
 }
 

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::meta::{DirQuota, Ino, QuotaChange};
 
 /// JuiceFS's `packQuota`: max space, then max inodes, big-endian.
-fn pack(space: i64, inodes: i64) -> [u8; 16] {
+pub(super) fn pack(space: i64, inodes: i64) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&space.to_be_bytes());
     b[8..].copy_from_slice(&inodes.to_be_bytes());

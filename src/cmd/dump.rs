@@ -1,0 +1,95 @@
+//! `sluice dump META_URL [FILE]` and `sluice load META_URL [FILE]`: a
+//! volume's metadata as JuiceFS's JSON dump, to back it up or move it to
+//! another metadata engine (`juicefs dump` / `juicefs load` read and write
+//! the same documents).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use sluice_engine::dump::{DumpOptions, dump, load};
+use sluice_engine::meta::{MetaUrl, open_meta};
+
+/// Arguments of `sluice dump`.
+#[derive(Debug, clap::Args)]
+pub struct DumpArgs {
+    /// The volume's metadata URL (sqlite3://PATH, redis://HOST/DB).
+    pub meta_url: MetaUrl,
+    /// Where the dump goes (default: standard output).
+    pub file: Option<PathBuf>,
+    /// Keep the secret key, session token and encryption key in the dump.
+    #[arg(long)]
+    pub keep_secret_key: bool,
+}
+
+/// Arguments of `sluice load`.
+#[derive(Debug, clap::Args)]
+pub struct LoadArgs {
+    /// An empty metadata store's URL (sqlite3://NEW_PATH, redis://HOST/DB).
+    pub meta_url: MetaUrl,
+    /// The dump to read (default: standard input).
+    pub file: Option<PathBuf>,
+}
+
+/// A progress counter on standard error when it is a terminal.
+fn bar(what: &'static str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(what);
+    bar
+}
+
+/// Runs `sluice dump`.
+pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
+    let meta = open_meta(args.meta_url.expose())
+        .with_context(|| format!("cannot open {}", args.meta_url))?;
+    let opts = DumpOptions {
+        keep_secret_key: args.keep_secret_key,
+    };
+    let bar = bar("nodes dumped");
+    let mut progress = |n: u64| bar.set_position(n);
+    let summary = match &args.file {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            dump(meta.as_ref(), file, &opts, &mut progress)?
+        }
+        None => dump(
+            meta.as_ref(),
+            std::io::stdout().lock(),
+            &opts,
+            &mut progress,
+        )?,
+    };
+    bar.finish_and_clear();
+    log::info!("dumped {} nodes of {}", summary.nodes, args.meta_url);
+    Ok(())
+}
+
+/// Runs `sluice load`.
+pub fn run_load(args: LoadArgs) -> anyhow::Result<()> {
+    let meta = open_meta(args.meta_url.expose())
+        .with_context(|| format!("cannot open {}", args.meta_url))?;
+    let bar = bar("nodes loaded");
+    let mut progress = |n: u64| bar.set_position(n);
+    let summary = match &args.file {
+        Some(path) => {
+            let mut file = std::fs::File::open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            load(meta.as_ref(), &mut file, &mut progress)
+        }
+        None => load(meta.as_ref(), &mut std::io::stdin(), &mut progress),
+    }
+    .with_context(|| format!("cannot load into {}", args.meta_url))?;
+    bar.finish_and_clear();
+    if summary.del_files_skipped > 0 {
+        log::warn!(
+            "{} files pending deletion were not loaded; `sluice gc` finds their objects",
+            summary.del_files_skipped
+        );
+    }
+    log::info!("loaded {} nodes into {}", summary.nodes, args.meta_url);
+    Ok(())
+}
