@@ -187,11 +187,10 @@ fn serve_commits_the_guests_writes_at_sigterm() {
             .expect("WRITE");
     }
     // No FLUSH, FSYNC nor RELEASE: the bytes sit in the daemon's buffers.
+    let pid = serve.child.id() as i32;
     // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(
-        unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) },
-        0
-    );
+    let killed = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(killed, 0);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = serve.child.try_wait().expect("try_wait") {
