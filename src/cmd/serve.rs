@@ -357,26 +357,6 @@ fn stuck_queues(before: &[(u64, u64)], now: &[(u64, u64)]) -> Vec<usize> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::stuck_queues;
-
-    #[test]
-    fn a_queue_is_stuck_only_when_busy_without_progress_at_both_probes() {
-        assert!(stuck_queues(&[], &[(5, 1)]).is_empty(), "first probe");
-        assert!(stuck_queues(&[(5, 0)], &[(5, 0)]).is_empty(), "idle");
-        assert!(
-            stuck_queues(&[(5, 2)], &[(9, 2)]).is_empty(),
-            "busy, moving"
-        );
-        assert!(
-            stuck_queues(&[(5, 0)], &[(5, 3)]).is_empty(),
-            "just started"
-        );
-        assert_eq!(stuck_queues(&[(1, 0), (5, 2)], &[(1, 0), (5, 2)]), vec![1]);
-    }
-}
-
 /// The local files the daemon keeps using: the SQLite database, the
 /// `file://` bucket, each cache directory's folder for the volume (disk
 /// cache and writeback staging), and files read later (Redis TLS
@@ -464,5 +444,25 @@ fn print_plan(args: &ServeArgs) -> Option<Plan> {
             log::warn!("no placement plan: {e}");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stuck_queues;
+
+    #[test]
+    fn a_queue_is_stuck_only_when_busy_without_progress_at_both_probes() {
+        assert!(stuck_queues(&[], &[(5, 1)]).is_empty(), "first probe");
+        assert!(stuck_queues(&[(5, 0)], &[(5, 0)]).is_empty(), "idle");
+        assert!(
+            stuck_queues(&[(5, 2)], &[(9, 2)]).is_empty(),
+            "busy, moving"
+        );
+        assert!(
+            stuck_queues(&[(5, 0)], &[(5, 3)]).is_empty(),
+            "just started"
+        );
+        assert_eq!(stuck_queues(&[(1, 0), (5, 2)], &[(1, 0), (5, 2)]), vec![1]);
     }
 }
