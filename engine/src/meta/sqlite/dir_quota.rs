@@ -114,13 +114,26 @@ impl Inner {
             return Ok(());
         };
         *self.format.write() = Some(fmt.clone());
-        let (used, inodes) = self.read(|c| -> TxResult<(i64, i64)> {
-            Ok((
-                get_counter(c, counter::USED_SPACE)?,
-                get_counter(c, counter::TOTAL_INODES)?,
-            ))
-        })?;
-        let dirs = self.dir_quotas()?;
+        // Read and installed under the writer lock, on the writer's
+        // connection: a commit applies its usage to the in-memory counts
+        // while it holds that lock, so a reload can never install counts
+        // read before a commit over that commit's update (which would let
+        // the next write pass the volume's capacity).
+        let conn = self.writer.lock();
+        let read = || -> TxResult<(i64, i64, Vec<(Ino, DirQuota)>)> {
+            let used = get_counter(&conn, counter::USED_SPACE)?;
+            let inodes = get_counter(&conn, counter::TOTAL_INODES)?;
+            let mut stmt = conn.prepare(SELECT)?;
+            let dirs = stmt
+                .query_map([], quota_from_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok((used, inodes, dirs))
+        };
+        let (used, inodes, dirs) = match read() {
+            Ok(v) => v,
+            Err(super::TxError::Sql(e)) => return Err(super::sql_error(e)),
+            Err(super::TxError::Fs(e)) => return Err(e),
+        };
         self.quotas.install(&fmt, used, inodes, &dirs);
         Ok(())
     }
