@@ -24,6 +24,9 @@ fn quota_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Ino, DirQuota)> {
 const SELECT: &str =
     "SELECT inode, max_space, max_inodes, used_space, used_inodes FROM jfs_dir_quota";
 
+/// What a reload reads: used space, used inodes, the directory quotas.
+type Loaded = (i64, i64, Vec<(Ino, DirQuota)>);
+
 impl Inner {
     /// Every quota record.
     pub(super) fn dir_quotas(&self) -> Result<Vec<(Ino, DirQuota)>> {
@@ -120,7 +123,7 @@ impl Inner {
         // read before a commit over that commit's update (which would let
         // the next write pass the volume's capacity).
         let conn = self.writer.lock();
-        let read = || -> TxResult<(i64, i64, Vec<(Ino, DirQuota)>)> {
+        let read = || -> TxResult<Loaded> {
             let used = get_counter(&conn, counter::USED_SPACE)?;
             let inodes = get_counter(&conn, counter::TOTAL_INODES)?;
             let mut stmt = conn.prepare(SELECT)?;
