@@ -39,6 +39,8 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// A running mount's or VM daemon's activity, one line a second (as `juicefs stats`).
     Stats(cmd::stats::StatsArgs),
+    /// Check a volume's metadata and objects, and repair its counters (as `juicefs fsck`).
+    Fsck(cmd::fsck::FsckArgs),
     /// Find (and with --delete remove) objects no slice references.
     Gc(cmd::gc::GcArgs),
     /// Directory quotas: set, get, list, delete, check (as `juicefs quota`).
@@ -68,6 +70,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Info(args) => cmd::info::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Stats(args) => cmd::stats::run(args),
+        Command::Fsck(args) => cmd::fsck::run(args),
         Command::Gc(args) => cmd::gc::run(args),
         Command::Quota(args) => cmd::quota::run(args),
         Command::Config(args) => cmd::quota::config(args),

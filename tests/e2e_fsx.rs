@@ -123,7 +123,7 @@ fn fsx_finds_no_bad_data_with_large_operations_and_mmap() {
 }
 
 #[test]
-fn fsstress_leaves_a_volume_that_gc_and_juicefs_fsck_find_clean() {
+fn fsstress_leaves_a_volume_that_gc_and_both_fscks_find_clean() {
     let test = "fsstress";
     let Some(tools) = tools(test) else { return };
     if !have_fuse(test) {
@@ -150,6 +150,13 @@ fn fsstress_leaves_a_volume_that_gc_and_juicefs_fsck_find_clean() {
     mnt.unmount();
     let gc = sluice_ok(&["gc", &vol.meta_url]);
     assert!(gc.contains(" 0 leaked"), "sluice gc after fsstress:\n{gc}");
+    // Every counter, statistic, link count, reference and block the
+    // random operations left agrees with the tree.
+    let fsck = sluice_ok(&["fsck", &vol.meta_url]);
+    assert!(
+        fsck.contains("no problems found"),
+        "sluice fsck after fsstress:\n{fsck}"
+    );
     let Some(jfs) = std::env::var_os("SLUICE_JUICEFS_BIN") else {
         eprintln!("{test}: juicefs fsck skipped: SLUICE_JUICEFS_BIN is not set");
         return;

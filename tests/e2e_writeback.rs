@@ -38,18 +38,24 @@ fn staging_dir(vol: &Volume, cache: &Path) -> PathBuf {
     cache.join(uuid.trim()).join("rawstaging")
 }
 
-/// Staged block objects: key (relative to staging) → bytes.
+/// Staged block objects: key (relative to staging) → bytes. A block the
+/// daemon uploads and removes between the listing and the read is no
+/// longer staged, and left out.
 fn staged_blocks(staging: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut files = Vec::new();
     walk_files(staging, &mut files);
     files
         .into_iter()
-        .map(|p| {
-            let data = std::fs::read(&p).expect("read a staged block");
-            (
+        .filter_map(|p| {
+            let data = match std::fs::read(&p) {
+                Ok(data) => data,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+                Err(e) => panic!("read the staged block {}: {e}", p.display()),
+            };
+            Some((
                 p.strip_prefix(staging).expect("under staging").to_owned(),
                 data,
-            )
+            ))
         })
         .collect()
 }

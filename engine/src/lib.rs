@@ -13,6 +13,7 @@ pub mod chunk_cache;
 pub mod compaction;
 pub mod compress;
 pub mod dump;
+pub mod fsck;
 pub mod gc;
 pub mod info;
 pub mod metrics;

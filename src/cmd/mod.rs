@@ -5,6 +5,7 @@ pub mod completions;
 pub mod control;
 pub mod dump;
 pub mod format;
+pub mod fsck;
 pub mod gc;
 pub mod info;
 pub mod limit_args;

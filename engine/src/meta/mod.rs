@@ -621,4 +621,17 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// Starts filling this store from a dump (`sluice load`); fails with a
     /// message naming the store when it is not empty.
     fn restore(&self) -> Result<Box<dyn Restore + '_>>;
+
+    /// The statistics stored for directory `ino` (JuiceFS `jfs_dir_stats` /
+    /// `dirUsedSpace`…), or `None` when it has none (`sluice fsck`).
+    fn dir_stat(&self, ino: Ino) -> Result<Option<DirStat>>;
+    /// Replaces the statistics of directory `ino` (`sluice fsck --repair`).
+    fn set_dir_stat(&self, ino: Ino, stat: &DirStat) -> Result<()>;
+    /// Adds `space` and `inodes` to the volume's usage counters
+    /// (`usedSpace`, `totalInodes`) in one transaction (`sluice fsck
+    /// --repair`).
+    fn add_usage(&self, space: i64, inodes: i64) -> Result<()>;
+    /// The removed files whose chunks still await deletion (JuiceFS
+    /// `jfs_delfile` / `delfiles`): their chunk records have no node.
+    fn deleted_files(&self) -> Result<Vec<Ino>>;
 }

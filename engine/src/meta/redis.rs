@@ -20,6 +20,7 @@
 //! (a slot that moves later needs a reopen). Not served: Sentinel, and
 //! `rediss://` (the `redis` crate is built without TLS).
 
+mod check;
 mod chunk;
 mod cluster;
 mod codec;
@@ -955,5 +956,21 @@ impl Meta for RedisMeta {
 
     fn restore(&self) -> Result<Box<dyn crate::meta::Restore + '_>> {
         Ok(Box::new(self.inner.restore()?))
+    }
+
+    fn dir_stat(&self, ino: Ino) -> Result<Option<crate::meta::DirStat>> {
+        self.inner.dir_stat(ino)
+    }
+
+    fn set_dir_stat(&self, ino: Ino, stat: &crate::meta::DirStat) -> Result<()> {
+        self.inner.set_dir_stat(ino, stat)
+    }
+
+    fn add_usage(&self, space: i64, inodes: i64) -> Result<()> {
+        self.inner.add_usage(space, inodes)
+    }
+
+    fn deleted_files(&self) -> Result<Vec<Ino>> {
+        self.inner.deleted_files()
     }
 }

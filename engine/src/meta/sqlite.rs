@@ -14,6 +14,7 @@
 //! the transaction and run after it commits, so no object disappears for a
 //! change that rolled back.
 
+mod check;
 mod chunk;
 mod dir_quota;
 pub(crate) mod namespace;
@@ -1056,6 +1057,22 @@ impl Meta for SqliteMeta {
 
     fn restore(&self) -> Result<Box<dyn crate::meta::Restore + '_>> {
         Ok(Box::new(self.inner.restore()?))
+    }
+
+    fn dir_stat(&self, ino: Ino) -> Result<Option<crate::meta::DirStat>> {
+        self.inner.dir_stat(ino)
+    }
+
+    fn set_dir_stat(&self, ino: Ino, stat: &crate::meta::DirStat) -> Result<()> {
+        self.inner.set_dir_stat(ino, stat)
+    }
+
+    fn add_usage(&self, space: i64, inodes: i64) -> Result<()> {
+        self.inner.add_usage(space, inodes)
+    }
+
+    fn deleted_files(&self) -> Result<Vec<Ino>> {
+        self.inner.deleted_files()
     }
 }
 

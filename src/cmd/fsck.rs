@@ -1,0 +1,167 @@
+//! `sluice fsck META_URL [--path P] [--repair] [--fast]`: checks a volume's
+//! metadata against its object store and against itself (see
+//! `sluice_engine::fsck`), and repairs the usage counters and directory
+//! statistics. Exits 1 while anything it found stays wrong.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sluice_engine::fsck::{BlockDamage, FsckOptions, FsckReport, fsck};
+use sluice_engine::meta::{DirStat, MetaUrl};
+use sluice_engine::volume::open_volume_url;
+
+/// Arguments of `sluice fsck`.
+#[derive(Debug, clap::Args)]
+pub struct FsckArgs {
+    /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
+    pub meta_url: MetaUrl,
+    /// Check only this absolute path within the volume (a file or a
+    /// directory tree); the volume-wide checks (usage counters, orphaned
+    /// chunks, unreferenced objects) need `/`.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Rewrite the usage counters and directory statistics found wrong
+    /// (run it on a volume no client is writing).
+    #[arg(long)]
+    pub repair: bool,
+    /// Only list and size the objects, as `juicefs fsck` does; without it
+    /// every block a file needs is read and its CRC32C checked.
+    #[arg(long)]
+    pub fast: bool,
+    /// Report objects no chunk names only when older than this many
+    /// seconds (younger ones may belong to a slice being written).
+    #[arg(long, default_value_t = 3600)]
+    pub min_age: u64,
+}
+
+fn stat(s: &DirStat) -> String {
+    format!(
+        "length {} space {} inodes {}",
+        s.data_length, s.used_space, s.used_inodes
+    )
+}
+
+/// Prints what the run found, one line per problem.
+fn print_report(r: &FsckReport, repair: bool) {
+    for d in &r.damaged {
+        let path = r.broken_files.get(&d.ino).map_or("?", String::as_str);
+        match &d.damage {
+            BlockDamage::Missing => {
+                println!("lost block {} of {path} (inode {})", d.key, d.ino)
+            }
+            BlockDamage::Size { expected, actual } => println!(
+                "block {} of {path} (inode {}) is {actual} bytes, not {expected}",
+                d.key, d.ino
+            ),
+            BlockDamage::Corrupt(why) => {
+                println!("corrupt block {} of {path} (inode {}): {why}", d.key, d.ino)
+            }
+            BlockDamage::Unreadable(why) => {
+                println!(
+                    "unreadable block {} of {path} (inode {}): {why}",
+                    d.key, d.ino
+                )
+            }
+        }
+    }
+    for b in &r.broken_slices {
+        let path = r.broken_files.get(&b.ino).map_or("?", String::as_str);
+        println!(
+            "broken slice reference in chunk {} of {path} (inode {}): slice {} ({} bytes): {}",
+            b.indx, b.ino, b.slice.id, b.slice.size, b.reason
+        );
+    }
+    for (ino, indx) in &r.orphan_chunks {
+        println!("orphaned chunk {indx} of inode {ino}: the node does not exist");
+    }
+    let done = if repair { "repaired" } else { "wrong" };
+    if let Some(m) = &r.usage {
+        let (s, i) = m.stored.unwrap_or_default();
+        println!(
+            "usage counters {done}: usedSpace {s} totalInodes {i}; the tree holds {} bytes in {} inodes",
+            m.actual.0, m.actual.1
+        );
+    }
+    for m in &r.dir_stats {
+        println!(
+            "directory statistics of {} (inode {}) {done}: stored {}, entries say {}",
+            m.path,
+            m.ino,
+            m.stored.as_ref().map_or("nothing".into(), stat),
+            stat(&m.actual)
+        );
+    }
+    for m in &r.nlinks {
+        println!(
+            "link count of directory {} (inode {}) is {}, should be {} (fsck does not change it)",
+            m.path,
+            m.ino,
+            m.stored.unwrap_or_default(),
+            m.actual
+        );
+    }
+    println!(
+        "checked {} nodes, {} files, {} slices, {} blocks ({} bytes)",
+        r.nodes, r.files, r.slices, r.blocks, r.block_bytes
+    );
+    if r.unreferenced > 0 {
+        println!(
+            "{} objects ({} bytes) are referenced by no chunk; `sluice gc --delete` removes them",
+            r.unreferenced, r.unreferenced_bytes
+        );
+    }
+    if !r.broken_files.is_empty() {
+        let lost = r.damaged.len();
+        println!(
+            "{lost} damaged blocks, {} broken slice references, {} broken files:",
+            r.broken_slices.len(),
+            r.broken_files.len()
+        );
+        println!("{:>13}: PATH", "INODE");
+        for (ino, path) in &r.broken_files {
+            println!("{ino:>13}: {path}");
+        }
+    }
+}
+
+/// Runs `sluice fsck`.
+pub fn run(args: FsckArgs) -> anyhow::Result<()> {
+    let volume = open_volume_url(args.meta_url.expose())
+        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
+    let opts = FsckOptions {
+        path: args.path.clone(),
+        repair: args.repair,
+        fast: args.fast,
+        min_age: Duration::from_secs(args.min_age),
+    };
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_message("nodes checked");
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let report = fsck(&volume, &opts, &mut |r| bar.set_position(r.nodes))
+        .with_context(|| format!("cannot check {}", args.meta_url))?;
+    bar.finish_and_clear();
+    print_report(&report, args.repair);
+    if report.unrepaired() {
+        let repairable = report.usage.is_some() || !report.dir_stats.is_empty();
+        anyhow::bail!(
+            "{} has problems{}",
+            args.meta_url,
+            if args.repair {
+                " fsck cannot repair (listed above)"
+            } else if repairable {
+                " (listed above); --repair fixes the usage counters and directory statistics"
+            } else {
+                " fsck cannot repair (listed above)"
+            }
+        );
+    }
+    if report.clean() {
+        println!("no problems found");
+    }
+    Ok(())
+}
