@@ -31,12 +31,24 @@ pub struct LoadArgs {
     pub file: Option<PathBuf>,
 }
 
-/// A progress counter on standard error when it is a terminal.
-fn bar(what: &'static str) -> indicatif::ProgressBar {
+/// A progress counter on standard error when it is a terminal: a bar
+/// towards `total` nodes when it is known, a counting spinner otherwise.
+fn bar(what: &'static str, total: Option<u64>) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new_spinner();
+    let bar = match total {
+        Some(n) => {
+            let bar = indicatif::ProgressBar::new(n);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{msg} {wide_bar} {pos}/{len} ({per_sec}, {eta} left)",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }
+        None => indicatif::ProgressBar::new_spinner(),
+    };
     bar.set_message(what);
     bar
 }
@@ -48,7 +60,13 @@ pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
     let opts = DumpOptions {
         keep_secret_key: args.keep_secret_key,
     };
-    let bar = bar("nodes dumped");
+    // The volume's inode counter (plus the root) is the bar's length; a
+    // volume in use may end a little off it.
+    let total = meta
+        .counters()
+        .ok()
+        .map(|c| c.used_inodes.max(0) as u64 + 1);
+    let bar = bar("nodes dumped", total);
     let mut progress = |n: u64| bar.set_position(n);
     let summary = match &args.file {
         Some(path) => {
@@ -72,7 +90,7 @@ pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
 pub fn run_load(args: LoadArgs) -> anyhow::Result<()> {
     let meta = open_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open {}", args.meta_url))?;
-    let bar = bar("nodes loaded");
+    let bar = bar("nodes loaded", None);
     let mut progress = |n: u64| bar.set_position(n);
     let summary = match &args.file {
         Some(path) => {
