@@ -37,7 +37,10 @@
 //! a volume no client is writing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
 
 use crate::block_key::{block_count, block_key, block_len, chunks_prefix, parse_block_key};
 use crate::compress::decompress;
@@ -52,6 +55,8 @@ use crate::volume::Volume;
 const PAGE: usize = 1024;
 /// Chunk indexes listed per call.
 const CHUNK_PAGE: usize = 1024;
+/// Block reads queued before they are done (in parallel).
+const READ_BATCH: usize = 1024;
 
 /// What `sluice fsck` checks and whether it repairs.
 #[derive(Debug, Clone)]
@@ -66,6 +71,9 @@ pub struct FsckOptions {
     pub fast: bool,
     /// Unreferenced objects younger than this are not reported.
     pub min_age: Duration,
+    /// Blocks read at once (each read is one GET; an S3 store needs many
+    /// in flight to be checked at its bandwidth).
+    pub threads: usize,
 }
 
 impl Default for FsckOptions {
@@ -75,6 +83,7 @@ impl Default for FsckOptions {
             repair: false,
             fast: false,
             min_age: Duration::from_secs(3600),
+            threads: 16,
         }
     }
 }
@@ -204,6 +213,22 @@ struct Frame {
     subdirs: u32,
 }
 
+/// Where the check of a slice's blocks stands.
+enum SliceState {
+    /// Checked: whether every block is sound.
+    Done { ok: bool },
+    /// Reads queued; the files naming the slice so far.
+    Queued { users: Vec<(Ino, String)> },
+}
+
+/// A block read queued for its CRC32C check.
+struct PendingRead {
+    key: String,
+    want: u32,
+    ino: Ino,
+    slice: (u64, u32),
+}
+
 struct Checker<'a> {
     vol: &'a Volume,
     opts: &'a FsckOptions,
@@ -211,8 +236,10 @@ struct Checker<'a> {
     /// Object key → (size, modification time), listed before the walk
     /// (whole-volume runs).
     listed: Option<HashMap<String, (u64, SystemTime)>>,
-    /// Slices (id, size) checked already, and whether they were sound.
-    slices_seen: HashMap<(u64, u32), bool>,
+    /// Slices (id, size) met already: settled, or with reads queued.
+    slices_seen: HashMap<(u64, u32), SliceState>,
+    /// Block reads queued (not `fast`), done `READ_BATCH` at a time.
+    pending: Vec<PendingRead>,
     next_slice: u64,
     report: FsckReport,
     progress: &'a mut dyn FnMut(&FsckReport),
@@ -263,6 +290,7 @@ pub fn fsck(
         ctx,
         listed,
         slices_seen: HashMap::new(),
+        pending: Vec::new(),
         next_slice: counters.next_slice.max(0) as u64,
         report: FsckReport::default(),
         progress,
@@ -304,6 +332,7 @@ pub fn fsck(
             c.check_file(top, &path)?;
         }
     }
+    c.flush_reads();
     if whole {
         if counters.used_space != space || counters.used_inodes != inodes {
             c.report.usage = Some(Mismatch {
@@ -463,9 +492,7 @@ impl Checker<'_> {
                         continue;
                     }
                     self.report.slices += 1;
-                    if !self.check_slice(ino, indx, &s)? {
-                        self.report.broken_files.insert(ino, path.to_string());
-                    }
+                    self.check_slice(ino, path, indx, &s)?;
                 }
             }
             match indexes.last() {
@@ -475,8 +502,10 @@ impl Checker<'_> {
         }
     }
 
-    /// Checks one slice record; false when it or its blocks are damaged.
-    fn check_slice(&mut self, ino: Ino, indx: u32, s: &Slice) -> Result<bool> {
+    /// Checks one slice record, and (the first time the slice is named)
+    /// queues its blocks; the file is marked broken now or when they are
+    /// read.
+    fn check_slice(&mut self, ino: Ino, path: &str, indx: u32, s: &Slice) -> Result<()> {
         let broken = |reason: String, report: &mut FsckReport| {
             report.broken_slices.push(BrokenSlice {
                 ino,
@@ -484,8 +513,8 @@ impl Checker<'_> {
                 slice: *s,
                 reason,
             });
+            report.broken_files.insert(ino, path.to_string());
         };
-        let mut sound = true;
         if u64::from(s.off) + u64::from(s.len) > u64::from(s.size) {
             broken(
                 format!(
@@ -496,7 +525,6 @@ impl Checker<'_> {
                 ),
                 &mut self.report,
             );
-            sound = false;
         }
         if s.id >= self.next_slice {
             broken(
@@ -506,80 +534,135 @@ impl Checker<'_> {
                 ),
                 &mut self.report,
             );
-            sound = false;
         }
-        if let Some(&ok) = self.slices_seen.get(&(s.id, s.size)) {
-            return Ok(sound && ok);
+        match self.slices_seen.get_mut(&(s.id, s.size)) {
+            Some(SliceState::Done { ok: true }) => return Ok(()),
+            Some(SliceState::Done { ok: false }) => {
+                self.report.broken_files.insert(ino, path.to_string());
+                return Ok(());
+            }
+            Some(SliceState::Queued { users }) => {
+                users.push((ino, path.to_string()));
+                return Ok(());
+            }
+            None => {}
         }
         if !self.vol.meta.slice_referenced(s.id, s.size)? {
             broken(
                 "its slice has no reference left: the engine may delete its objects".into(),
                 &mut self.report,
             );
-            sound = false;
         }
-        let blocks_ok = self.check_blocks(ino, s.id, s.size)?;
-        self.slices_seen.insert((s.id, s.size), blocks_ok);
-        Ok(sound && blocks_ok)
+        self.queue_blocks(ino, path, s.id, s.size)
     }
 
-    /// Checks the block objects of slice `(id, size)`.
-    fn check_blocks(&mut self, ino: Ino, id: u64, size: u32) -> Result<bool> {
+    /// Sizes the blocks of slice `(id, size)` and queues their reads.
+    fn queue_blocks(&mut self, ino: Ino, path: &str, id: u64, size: u32) -> Result<()> {
         let bs = self.vol.block_size;
         let mut ok = true;
+        let mut reads = Vec::new();
         for i in 0..block_count(size, bs) {
             let want = block_len(size, bs, i);
             let key = block_key(self.vol.name(), id, i, want);
-            let damage = self.check_block(&key, want)?;
             self.report.blocks += 1;
             self.report.block_bytes += u64::from(want);
-            if let Some(damage) = damage {
-                ok = false;
-                self.report.damaged.push(DamagedBlock { key, ino, damage });
+            match self.size_damage(&key, want) {
+                Some(damage) => {
+                    ok = false;
+                    self.report.damaged.push(DamagedBlock { key, ino, damage });
+                }
+                None => reads.push(PendingRead {
+                    key,
+                    want,
+                    ino,
+                    slice: (id, size),
+                }),
             }
         }
-        Ok(ok)
+        if !ok {
+            self.report.broken_files.insert(ino, path.to_string());
+        }
+        if !ok || self.opts.fast || reads.is_empty() {
+            self.slices_seen.insert((id, size), SliceState::Done { ok });
+            return Ok(());
+        }
+        self.slices_seen.insert(
+            (id, size),
+            SliceState::Queued {
+                users: vec![(ino, path.to_string())],
+            },
+        );
+        self.pending.extend(reads);
+        if self.pending.len() >= READ_BATCH {
+            self.flush_reads();
+        }
+        Ok(())
     }
 
-    fn check_block(&self, key: &str, want: u32) -> Result<Option<BlockDamage>> {
-        let store = &*self.vol.store;
-        let compressed = self.vol.compression != Compression::None;
+    /// Whether block `key` is missing or has the wrong size.
+    fn size_damage(&self, key: &str, want: u32) -> Option<BlockDamage> {
         let size = match self.listed.as_ref().and_then(|l| l.get(key)) {
             Some(&(size, _)) => size,
-            None => match store.head(key) {
+            None => match self.vol.store.head(key) {
                 Ok(info) => info.size,
-                Err(e) if is_not_found(&e) => return Ok(Some(BlockDamage::Missing)),
-                Err(e) => return Ok(Some(BlockDamage::Unreadable(e.to_string()))),
+                Err(e) if is_not_found(&e) => return Some(BlockDamage::Missing),
+                Err(e) => return Some(BlockDamage::Unreadable(e.to_string())),
             },
         };
-        if !compressed && size != u64::from(want) {
-            return Ok(Some(BlockDamage::Size {
+        // A compressed block's stored size says nothing; its read does.
+        if self.vol.compression == Compression::None && size != u64::from(want) {
+            return Some(BlockDamage::Size {
                 expected: u64::from(want),
                 actual: size,
-            }));
+            });
         }
-        if self.opts.fast {
-            return Ok(None);
+        None
+    }
+
+    /// Reads every queued block, `opts.threads` at a time, and settles
+    /// the slices they belong to.
+    fn flush_reads(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return;
         }
-        let data = match store.get(key) {
-            Ok(d) => d,
-            Err(e) if is_not_found(&e) => return Ok(Some(BlockDamage::Missing)),
-            Err(Error::Corrupt(msg)) => return Ok(Some(BlockDamage::Corrupt(msg))),
-            Err(e) => return Ok(Some(BlockDamage::Unreadable(e.to_string()))),
-        };
-        if compressed {
-            match decompress(self.vol.compression, data, want as usize, key) {
-                Ok(raw) if raw.len() == want as usize => {}
-                Ok(raw) => {
-                    return Ok(Some(BlockDamage::Size {
-                        expected: u64::from(want),
-                        actual: raw.len() as u64,
-                    }));
-                }
-                Err(e) => return Ok(Some(BlockDamage::Corrupt(e.to_string()))),
+        let next = AtomicUsize::new(0);
+        let results: Vec<Mutex<Option<BlockDamage>>> =
+            pending.iter().map(|_| Mutex::new(None)).collect();
+        let workers = self.opts.threads.clamp(1, pending.len());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(p) = pending.get(i) else { break };
+                        *results[i].lock() = read_damage(self.vol, &p.key, p.want);
+                    }
+                });
+            }
+        });
+        let mut failed: HashSet<(u64, u32)> = HashSet::new();
+        for (p, r) in pending.iter().zip(results) {
+            if let Some(damage) = r.into_inner() {
+                failed.insert(p.slice);
+                self.report.damaged.push(DamagedBlock {
+                    key: p.key.clone(),
+                    ino: p.ino,
+                    damage,
+                });
             }
         }
-        Ok(None)
+        for p in &pending {
+            let ok = !failed.contains(&p.slice);
+            let state = self.slices_seen.insert(p.slice, SliceState::Done { ok });
+            if let Some(SliceState::Queued { users }) = state
+                && !ok
+            {
+                for (ino, path) in users {
+                    self.report.broken_files.insert(ino, path);
+                }
+            }
+        }
     }
 
     /// The checks that need the whole volume: chunk records of nodes that
@@ -648,6 +731,28 @@ impl Checker<'_> {
         }
         self.report.repaired = true;
         Ok(())
+    }
+}
+
+/// Reads block `key` whole: whether it fails its checksum, cannot be
+/// read, or (compressed) does not decompress to `want` bytes.
+fn read_damage(vol: &Volume, key: &str, want: u32) -> Option<BlockDamage> {
+    let data = match vol.store.get(key) {
+        Ok(d) => d,
+        Err(e) if is_not_found(&e) => return Some(BlockDamage::Missing),
+        Err(Error::Corrupt(msg)) => return Some(BlockDamage::Corrupt(msg)),
+        Err(e) => return Some(BlockDamage::Unreadable(e.to_string())),
+    };
+    if vol.compression == Compression::None {
+        return None;
+    }
+    match decompress(vol.compression, data, want as usize, key) {
+        Ok(raw) if raw.len() == want as usize => None,
+        Ok(raw) => Some(BlockDamage::Size {
+            expected: u64::from(want),
+            actual: raw.len() as u64,
+        }),
+        Err(e) => Some(BlockDamage::Corrupt(e.to_string())),
     }
 }
 
@@ -744,6 +849,33 @@ mod tests {
             &format!("INSERT INTO jfs_delfile (inode, length, expire) VALUES ({g}, 3000, 0)"),
         );
         assert!(run(&vol).orphan_chunks.is_empty());
+    }
+
+    #[test]
+    fn a_corrupt_block_breaks_every_file_sharing_its_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (vol, f, g) = volume(dir.path());
+        let s = vol.meta.read_chunk(f, 0).unwrap()[0];
+        let ctx = Context::internal();
+        let (h, _) = vol.meta.create(&ctx, ROOT_INO, b"h", 0o644, 0).unwrap();
+        vol.meta.write_chunk(h, 0, s, Timestamp::now()).unwrap();
+        // The block's bytes no longer match the checksum stored with them.
+        let key = block_key(vol.name(), s.id, 0, s.size);
+        vol.store
+            .put(&key, &vec![2u8; s.size as usize], Some(0xdead_beef))
+            .unwrap();
+        let r = run(&vol);
+        assert_eq!(r.damaged.len(), 1, "{r:?}");
+        assert!(matches!(r.damaged[0].damage, BlockDamage::Corrupt(_)), "{r:?}");
+        let broken: Vec<Ino> = r.broken_files.keys().copied().collect();
+        assert_eq!(broken, vec![f, h], "{r:?}");
+        assert!(!r.broken_files.contains_key(&g));
+        // Listing alone cannot see it.
+        let fast = FsckOptions {
+            fast: true,
+            ..FsckOptions::default()
+        };
+        assert!(fsck(&vol, &fast, &mut |_| {}).unwrap().clean());
     }
 
     #[test]

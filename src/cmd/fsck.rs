@@ -33,6 +33,9 @@ pub struct FsckArgs {
     /// seconds (younger ones may belong to a slice being written).
     #[arg(long, default_value_t = 3600)]
     pub min_age: u64,
+    /// Blocks read at once for the CRC32C check.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub threads: u64,
 }
 
 fn stat(s: &DirStat) -> String {
@@ -134,6 +137,7 @@ pub fn run(args: FsckArgs) -> anyhow::Result<()> {
         repair: args.repair,
         fast: args.fast,
         min_age: Duration::from_secs(args.min_age),
+        threads: args.threads as usize,
     };
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new_spinner();
