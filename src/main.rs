@@ -82,7 +82,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run(Cli::parse()) {
+    // libvirt starts its virtio-fs backend with virtiofsd's command line:
+    // as `sluice-virtiofsd` (a link) or `sluice virtiofsd ...`.
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name());
+    let result = if invoked_as.is_some_and(|n| n == cmd::libvirt::PROGRAM_NAME) {
+        cmd::libvirt::run(&argv[1..])
+    } else if argv.get(1).is_some_and(|a| a == "virtiofsd") {
+        cmd::libvirt::run(&argv[2..])
+    } else {
+        run(Cli::parse())
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e:#}");

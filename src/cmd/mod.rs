@@ -7,6 +7,7 @@ pub mod dump;
 pub mod format;
 pub mod gc;
 pub mod info;
+pub mod libvirt;
 pub mod limit_args;
 pub mod metrics_args;
 pub mod mount;
