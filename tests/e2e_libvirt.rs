@@ -4,8 +4,8 @@
 //! `sluice --fd=N -o source=DIR`, sluice reads `DIR/sluice.env` and serves
 //! the volume; the guest (Debian's 6.12 cloud kernel, `vm-images/build.sh`)
 //! mounts the tag, reads a file the host wrote through a `sluice mount` and
-//! writes one back; `virsh destroy` stops the domain, and libvirt stops the
-//! sluice it started.
+//! writes one back; after `virsh destroy` the sluice libvirt started is
+//! gone (QEMU's disconnect ends it, `--once`, as does libvirt's SIGTERM).
 //!
 //! The libvirtd: the system one when it answers on its socket; otherwise a
 //! private root `libvirtd` with its own configuration and client socket
@@ -308,6 +308,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         return;
     }
     let _dog = Watchdog::new("e2e_libvirt", Duration::from_secs(900));
+    let test_start = Instant::now();
     need_libvirt();
     let build = Command::new(repo().join("vm-images/build.sh"))
         .output()
@@ -369,6 +370,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
 
     let libvirt_dir = tempfile::tempdir().unwrap();
     let libvirt = Libvirt::start(libvirt_dir.path());
+    eprintln!("libvirtd answers at +{:?}", test_start.elapsed());
     let name = format!("sluice-e2e-{}", std::process::id());
     let xml = DOMAIN_XML
         .replace("@NAME@", &name)
@@ -431,7 +433,11 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    eprintln!("guest done after {:?}", started.elapsed());
+    eprintln!(
+        "guest done {:?} after virsh start (+{:?})",
+        started.elapsed(),
+        test_start.elapsed()
+    );
     let console = fs::read_to_string(&console_log).unwrap_or_default();
     assert!(
         console.contains("SLUICE-GUEST-VIRTIOFS device=virtio0 tag=data"),
@@ -486,6 +492,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
     );
     drop(domain);
     host.unmount();
+    eprintln!("checked at +{:?}", test_start.elapsed());
 }
 
 /// What libvirt and packagers read without starting a VM: the capabilities
@@ -518,6 +525,50 @@ fn capabilities_and_descriptor() {
     let doc: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(target.join("90-sluice.json")).unwrap()).unwrap();
     assert_eq!(doc["binary"], SLUICE);
+
+    // virtiofsd's own way to start (`--socket-path`, `--shared-dir`), with
+    // the settings file named directly: sluice creates the socket and
+    // serves until SIGTERM.
+    let vol = Volume::format("socketpath", &[]);
+    let env = vol.dir.path().join("vm2.env");
+    fs::write(
+        &env,
+        format!(
+            "# as the systemd units' env files\nMETA_URL={}\nSOCKET=/unused\nSLUICE_ARGS=--no-metrics\n",
+            vol.meta_url
+        ),
+    )
+    .unwrap();
+    let socket = vol.dir.path().join("vm2.sock");
+    let log = vol.dir.path().join("vm2.log");
+    let mut child = spawn_logged(
+        Command::new(SLUICE)
+            .arg(format!("--socket-path={}", socket.display()))
+            .arg("--shared-dir")
+            .arg(&env)
+            .args(["--cache", "auto", "--thread-pool-size=4"])
+            .env("RUST_LOG", "info"),
+        &log,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !socket.exists() {
+        let exited = child.try_wait().unwrap();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "no socket from --socket-path ({exited:?}): {}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: plain kill(2) on a child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{status}: {text}");
+    assert!(
+        text.contains("--thread-pool-size=4 has no effect"),
+        "ignored options are logged: {text}"
+    );
 
     // A virtiofsd option sluice does not know stops the start, by name.
     let out = common::sluice(&["--fd=3", "-o", "source=/nonexistent,killpriv_v2"]);
