@@ -26,7 +26,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub socket: PathBuf,
     /// Serve on this already-listening socket instead of creating `--socket`
-    /// (libvirt's `--fd=N`, through `sluice virtiofsd`; see src/cmd/libvirt.rs).
+    /// (libvirt's `--fd=N` to its `<binary>`; see src/cmd/libvirt.rs).
     #[arg(long, hide = true, value_name = "FD")]
     pub listen_fd: Option<i32>,
     /// The tag the guest mounts (`mount -t virtiofs TAG /data`), at most 36 bytes.
