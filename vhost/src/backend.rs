@@ -325,7 +325,8 @@ fn daemon_error(e: vhost_user_backend::Error) -> Error {
     Error::Daemon(e.to_string())
 }
 
-/// A listening vhost-user socket; its file is removed when it is dropped.
+/// A listening vhost-user socket; the file of one it created is removed
+/// when it is dropped ([`listen`]; an inherited one is left to its owner).
 pub struct Socket {
     listener: Listener,
     /// The path to remove at the end; `None` for a socket inherited from
