@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs every sluice test on a Debian machine as root, installing what the
 # tests need first: system packages, JuiceFS 1.4 (for the interoperability
-# tests), redis-server (for the Redis engine tests), the arm64 cross
-# toolchain and qemu-user (for the arm64 tests).
+# tests), redis-server (for the Redis engine tests), libvirt (for the
+# libvirt test), the arm64 cross toolchain and qemu-user (for the arm64 tests).
 #
 # Environment: SLUICE_SKIP_ARM64=1 skips the arm64 cross-build and tests;
 # SLUICE_SKIP_FUZZ=1 skips the libFuzzer runs (SLUICE_FUZZ_SECONDS per target, 45);
-# SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs, tests/e2e_powerloss.rs and the
-# virtiofsd smoke test).
+# SLUICE_SKIP_VM=1 skips the guest-VM tests (tests/e2e_vm.rs,
+# tests/e2e_libvirt.rs, tests/e2e_powerloss.rs and the virtiofsd smoke test).
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
@@ -23,6 +23,9 @@ step "system packages"
 apt_update_once
 need_command python3 python3
 need_command qemu-system-x86_64 qemu-system-x86
+# tests/e2e_libvirt.rs has a real libvirtd start sluice for a domain.
+need_command libvirtd libvirt-daemon-system
+need_command virsh libvirt-clients
 # The power-loss test makes the guest's disks with mkfs.ext4.
 need_command mkfs.ext4 e2fsprogs
 # The Redis metadata engine tests start their own servers (never the service).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds sluice's Debian package with cargo-deb (`[package.metadata.deb]` in
 # Cargo.toml: the binary, the systemd units, shell completions, the Grafana
-# dashboard, the docs), then checks it: the architecture, the files, and
-# that the packaged binary runs (under qemu-aarch64 for arm64).
+# dashboard, the vhost-user descriptor for libvirt, the docs), then checks
+# it: the architecture, the files, the descriptor, and that the packaged
+# binary runs (under qemu-aarch64 for arm64).
 #
 #   packaging/deb.sh                                   # x86_64 (this host), release
 #   packaging/deb.sh --target aarch64-unknown-linux-gnu  # arm64, after .ci/aarch64.sh build-release
@@ -81,6 +82,7 @@ for f in ./usr/bin/sluice \
     ./usr/share/zsh/vendor-completions/_sluice \
     ./usr/share/fish/vendor_completions.d/sluice.fish \
     ./usr/share/sluice/grafana/sluice.json \
+    ./usr/share/qemu/vhost-user/90-sluice.json \
     ./usr/share/doc/sluice/deployment.md \
     ./usr/share/doc/sluice/examples/example.env; do
     grep -qxF "$f" <<<"$files" || die "$deb lacks $f"
@@ -95,4 +97,11 @@ else
 fi
 grep -q 'ExecStart=/usr/bin/sluice' "$tree/usr/lib/systemd/system/sluice-serve@.service" ||
     die "the serve unit does not run /usr/bin/sluice"
+# libvirt reads the vhost-user descriptor as JSON and runs its "binary".
+python3 - "$tree/usr/share/qemu/vhost-user/90-sluice.json" <<'PY' ||
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["type"] == "fs" and d["binary"] == "/usr/bin/sluice", d
+PY
+    die "the vhost-user descriptor is not an fs backend naming /usr/bin/sluice"
 echo "ok: $deb"

@@ -59,6 +59,8 @@ enum Command {
     Dump(cmd::dump::DumpArgs),
     /// Load a JuiceFS JSON dump into an empty metadata store (as `juicefs load`).
     Load(cmd::dump::LoadArgs),
+    /// Write the vhost-user descriptor that lets libvirt start sluice as a virtio-fs backend.
+    InstallLibvirt(cmd::libvirt::InstallArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -80,12 +82,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Completions(args) => cmd::completions::run(args, Cli::command()),
         Command::Dump(args) => cmd::dump::run_dump(args),
         Command::Load(args) => cmd::dump::run_load(args),
+        Command::InstallLibvirt(args) => cmd::libvirt::install(args),
     }
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    match run(Cli::parse()) {
+    // libvirt starts its virtio-fs backend (`<binary path='/usr/bin/sluice'/>`)
+    // with virtiofsd's command line: `--fd=N -o source=...`.
+    // (Lossy: a command line that is not UTF-8 goes on to clap, which says so.)
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let result = if cmd::libvirt::is_virtiofsd_command_line(&argv) {
+        cmd::libvirt::run(&argv)
+    } else {
+        run(Cli::parse())
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sluice: {e:#}");

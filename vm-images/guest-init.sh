@@ -11,6 +11,9 @@
 #                         (run-vm.sh --script appends it to the initramfs).
 #   sluice.shell=1        open a shell on the console before powering off
 #   sluice.probe=1        print SLUICE-GUEST-PROBE-OK and power off at once
+#   sluice.hold=1         do not power off at the end: print SLUICE-GUEST-HOLD
+#                         and wait for the host to stop the VM (a libvirt
+#                         test destroys the domain itself)
 #
 # Markers on the console, each on a line of its own:
 #   SLUICE-GUEST-BEGIN ...            init started (uptime in seconds)
@@ -18,7 +21,8 @@
 #   SLUICE-GUEST-ERROR message        init could not do its part
 #   SLUICE-GUEST-EXIT rc=N ...        the script's exit status; 253 when the
 #                                     mount failed, 254 when the script is missing
-# Then the guest powers off.
+#   SLUICE-GUEST-HOLD                 sluice.hold=1: waiting to be stopped
+# Then the guest powers off (unless sluice.hold=1).
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 export HOME=/root TERM=linux
@@ -53,6 +57,7 @@ mntopts=
 script=
 shell=0
 probe=0
+hold=0
 set -f # no globbing of the command line's words
 # shellcheck disable=SC2013 # the command line is one line of words
 for arg in $(cat /proc/cmdline); do
@@ -63,6 +68,7 @@ for arg in $(cat /proc/cmdline); do
     sluice.script=*) script=${arg#*=} ;;
     sluice.shell=*) shell=${arg#*=} ;;
     sluice.probe=*) probe=${arg#*=} ;;
+    sluice.hold=*) hold=${arg#*=} ;;
     esac
 done
 set +f
@@ -78,7 +84,8 @@ echo "SLUICE-GUEST-BEGIN kernel=$(uname -r) cpus=$(grep -c '^processor' /proc/cp
 
 mounted=0
 
-# Prints the exit marker, unmounts, optionally opens a shell, powers off.
+# Prints the exit marker, unmounts, optionally opens a shell, powers off
+# (or, with sluice.hold=1, waits to be stopped).
 finish() {
     rc=$1
     sync
@@ -92,6 +99,10 @@ finish() {
     if [ "$shell" = 1 ]; then
         echo "sluice guest shell; exit it to power off"
         setsid cttyhack sh -l
+    fi
+    if [ "$hold" = 1 ]; then
+        echo "SLUICE-GUEST-HOLD"
+        while :; do sleep 3600; done
     fi
     poweroff -f
     sleep 10

@@ -8,6 +8,7 @@ pub mod format;
 pub mod fsck;
 pub mod gc;
 pub mod info;
+pub mod libvirt;
 pub mod limit_args;
 pub mod metrics_args;
 pub mod mount;

@@ -25,6 +25,10 @@ pub struct ServeArgs {
     /// The vhost-user socket QEMU connects to (a stale socket is replaced).
     #[arg(long)]
     pub socket: PathBuf,
+    /// Serve on this already-listening socket instead of creating `--socket`
+    /// (libvirt's `--fd=N` to its `<binary>`; see src/cmd/libvirt.rs).
+    #[arg(long, hide = true, value_name = "FD")]
+    pub listen_fd: Option<i32>,
     /// The tag the guest mounts (`mount -t virtiofs TAG /data`), at most 36 bytes.
     #[arg(long, default_value = "sluice")]
     pub tag: String,
@@ -156,8 +160,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--socket-group {g}: no such group"))
         })
         .transpose()?;
-    let mut listener = sluice_vhost::listen(&args.socket, group)
-        .with_context(|| format!("cannot listen on {}", args.socket.display()))?;
+    let mut listener = match args.listen_fd {
+        Some(fd) => sluice_vhost::listen_inherited(super::libvirt::inherited_socket(fd)?),
+        None => sluice_vhost::listen(&args.socket, group)
+            .with_context(|| format!("cannot listen on {}", args.socket.display()))?,
+    };
     // Bound while still root and unconfined; served once the sandbox is up.
     let metrics_socket = args.metrics.bind()?;
     let control =

@@ -325,10 +325,13 @@ fn daemon_error(e: vhost_user_backend::Error) -> Error {
     Error::Daemon(e.to_string())
 }
 
-/// A listening vhost-user socket; its file is removed when it is dropped.
+/// A listening vhost-user socket; the file of one it created is removed
+/// when it is dropped ([`listen`]; an inherited one is left to its owner).
 pub struct Socket {
     listener: Listener,
-    path: std::path::PathBuf,
+    /// The path to remove at the end; `None` for a socket inherited from
+    /// the caller (libvirt owns and removes that one).
+    path: Option<std::path::PathBuf>,
 }
 
 impl std::ops::Deref for Socket {
@@ -352,7 +355,9 @@ impl std::fmt::Debug for Socket {
 
 impl Drop for Socket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -367,6 +372,16 @@ pub fn listen(path: impl AsRef<Path>, group: Option<u32>) -> Result<Socket> {
     })?;
     Ok(Socket {
         listener: Listener::from(listener),
-        path: path.to_owned(),
+        path: Some(path.to_owned()),
     })
+}
+
+/// Serves on a listening Unix socket the caller already created and passed
+/// down as a file descriptor (libvirt's `--fd=N`); the socket's path, if it
+/// has one, is left to its owner.
+pub fn listen_inherited(fd: std::os::fd::OwnedFd) -> Socket {
+    Socket {
+        listener: Listener::from(std::os::unix::net::UnixListener::from(fd)),
+        path: None,
+    }
 }

@@ -25,7 +25,9 @@ mod worker;
 
 use std::io;
 
-pub use backend::{DEVICE_FEATURES, Socket, VirtioFsDevice, listen, protocol_features};
+pub use backend::{
+    DEVICE_FEATURES, Socket, VirtioFsDevice, listen, listen_inherited, protocol_features,
+};
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
