@@ -866,7 +866,10 @@ mod tests {
             .unwrap();
         let r = run(&vol);
         assert_eq!(r.damaged.len(), 1, "{r:?}");
-        assert!(matches!(r.damaged[0].damage, BlockDamage::Corrupt(_)), "{r:?}");
+        assert!(
+            matches!(r.damaged[0].damage, BlockDamage::Corrupt(_)),
+            "{r:?}"
+        );
         let broken: Vec<Ino> = r.broken_files.keys().copied().collect();
         assert_eq!(broken, vec![f, h], "{r:?}");
         assert!(!r.broken_files.contains_key(&g));
