@@ -3,8 +3,10 @@
 //! another metadata engine (`juicefs dump` / `juicefs load` read and write
 //! the same documents).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use sluice_engine::dump::{DumpOptions, dump, load};
@@ -32,17 +34,21 @@ pub struct LoadArgs {
 }
 
 /// A progress counter on standard error when it is a terminal: a bar
-/// towards `total` nodes when it is known, a counting spinner otherwise.
-fn bar(what: &'static str, total: Option<u64>) -> indicatif::ProgressBar {
+/// towards `total` (nodes, or `bytes`) when it is known, a counting
+/// spinner otherwise.
+fn bar(what: &'static str, total: Option<u64>, bytes: bool) -> indicatif::ProgressBar {
     if !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
     let bar = match total {
         Some(n) => {
             let bar = indicatif::ProgressBar::new(n);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{msg} {wide_bar} {pos}/{len} ({per_sec}, {eta} left)",
-            ) {
+            let template = if bytes {
+                "{msg} {wide_bar} {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)"
+            } else {
+                "{msg} {wide_bar} {pos}/{len} ({per_sec}, {eta} left)"
+            };
+            if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
                 bar.set_style(style);
             }
             bar
@@ -66,7 +72,7 @@ pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
         .counters()
         .ok()
         .map(|c| c.used_inodes.max(0) as u64 + 1);
-    let bar = bar("nodes dumped", total);
+    let bar = bar("nodes dumped", total, false);
     let mut progress = |n: u64| bar.set_position(n);
     let summary = match &args.file {
         Some(path) => {
@@ -86,22 +92,54 @@ pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A reader that counts the bytes read through it (the load's progress).
+struct Counted<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 /// Runs `sluice load`.
 pub fn run_load(args: LoadArgs) -> anyhow::Result<()> {
     let meta = open_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open {}", args.meta_url))?;
-    let bar = bar("nodes loaded", None);
-    let mut progress = |n: u64| bar.set_position(n);
     let summary = match &args.file {
         Some(path) => {
-            let mut file = std::fs::File::open(path)
+            let file = std::fs::File::open(path)
                 .with_context(|| format!("cannot open {}", path.display()))?;
-            load(meta.as_ref(), &mut file, &mut progress)
+            // A file's length is known: the bar follows the bytes parsed.
+            let total = file
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.len());
+            let bar = bar("loading", total, true);
+            let read = Arc::new(AtomicU64::new(0));
+            let mut input = Counted {
+                inner: file,
+                read: read.clone(),
+            };
+            let mut progress = |_nodes: u64| bar.set_position(read.load(Ordering::Relaxed));
+            let r = load(meta.as_ref(), &mut input, &mut progress);
+            bar.finish_and_clear();
+            r
         }
-        None => load(meta.as_ref(), &mut std::io::stdin(), &mut progress),
+        None => {
+            let bar = bar("nodes loaded", None, false);
+            let mut progress = |n: u64| bar.set_position(n);
+            let r = load(meta.as_ref(), &mut std::io::stdin(), &mut progress);
+            bar.finish_and_clear();
+            r
+        }
     }
     .with_context(|| format!("cannot load into {}", args.meta_url))?;
-    bar.finish_and_clear();
     if summary.del_files_skipped > 0 {
         log::warn!(
             "{} files pending deletion were not loaded; `sluice gc` finds their objects",
