@@ -32,7 +32,10 @@ pub use write::{DumpOptions, DumpSummary, dump};
 #[cfg(test)]
 mod tests {
     use crate::meta::conformance::test_format;
-    use crate::meta::{Context, Meta, ROOT_INO, Slice, SqliteMeta, Timestamp, XattrMode};
+    use crate::meta::sqlite::align4k;
+    use crate::meta::{
+        Context, Meta, QuotaChange, ROOT_INO, Slice, SqliteMeta, Timestamp, XattrMode,
+    };
 
     #[test]
     fn a_sqlite_volume_dumps_loads_and_dumps_the_same() {
@@ -75,5 +78,56 @@ mod tests {
         assert_eq!(b.read_chunk(f, 2).unwrap(), vec![s]);
         // A second load into a volume is refused.
         assert!(super::load(&b, &mut &first[..], &mut |_| {}).is_err());
+    }
+
+    #[test]
+    fn directory_quotas_carry_their_limits_and_the_load_recounts_their_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SqliteMeta::open(dir.path().join("a.db")).unwrap();
+        a.init(&test_format(0)).unwrap();
+        a.load().unwrap();
+        let ctx = Context::internal();
+        let (d, _) = a.mkdir(&ctx, ROOT_INO, b"q", 0o755, 0).unwrap();
+        let (sub, _) = a.mkdir(&ctx, d, b"sub", 0o755, 0).unwrap();
+        let (f, _) = a.create(&ctx, sub, b"f", 0o644, 0).unwrap();
+        let id = a.new_slice_id().unwrap();
+        let s = Slice {
+            pos: 0,
+            id,
+            size: 10_000,
+            off: 0,
+            len: 10_000,
+        };
+        a.write_chunk(f, 0, s, Timestamp::now()).unwrap();
+        let change = QuotaChange {
+            max_space: Some(1 << 30),
+            max_inodes: Some(100),
+            usage: Some((align4k(10_000) + 4096, 2)),
+        };
+        a.set_dir_quota(d, &change).unwrap();
+        let before = a.get_dir_quota(d).unwrap().expect("a quota");
+        let mut dumped = Vec::new();
+        super::dump(&a, &mut dumped, &Default::default(), &mut |_| {}).unwrap();
+        assert!(String::from_utf8_lossy(&dumped).contains("\"Quotas\""));
+
+        let b = SqliteMeta::open(dir.path().join("b.db")).unwrap();
+        super::load(&b, &mut &dumped[..], &mut |_| {}).unwrap();
+        b.load().unwrap();
+        assert_eq!(b.get_dir_quota(d).unwrap(), Some(before));
+        // The usage is the load's own count of the tree, not a copy: a
+        // wrong stored usage does not travel.
+        a.set_dir_quota(
+            d,
+            &QuotaChange {
+                usage: Some((1, 1)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut dumped = Vec::new();
+        super::dump(&a, &mut dumped, &Default::default(), &mut |_| {}).unwrap();
+        let c = SqliteMeta::open(dir.path().join("c.db")).unwrap();
+        super::load(&c, &mut &dumped[..], &mut |_| {}).unwrap();
+        assert_eq!(c.get_dir_quota(d).unwrap(), Some(before));
     }
 }
