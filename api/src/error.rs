@@ -186,3 +186,32 @@ impl std::fmt::Display for Limit {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_answers_the_errno_linux_would() {
+        assert_eq!(Error::NotFound.errno(), libc::ENOENT);
+        assert_eq!(Error::NoXattr.errno(), libc::ENODATA);
+        assert_eq!(Error::QuotaExceeded.errno(), libc::EDQUOT);
+        assert_eq!(Error::Stale.errno(), libc::ESTALE);
+        assert_eq!(Error::Meta("down".into()).errno(), libc::EIO);
+        assert_eq!(Error::WriteBack(7).errno(), libc::EIO);
+        // An I/O error keeps its own errno; one without an errno is EIO.
+        let raw = io::Error::from_raw_os_error(libc::ENOSPC);
+        assert_eq!(Error::Io(raw).errno(), libc::ENOSPC);
+        assert_eq!(Error::Io(io::Error::other("x")).errno(), libc::EIO);
+    }
+
+    #[test]
+    fn a_limit_names_its_flag_and_answers_its_errno() {
+        let l = Limit::Nodes(10);
+        assert_eq!(Error::Limit(l).errno(), libc::ENFILE);
+        assert_eq!(Limit::DirEntries(1).errno(), libc::ENOMEM);
+        assert_eq!(Limit::XattrSize(1).errno(), libc::E2BIG);
+        let msg = Error::Limit(l).to_string();
+        assert!(msg.contains("--max-nodes") && msg.contains("10"), "{msg}");
+    }
+}

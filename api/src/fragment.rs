@@ -56,3 +56,39 @@ pub fn read_file_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_fragment_counts_the_bytes_it_stands_for() {
+        assert_eq!(Fragment::Zeros(5).len(), 5);
+        assert!(Fragment::Data(&[]).is_empty());
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let frag = Fragment::File {
+            file: &f,
+            off: 3,
+            len: 9,
+        };
+        assert_eq!(frag.len(), 9);
+    }
+
+    #[test]
+    fn a_short_file_reads_as_corrupt() {
+        let path = std::env::temp_dir().join(format!("sluice-api-{}", std::process::id()));
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(b"0123456789")
+            .unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut buf = [0u8; 4];
+        read_file_exact(&f, 2, &mut buf).unwrap();
+        assert_eq!(&buf, b"2345");
+        let err = read_file_exact(&f, 8, &mut buf).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    }
+}

@@ -259,3 +259,39 @@ pub struct CopyRange {
     /// `copy_file_range` flags; none are defined, so any is refused.
     pub flags: u32,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_types_round_trip_through_codes_and_modes() {
+        for code in 1..=7 {
+            let t = FileType::from_code(code).unwrap();
+            assert_eq!(t as u8, code);
+            assert_eq!(FileType::from_mode(t.mode_bits() | 0o644), Some(t));
+        }
+        assert_eq!(FileType::from_code(0), None);
+        assert_eq!(FileType::from_code(8), None);
+        assert_eq!(FileType::from_mode(0o644), None);
+    }
+
+    #[test]
+    fn st_mode_joins_type_and_permission_bits() {
+        let a = Attr {
+            flags: 0,
+            typ: FileType::Directory,
+            mode: 0o1777,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            nlink: 2,
+            length: 4096,
+            parent: ROOT_INO,
+        };
+        assert_eq!(a.st_mode(), libc::S_IFDIR | 0o1777);
+    }
+}
