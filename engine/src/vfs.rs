@@ -31,21 +31,9 @@ use crate::reader::{Fragment, Reader};
 use crate::volume::Volume;
 use crate::writer::{BlockUploader, FileWriter};
 
-/// A file handle the Vfs hands out; 0 is never a valid handle.
-pub type Fh = u64;
-
-/// What `open` and `create` return.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenOut {
-    /// The new handle.
-    pub fh: Fh,
-    /// The file's attributes (length includes buffered writes).
-    pub attr: Attr,
-    /// Whether the kernel may keep its page cache from earlier opens.
-    pub keep_cache: bool,
-    /// Whether the kernel should bypass its page cache.
-    pub direct_io: bool,
-}
+/// The handle and open types, the trait `Vfs` implements and its listing
+/// mode are the API crate's; here under their old names.
+pub use sluice_api::filesystem::{Fh, Filesystem, Listed, OpenOut};
 
 /// Tunables of a [`Vfs`].
 #[derive(Debug, Clone)]
@@ -595,11 +583,168 @@ impl Vfs {
         }
     }
 
+    /// Moves the access time of `ino` after a read or listing, as the
+    /// atime mode says. Best effort: the read succeeded, and a failed
+    /// update is only logged.
+    fn touch_atime(&self, ino: Ino) {
+        if self.cfg.atime == AtimeMode::NoAtime || self.cfg.read_only {
+            return;
+        }
+        let now = crate::meta::Timestamp::now();
+        let due = match self.cfg.atime {
+            AtimeMode::StrictAtime => true,
+            mode => self.vol.meta.getattr(ino).is_ok_and(|a| mode.due(&a, now)),
+        };
+        if due && let Err(e) = self.vol.meta.set_atime(ino, now) {
+            log::debug!("inode {ino}: access time not updated: {e}");
+        }
+    }
+
+    /// The attributes of a directory that is gone from the volume but open
+    /// through a handle here.
+    fn removed_open_dir(&self, ino: Ino) -> Option<Attr> {
+        self.handles.lock().values().find_map(|h| match &**h {
+            Handle::Dir { ino: i, attr, .. } if *i == ino => Some(Attr {
+                nlink: 0,
+                ..attr.clone()
+            }),
+            _ => None,
+        })
+    }
+
+    /// Drops the setuid/setgid bits a write by `ctx` to `ino` through `fh`
+    /// drops (Linux's `file_remove_privs`; the kernel asks with
+    /// FUSE_WRITE_KILL_SUIDGID, having granted the file system
+    /// HANDLE_KILLPRIV_V2): `write` with `kill_suidgid` calls it first.
+    pub fn kill_suidgid(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+        let (file, writable) = self.file_handle(ino, fh)?;
+        if !writable {
+            return Err(Error::BadHandle);
+        }
+        self.drop_setid(ctx, ino, &file)
+    }
+
+    /// Clears the setuid/setgid bits a change of the open file's data by
+    /// `ctx` drops ([`SetAttr::kill_suidgid`]), when this host saw any.
+    fn drop_setid(&self, ctx: &Context, ino: Ino, file: &OpenFile) -> Result<()> {
+        if !file.setid.load(Ordering::Acquire) || ctx.privileged || ctx.uid == 0 {
+            return Ok(());
+        }
+        let kill = SetAttr {
+            kill_suidgid: true,
+            ..SetAttr::default()
+        };
+        let a = self.vol.meta.setattr(ctx, ino, &kill)?;
+        file.setid.store(has_setid(&a), Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads the next page of `listing` (of directory `ino`) into it.
+    fn read_page(&self, ctx: &Context, ino: Ino, listing: &mut Listing) -> Result<()> {
+        let Some(cursor) = listing.next.take() else {
+            return Ok(());
+        };
+        let page = match self
+            .vol
+            .meta
+            .readdir_page(ctx, ino, listing.plus, &cursor, READDIR_PAGE)
+        {
+            Ok(page) => page,
+            Err(e) => {
+                // The same page is read again by the next call.
+                listing.next = Some(cursor);
+                return Err(e);
+            }
+        };
+        let mut list = page.entries;
+        if page.may_repeat {
+            let seen = listing.seen.get_or_insert_with(|| {
+                listing
+                    .entries
+                    .iter()
+                    .map(|e| e.name.clone())
+                    .collect::<HashSet<_>>()
+            });
+            list.retain(|e| seen.insert(e.name.clone()));
+        }
+        let n = list.len() as u64;
+        let max = self.cfg.max_dir_entries;
+        let held = self.listed.fetch_add(n, Ordering::Relaxed);
+        if held.saturating_add(n) > max {
+            self.listed.fetch_sub(n, Ordering::Relaxed);
+            if let Some(seen) = &mut listing.seen {
+                for e in &list {
+                    seen.remove(&e.name);
+                }
+            }
+            listing.next = Some(cursor);
+            return Err(Error::Limit(Limit::DirEntries(max)));
+        }
+        if listing.plus {
+            for ent in &mut list {
+                ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
+            }
+        }
+        listing.entries.extend(list);
+        listing.next = page.next;
+        Ok(())
+    }
+
+    /// The open file behind a handle copy_file_range uses: a file handle of
+    /// `ino` that may write (`write`) or read. A directory's handle is
+    /// `IsDir`, as copy_file_range(2) answers for directories.
+    fn copy_handle(&self, ino: Ino, fh: Fh, write: bool) -> Result<Arc<OpenFile>> {
+        match &*self.handle(fh)? {
+            Handle::File {
+                ino: i,
+                file,
+                readable,
+                writable,
+                ..
+            } if *i == ino && (if write { *writable } else { *readable }) => Ok(file.clone()),
+            Handle::Dir { ino: i, .. } if *i == ino => Err(Error::IsDir),
+            _ => Err(Error::BadHandle),
+        }
+    }
+
+    /// The first hole at or after `at` (the file end counts as one). It
+    /// visits chunks only while they are full of data: the first chunk
+    /// that does not exist (no pieces) is a hole.
+    fn next_hole(&self, ino: Ino, mut at: u64, length: u64) -> Result<u64> {
+        while at < length {
+            let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
+            let base = u64::from(indx) * CHUNK_SIZE;
+            let pieces = self.reader.pieces(ino, indx)?;
+            let mut coff = at - base;
+            for (start, end) in data_extents(&pieces) {
+                if end <= coff {
+                    continue;
+                }
+                if start > coff {
+                    return Ok((base + coff).min(length));
+                }
+                coff = end;
+            }
+            if coff < CHUNK_SIZE {
+                return Ok((base + coff).min(length));
+            }
+            at = base + CHUNK_SIZE;
+        }
+        Ok(length)
+    }
+}
+
+/// The file-system operations: what the FUSE dispatcher calls (through an
+/// `Export` or directly) and what the engine's tools and tests call, one
+/// definition of each. Callers outside this module bring the trait into
+/// scope (`use sluice_engine::vfs::Filesystem as _;`).
+impl Filesystem for Vfs {
     /// Walks the bytes `offset..offset+len` of an open file (bounded by its
     /// length) as fragments; returns how many bytes were visited. This is
     /// the read path for destinations other than a plain buffer.
-    pub fn read_fragments(
+    fn read_fragments(
         &self,
+        _ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
@@ -687,31 +832,14 @@ impl Vfs {
         .inspect(|_| self.touch_atime(ino))
     }
 
-    /// Moves the access time of `ino` after a read or listing, as the
-    /// atime mode says. Best effort: the read succeeded, and a failed
-    /// update is only logged.
-    fn touch_atime(&self, ino: Ino) {
-        if self.cfg.atime == AtimeMode::NoAtime || self.cfg.read_only {
-            return;
-        }
-        let now = crate::meta::Timestamp::now();
-        let due = match self.cfg.atime {
-            AtimeMode::StrictAtime => true,
-            mode => self.vol.meta.getattr(ino).is_ok_and(|a| mode.due(&a, now)),
-        };
-        if due && let Err(e) = self.vol.meta.set_atime(ino, now) {
-            log::debug!("inode {ino}: access time not updated: {e}");
-        }
-    }
-
     /// At FUSE_INIT; nothing to do (the session is registered by `new`).
-    pub fn init(&self) -> Result<()> {
+    fn init(&self) -> Result<()> {
         Ok(())
     }
 
     /// Flushes every open file, stops background work, waits (bounded) for
     /// writeback uploads and closes the session.
-    pub fn destroy(&self) {
+    fn destroy(&self) {
         let files: Vec<_> = self
             .files
             .lock()
@@ -758,7 +886,7 @@ impl Vfs {
     /// them, so no search permission is checked: the kernel checked that
     /// the caller may decode handles. A node that no longer exists answers
     /// [`Error::Stale`], as a handle of a deleted file must.
-    pub fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
+    fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
         match name {
             b"." => {
                 let attr = self.getattr(ctx, parent).map_err(stale)?;
@@ -795,29 +923,17 @@ impl Vfs {
     }
 
     /// The kernel dropped `nlookup` references; nothing is kept per lookup.
-    pub fn forget(&self, _ino: Ino, _nlookup: u64) {}
+    fn forget(&self, _ino: Ino, _nlookup: u64) {}
 
     /// The attributes of `ino` (length includes buffered writes). A
     /// directory removed while a handle here holds it open still answers,
     /// with no links (as a removed open file does: the engine keeps those).
-    pub fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
+    fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
         match self.vol.meta.getattr(ino) {
             Ok(attr) => Ok(self.with_buffered(ino, attr)),
             Err(Error::NotFound) => self.removed_open_dir(ino).ok_or(Error::NotFound),
             Err(e) => Err(e),
         }
-    }
-
-    /// The attributes of a directory that is gone from the volume but open
-    /// through a handle here.
-    fn removed_open_dir(&self, ino: Ino) -> Option<Attr> {
-        self.handles.lock().values().find_map(|h| match &**h {
-            Handle::Dir { ino: i, attr, .. } if *i == ino => Some(Attr {
-                nlink: 0,
-                ..attr.clone()
-            }),
-            _ => None,
-        })
     }
 
     /// Changes attributes; `size` truncates (or extends) a regular file.
@@ -826,7 +942,7 @@ impl Vfs {
     /// `set.kill_suidgid` (FATTR_KILL_SUIDGID: the caller lacks CAP_FSETID)
     /// counts only with a size change: the truncate drops setuid/setgid as
     /// a write does.
-    pub fn setattr(
+    fn setattr(
         &self,
         ctx: &Context,
         ino: Ino,
@@ -869,12 +985,12 @@ impl Vfs {
     }
 
     /// The target of a symlink.
-    pub fn readlink(&self, _ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
+    fn readlink(&self, _ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
         self.vol.meta.readlink(ino)
     }
 
     /// Creates a node; `mode` carries the `S_IF*` type bits.
-    pub fn mknod(
+    fn mknod(
         &self,
         ctx: &Context,
         parent: Ino,
@@ -901,7 +1017,7 @@ impl Vfs {
     }
 
     /// Creates a directory.
-    pub fn mkdir(
+    fn mkdir(
         &self,
         ctx: &Context,
         parent: Ino,
@@ -920,23 +1036,23 @@ impl Vfs {
     }
 
     /// Removes a non-directory entry.
-    pub fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
         self.vol.meta.unlink(ctx, parent, name)
     }
 
     /// Removes an empty directory.
-    pub fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
         self.vol.meta.rmdir(ctx, parent, name)
     }
 
     /// Creates a symbolic link.
-    pub fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
+    fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
         let (ino, attr) = self.vol.meta.symlink(ctx, parent, name, target)?;
         Ok(self.entry(ino, name, attr))
     }
 
     /// Renames (or exchanges) an entry.
-    pub fn rename(
+    fn rename(
         &self,
         ctx: &Context,
         parent: Ino,
@@ -952,7 +1068,7 @@ impl Vfs {
     }
 
     /// Adds a hard link.
-    pub fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
+    fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
         let attr = self.vol.meta.link(ctx, ino, new_parent, new_name)?;
         Ok(self.entry(ino, new_name, attr))
     }
@@ -960,7 +1076,7 @@ impl Vfs {
     /// Opens a file. Close-to-open consistency: the attributes come fresh
     /// from the metadata engine and the chunks resolved before are dropped,
     /// so an open sees everything another host committed before it closed.
-    pub fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
+    fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
         let attr = self.vol.meta.open(ctx, ino, flags)?;
         self.reader.invalidate_inode(ino);
         let attr = self.with_buffered(ino, attr);
@@ -968,7 +1084,7 @@ impl Vfs {
     }
 
     /// Creates and opens a regular file.
-    pub fn create(
+    fn create(
         &self,
         ctx: &Context,
         parent: Ino,
@@ -989,16 +1105,9 @@ impl Vfs {
     }
 
     /// Reads into `buf`; short only at the end of the file.
-    pub fn read(
-        &self,
-        _ctx: &Context,
-        ino: Ino,
-        fh: Fh,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<usize> {
+    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let mut at = 0usize;
-        self.read_fragments(ino, fh, offset, buf.len(), &mut |frag| {
+        self.read_fragments(ctx, ino, fh, offset, buf.len(), &mut |frag| {
             match frag {
                 Fragment::Zeros(n) => {
                     buf[at..at + n].fill(0);
@@ -1018,15 +1127,20 @@ impl Vfs {
     }
 
     /// Buffers a write; it becomes a slice on flush, fsync or release (or
-    /// earlier when the file's buffer is full).
-    pub fn write(
+    /// earlier when the file's buffer is full). With `kill_suidgid` the
+    /// write first drops setuid/setgid ([`Vfs::kill_suidgid`]).
+    fn write(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
         data: &[u8],
+        kill_suidgid: bool,
     ) -> Result<usize> {
+        if kill_suidgid {
+            self.kill_suidgid(ctx, ino, fh)?;
+        }
         let (file, writable) = self.file_handle(ino, fh)?;
         if !writable {
             return Err(Error::BadHandle);
@@ -1043,43 +1157,16 @@ impl Vfs {
         Ok(data.len())
     }
 
-    /// Drops the setuid/setgid bits a write by `ctx` to `ino` through `fh`
-    /// drops (Linux's `file_remove_privs`; the kernel asks with
-    /// FUSE_WRITE_KILL_SUIDGID, having granted the file system
-    /// HANDLE_KILLPRIV_V2): call it before the write.
-    pub fn kill_suidgid(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        let (file, writable) = self.file_handle(ino, fh)?;
-        if !writable {
-            return Err(Error::BadHandle);
-        }
-        self.drop_setid(ctx, ino, &file)
-    }
-
-    /// Clears the setuid/setgid bits a change of the open file's data by
-    /// `ctx` drops ([`SetAttr::kill_suidgid`]), when this host saw any.
-    fn drop_setid(&self, ctx: &Context, ino: Ino, file: &OpenFile) -> Result<()> {
-        if !file.setid.load(Ordering::Acquire) || ctx.privileged || ctx.uid == 0 {
-            return Ok(());
-        }
-        let kill = SetAttr {
-            kill_suidgid: true,
-            ..SetAttr::default()
-        };
-        let a = self.vol.meta.setattr(ctx, ino, &kill)?;
-        file.setid.store(has_setid(&a), Ordering::Release);
-        Ok(())
-    }
-
     /// Commits the file's buffered writes (at each close of a descriptor);
     /// reports a write error once per handle.
-    pub fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+    fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         self.flush_reporting(ino, fh)
     }
 
     /// Flushes and closes a handle. When the last handle of a file goes and
     /// its writes still cannot be stored, they are dropped (flush and fsync
     /// reported the error; the kernel ignores RELEASE's reply).
-    pub fn release(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+    fn release(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         let h = self.take_handle(ino, fh, false)?;
         let Handle::File { file, .. } = &*h else {
             return Err(Error::BadHandle);
@@ -1108,7 +1195,7 @@ impl Vfs {
     /// Commits the file's buffered writes and makes every commit so far
     /// durable: once this returns, the file's data and metadata survive a
     /// power loss. Reports a write error once per handle.
-    pub fn fsync(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+    fn fsync(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
         // Every commit, this one and the file's earlier ones, came after a
         // sync of the objects it names (the writer syncs the store before
         // it commits; staged and S3 objects are durable when stored), so
@@ -1118,7 +1205,7 @@ impl Vfs {
     }
 
     /// Opens a directory.
-    pub fn opendir(&self, _ctx: &Context, ino: Ino) -> Result<Fh> {
+    fn opendir(&self, _ctx: &Context, ino: Ino) -> Result<Fh> {
         let attr = self.vol.meta.getattr(ino)?;
         if attr.typ != FileType::Directory {
             return Err(Error::NotDir);
@@ -1130,24 +1217,6 @@ impl Vfs {
         }))
     }
 
-    /// Entries from index `offset` of the handle's listing to its end, all
-    /// of them (see [`Vfs::readdir_each`] for a bounded call).
-    pub fn readdir(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        fh: Fh,
-        offset: u64,
-        plus: bool,
-    ) -> Result<Vec<Entry>> {
-        let mut out = Vec::new();
-        self.readdir_each(ctx, ino, fh, offset, plus, &mut |e| {
-            out.push(e.clone());
-            true
-        })?;
-        Ok(out)
-    }
-
     /// Hands the entries from index `offset` of the handle's listing to
     /// `add`, in order, until it returns `false` (the caller's reply is
     /// full). Offset 0 starts a new listing. The listing reads the
@@ -1157,14 +1226,14 @@ impl Vfs {
     /// entries costs O(N) in all and no call reads the whole directory —
     /// except one whose offset lies past what was read (a seek on a
     /// rewound handle), which reads up to it.
-    pub fn readdir_each(
+    fn readdir(
         &self,
         ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
         plus: bool,
-        add: &mut dyn FnMut(&Entry) -> bool,
+        add: &mut dyn FnMut(&Entry, Listed) -> bool,
     ) -> Result<()> {
         let h = self.handle(fh)?;
         let Handle::Dir {
@@ -1207,7 +1276,7 @@ impl Vfs {
             let Some(entry) = listing.entries.get(at) else {
                 return Ok(());
             };
-            if !add(entry) {
+            if !add(entry, Listed::Node) {
                 return Ok(());
             }
             handed = true;
@@ -1215,65 +1284,14 @@ impl Vfs {
         }
     }
 
-    /// Reads the next page of `listing` (of directory `ino`) into it.
-    fn read_page(&self, ctx: &Context, ino: Ino, listing: &mut Listing) -> Result<()> {
-        let Some(cursor) = listing.next.take() else {
-            return Ok(());
-        };
-        let page = match self
-            .vol
-            .meta
-            .readdir_page(ctx, ino, listing.plus, &cursor, READDIR_PAGE)
-        {
-            Ok(page) => page,
-            Err(e) => {
-                // The same page is read again by the next call.
-                listing.next = Some(cursor);
-                return Err(e);
-            }
-        };
-        let mut list = page.entries;
-        if page.may_repeat {
-            let seen = listing.seen.get_or_insert_with(|| {
-                listing
-                    .entries
-                    .iter()
-                    .map(|e| e.name.clone())
-                    .collect::<HashSet<_>>()
-            });
-            list.retain(|e| seen.insert(e.name.clone()));
-        }
-        let n = list.len() as u64;
-        let max = self.cfg.max_dir_entries;
-        let held = self.listed.fetch_add(n, Ordering::Relaxed);
-        if held.saturating_add(n) > max {
-            self.listed.fetch_sub(n, Ordering::Relaxed);
-            if let Some(seen) = &mut listing.seen {
-                for e in &list {
-                    seen.remove(&e.name);
-                }
-            }
-            listing.next = Some(cursor);
-            return Err(Error::Limit(Limit::DirEntries(max)));
-        }
-        if listing.plus {
-            for ent in &mut list {
-                ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
-            }
-        }
-        listing.entries.extend(list);
-        listing.next = page.next;
-        Ok(())
-    }
-
     /// Closes a directory handle.
-    pub fn releasedir(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
+    fn releasedir(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
         self.take_handle(ino, fh, true).map(drop)
     }
 
     /// Makes the directory's changes (all metadata committed so far)
     /// durable.
-    pub fn fsyncdir(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
+    fn fsyncdir(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
         match &*self.handle(fh)? {
             Handle::Dir { ino: i, .. } if *i == ino => {}
             _ => return Err(Error::BadHandle),
@@ -1282,13 +1300,13 @@ impl Vfs {
     }
 
     /// Space and inode usage.
-    pub fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
+    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
         self.vol.meta.statfs(ctx, ino)
     }
 
     /// Sets an extended attribute. POSIX ACLs are refused (see
     /// [`is_posix_acl`]).
-    pub fn setxattr(
+    fn setxattr(
         &self,
         ctx: &Context,
         ino: Ino,
@@ -1305,7 +1323,7 @@ impl Vfs {
     /// Reads an extended attribute. A POSIX ACL is never there (ENODATA:
     /// the file's mode is its whole ACL, which is what `getfacl` then
     /// shows), whatever an older client stored under its name.
-    pub fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+    fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         if is_posix_acl(name) {
             return Err(Error::NoXattr);
         }
@@ -1313,7 +1331,7 @@ impl Vfs {
     }
 
     /// Lists extended attribute names, without POSIX ACLs.
-    pub fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
+    fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
         let mut names = self.vol.meta.listxattr(ino)?;
         names.retain(|n| !is_posix_acl(n));
         Ok(names)
@@ -1321,7 +1339,7 @@ impl Vfs {
 
     /// Removes an extended attribute. POSIX ACLs are refused, as setting
     /// them is.
-    pub fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         if is_posix_acl(name) {
             return Err(acls_not_supported());
         }
@@ -1329,12 +1347,12 @@ impl Vfs {
     }
 
     /// Checks access permissions.
-    pub fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
         self.vol.meta.access(ctx, ino, mask)
     }
 
     /// Preallocates, punches a hole or zeroes a range (`FALLOC_FL_*` bits).
-    pub fn fallocate(
+    fn fallocate(
         &self,
         ctx: &Context,
         ino: Ino,
@@ -1365,14 +1383,14 @@ impl Vfs {
     /// handles are what grant access. Returns the bytes copied: bounded by
     /// the source's length and [`crate::meta::MAX_COPY_LEN`] (callers loop,
     /// as for a short write), 0 from the source's end on.
-    pub fn copy_file_range(
+    fn copy_file_range(
         &self,
         ctx: &Context,
         req: &CopyRange,
         fh_in: Fh,
         fh_out: Fh,
     ) -> Result<u64> {
-        req.check()?;
+        crate::meta::copy_range::check(req)?;
         self.copy_handle(req.fin, fh_in, false)?;
         let dst = self.copy_handle(req.fout, fh_out, true)?;
         // The destination's data changes: setuid/setgid go as for a write
@@ -1387,23 +1405,6 @@ impl Vfs {
         Ok(copied)
     }
 
-    /// The open file behind a handle copy_file_range uses: a file handle of
-    /// `ino` that may write (`write`) or read. A directory's handle is
-    /// `IsDir`, as copy_file_range(2) answers for directories.
-    fn copy_handle(&self, ino: Ino, fh: Fh, write: bool) -> Result<Arc<OpenFile>> {
-        match &*self.handle(fh)? {
-            Handle::File {
-                ino: i,
-                file,
-                readable,
-                writable,
-                ..
-            } if *i == ino && (if write { *writable } else { *readable }) => Ok(file.clone()),
-            Handle::Dir { ino: i, .. } if *i == ino => Err(Error::IsDir),
-            _ => Err(Error::BadHandle),
-        }
-    }
-
     /// SEEK_DATA / SEEK_HOLE: the next offset at or after `offset` that holds
     /// data (or is a hole). Zeros written as data count as data; the end of
     /// the file counts as a hole. Data is reported in whole
@@ -1412,7 +1413,7 @@ impl Vfs {
     /// data, counts as data (POSIX lets a file system report less hole than
     /// there is; tools that probe the allocation unit with SEEK_DATA find a
     /// page, not a byte).
-    pub fn lseek(&self, _ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
+    fn lseek(&self, _ctx: &Context, ino: Ino, fh: Fh, offset: u64, whence: u32) -> Result<u64> {
         let (file, _) = self.file_handle(ino, fh)?;
         self.flush_file(ino, &file)?;
         let want_data = match whence as i32 {
@@ -1454,32 +1455,6 @@ impl Vfs {
                 _ => return Err(enxio()),
             }
         }
-    }
-
-    /// The first hole at or after `at` (the file end counts as one). It
-    /// visits chunks only while they are full of data: the first chunk
-    /// that does not exist (no pieces) is a hole.
-    fn next_hole(&self, ino: Ino, mut at: u64, length: u64) -> Result<u64> {
-        while at < length {
-            let indx = u32::try_from(at / CHUNK_SIZE).map_err(|_| Error::FileTooBig)?;
-            let base = u64::from(indx) * CHUNK_SIZE;
-            let pieces = self.reader.pieces(ino, indx)?;
-            let mut coff = at - base;
-            for (start, end) in data_extents(&pieces) {
-                if end <= coff {
-                    continue;
-                }
-                if start > coff {
-                    return Ok((base + coff).min(length));
-                }
-                coff = end;
-            }
-            if coff < CHUNK_SIZE {
-                return Ok((base + coff).min(length));
-            }
-            at = base + CHUNK_SIZE;
-        }
-        Ok(length)
     }
 }
 

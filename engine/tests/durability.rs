@@ -20,6 +20,7 @@ use sluice_engine::block_key::{parse_block_key, slice_keys};
 use sluice_engine::format::Compression;
 use sluice_engine::meta::{Context, Meta, ROOT_INO, open_meta};
 use sluice_engine::object::{FileStore, ObjectInfo, ObjectStore};
+use sluice_engine::vfs::Filesystem as _;
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
 
@@ -162,14 +163,15 @@ fn objects_are_synced_before_the_commit_that_names_them() {
     };
     // A small file, fsync'ed.
     let (small, fh) = create("small");
-    vfs.write(&ctx, small, fh, 0, b"hello").expect("write");
+    vfs.write(&ctx, small, fh, 0, b"hello", false)
+        .expect("write");
     vfs.fsync(&ctx, small, fh, false).expect("fsync");
     vfs.release(&ctx, small, fh).expect("close");
     // 3.5 MiB: three full blocks stored while writing, the rest at close.
     let (big, fh) = create("big");
     let data: Vec<u8> = (0..(7u32 << 19)).map(|i| (i % 251) as u8).collect();
     for (i, part) in data.chunks(256 << 10).enumerate() {
-        vfs.write(&ctx, big, fh, (i as u64) * (256 << 10), part)
+        vfs.write(&ctx, big, fh, (i as u64) * (256 << 10), part, false)
             .expect("write");
     }
     vfs.release(&ctx, big, fh).expect("close");
@@ -177,7 +179,7 @@ fn objects_are_synced_before_the_commit_that_names_them() {
     // of 16 slices or more is compacted in the background).
     let (frag, fh) = create("frag");
     for i in (0..20u64).rev() {
-        vfs.write(&ctx, frag, fh, i * 8192, &[i as u8; 4096])
+        vfs.write(&ctx, frag, fh, i * 8192, &[i as u8; 4096], false)
             .expect("write");
     }
     vfs.flush(&ctx, frag, fh).expect("flush");

@@ -28,10 +28,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_engine::meta::{Attr, Context, FileType, Ino, ROOT_INO};
-use sluice_engine::{Error, Result};
+use sluice_api::meta::{Attr, Context, FileType, Ino, ROOT_INO};
+use sluice_api::{Error, Result};
 
-use crate::filesystem::Filesystem;
+use sluice_api::filesystem::Filesystem;
 
 /// How long a node found inside the export is trusted without a new walk.
 pub const RECHECK: Duration = Duration::from_secs(1);

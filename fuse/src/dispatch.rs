@@ -9,7 +9,7 @@
 //! dispatcher reads into its scratch buffer and sends that. It owns the
 //! protocol's session state (INIT
 //! negotiation, DESTROY) and turns every engine error into an errno through
-//! `sluice_engine::Error::errno` — the one errno mapping — and every decode
+//! `sluice_api::Error::errno` — the one errno mapping — and every decode
 //! error through [`crate::DecodeError::errno`].
 
 use std::io;
@@ -17,16 +17,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Instant;
 
-use sluice_engine::Result as EngineResult;
-use sluice_engine::meta::{CopyRange, MAX_COPY_LEN, SetAttr, TimeChange, Timestamp};
-use sluice_engine::reader::Fragment;
+use sluice_api::Result as EngineResult;
+use sluice_api::fragment::Fragment;
+use sluice_api::meta::{CopyRange, MAX_COPY_LEN, SetAttr, TimeChange, Timestamp};
 
 use crate::abi::{self, fattr, init_flags};
-use crate::filesystem::Filesystem;
 use crate::log_limit::{LogLimit, suppressed_note};
 use crate::metrics::{Observed, OpMetrics};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
 use crate::request::{BadRequest, Limits, Operation, Request, opcode_name};
+use sluice_api::filesystem::Filesystem;
 
 /// Where replies go. The transport implements it: `writev` on `/dev/fuse`,
 /// the request's writable descriptors for virtio-fs.
@@ -730,8 +730,8 @@ enum Failure {
     Io(io::Error),
 }
 
-impl From<sluice_engine::Error> for Failure {
-    fn from(e: sluice_engine::Error) -> Failure {
+impl From<sluice_api::Error> for Failure {
+    fn from(e: sluice_api::Error) -> Failure {
         let errno = e.errno();
         if errno == libc::EIO {
             // A client can make requests fail as fast as it sends them.
@@ -756,14 +756,14 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use proptest::prelude::*;
-    use sluice_engine::meta::{Attr, Context, Entry, Ino, RenameFlags, StatFs, XattrMode};
-    use sluice_engine::{Error, Result};
+    use sluice_api::meta::{Attr, Context, Entry, Ino, RenameFlags, StatFs, XattrMode};
+    use sluice_api::{Error, Result};
     use zerocopy::{FromBytes, IntoBytes};
 
     use super::*;
     use crate::abi::{OutHeader, opcode};
-    use crate::filesystem::{Fh, OpenOut};
     use crate::request::tests::message;
+    use sluice_api::filesystem::{Fh, OpenOut};
 
     /// A file system that refuses every call with one errno and records the
     /// arguments it was called with, so the tests can check what the
@@ -899,7 +899,7 @@ mod tests {
             fh: Fh,
             off: u64,
             plus: bool,
-            _: &mut dyn FnMut(&Entry, crate::filesystem::Listed) -> bool,
+            _: &mut dyn FnMut(&Entry, sluice_api::filesystem::Listed) -> bool,
         ) -> Result<()> {
             self.refuse(format!("readdir {ino} {fh} {off} {plus}"))
         }

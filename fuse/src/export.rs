@@ -31,22 +31,22 @@
 //! open handles, node ids held, the size of an extended attribute value
 //! (and, in the engine, the entries its open directory listings hold). A
 //! request past a limit does nothing and answers its errno
-//! ([`sluice_engine::Limit`]), with one rate-limited warning naming the
+//! ([`sluice_api::Limit`]), with one rate-limited warning naming the
 //! flag that raises it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_engine::meta::{
+use sluice_api::meta::{
     Attr, Context, CopyRange, Entry, FileType, Ino, ROOT_INO, RenameFlags, SetAttr, StatFs,
     XattrMode,
 };
-use sluice_engine::{Error, Limit, Result};
+use sluice_api::{Error, Limit, Result};
 
 use crate::confine::{Ancestry, RECHECK};
-use crate::filesystem::{Fh, Filesystem, Fragment, Listed, OpenOut};
 use crate::log_limit::{LogLimit, suppressed_note};
+use sluice_api::{Fh, Filesystem, Fragment, Listed, OpenOut};
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]

@@ -4,11 +4,11 @@
 //! - [`abi`]: the kernel ABI structs of `linux/fuse.h` (protocol 7.38).
 //! - [`request`]: bytes → [`Request`], every length checked.
 //! - [`reply`]: results → reply bytes; payloads stay where they are.
-//! - [`filesystem`]: the [`Filesystem`] trait the dispatcher calls (the
-//!   engine's `Vfs` implements it).
+//! - [`Filesystem`] (from `sluice-api`): the trait the dispatcher calls;
+//!   the engine's `Vfs` implements it, and this crate never sees the engine.
 //! - [`dispatch`]: [`Dispatcher`] runs a request against a file system and
 //!   sends the reply through a [`ReplySink`]; errno mapping happens here,
-//!   through `sluice_engine::Error::errno`, and nowhere else.
+//!   through `sluice_api::Error::errno`, and nowhere else.
 //! - [`log_limit`]: rate limits for warnings a client can cause.
 //! - [`dev`] and [`session`]: mounting through `/dev/fuse` and serving the
 //!   mount with several worker threads.
@@ -40,9 +40,7 @@ pub mod abi;
 pub mod confine;
 pub mod dev;
 pub mod dispatch;
-pub mod engine_fs;
 pub mod export;
-pub mod filesystem;
 pub mod log_limit;
 pub mod metrics;
 pub mod reply;
@@ -52,8 +50,10 @@ pub mod session;
 pub use dev::{DevError, Mount, MountOptions, unmount};
 pub use dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch};
 pub use export::Export;
-pub use filesystem::{Fh, Filesystem, Fragment, Listed, OpenOut};
 pub use metrics::{OpMetrics, OpSnapshot};
 pub use reply::{ReplyHead, Timeouts};
 pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
 pub use session::{BackgroundSession, Session};
+/// The trait the dispatcher calls and the types it speaks in are
+/// `sluice-api`'s; re-exported so transports and tests name one crate.
+pub use sluice_api::{Fh, Filesystem, Fragment, Listed, OpenOut};

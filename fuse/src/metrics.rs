@@ -13,7 +13,7 @@ use sluice_metrics::{Histogram, HistogramSnapshot, Sharded, add, get};
 use crate::dispatch::{ReadFill, ReplySink};
 use crate::reply::ReplyHead;
 use crate::request::opcode_name;
-use sluice_engine::Result as EngineResult;
+use sluice_api::Result as EngineResult;
 
 /// Opcodes below this are counted one by one; the rest as `UNKNOWN`.
 const OPCODES: usize = 64;

@@ -14,11 +14,11 @@
 use std::mem::size_of;
 use std::time::Duration;
 
-use sluice_engine::meta::{Attr, Entry, FileType, Ino, StatFs};
+use sluice_api::meta::{Attr, Entry, FileType, Ino, StatFs};
 use zerocopy::IntoBytes;
 
 use crate::abi::{self, AttrOut, Dirent, DirentPlus, EntryOut, FuseAttr, OutHeader};
-use crate::filesystem::{Listed, OpenOut};
+use sluice_api::filesystem::{Listed, OpenOut};
 
 /// The largest header + fixed reply: CREATE's `fuse_entry_out` and
 /// `fuse_open_out` after the 16-byte header.
@@ -271,7 +271,7 @@ pub fn statfs_out(st: &StatFs) -> abi::StatfsOut {
             files: st.used_inodes.saturating_add(st.avail_inodes),
             ffree: st.avail_inodes,
             bsize: BLOCK_SIZE,
-            namelen: sluice_engine::meta::MAX_NAME_LEN as u32,
+            namelen: sluice_api::meta::MAX_NAME_LEN as u32,
             frsize: BLOCK_SIZE,
             padding: 0,
             spare: [0; 6],
@@ -357,7 +357,7 @@ impl<'b> DirentPacker<'b> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use sluice_engine::meta::{FileType, Timestamp};
+    use sluice_api::meta::{FileType, Timestamp};
     use zerocopy::FromBytes;
 
     pub(crate) fn attr(typ: FileType, length: u64) -> Attr {

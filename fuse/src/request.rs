@@ -16,7 +16,7 @@
 
 use std::mem::size_of;
 
-use sluice_engine::meta::{Context, MAX_NAME_LEN, RenameFlags, XattrMode};
+use sluice_api::meta::{Context, MAX_NAME_LEN, RenameFlags, XattrMode};
 use zerocopy::FromBytes;
 
 use crate::abi::{self, InHeader, opcode};

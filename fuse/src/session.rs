@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::dev::{self, DevError, Mount};
-use sluice_engine::Result as EngineResult;
-use sluice_engine::reader::{Fragment, read_file_exact};
+use sluice_api::Result as EngineResult;
+use sluice_api::fragment::{Fragment, read_file_exact};
 
 use crate::dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch, page_size};
-use crate::filesystem::Filesystem;
 use crate::reply::ReplyHead;
+use sluice_api::filesystem::Filesystem;
 
 /// Replies written to one `/dev/fuse` file.
 struct DevSink<'a> {

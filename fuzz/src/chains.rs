@@ -21,7 +21,7 @@ use sluice_benches::virtiofs::{
 };
 use sluice_engine::format::Compression;
 use sluice_engine::meta::{Context, ROOT_INO, open_meta};
-use sluice_engine::vfs::{Vfs, VfsConfig};
+use sluice_engine::vfs::{Filesystem as _, Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};

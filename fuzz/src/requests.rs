@@ -18,7 +18,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use sluice_engine::format::Compression;
 use sluice_engine::meta::{Context, FileType, Ino, ROOT_INO, TRASH_INO, open_meta};
-use sluice_engine::vfs::{Vfs, VfsConfig};
+use sluice_engine::vfs::{Filesystem as _, Vfs, VfsConfig};
 use sluice_engine::volume::{Volume, format_volume, open_volume};
 use sluice_fuse::abi::{self, Dirent, DirentPlus, EntryOut, OutHeader, dirent_align, opcode};
 use sluice_fuse::export::ClientLimits;
@@ -227,7 +227,7 @@ fn world() -> &'static Mutex<World> {
             let (e, out) = host
                 .create(&ctx, other.inode, name, 0o644, 0, libc::O_RDWR as u32)
                 .unwrap();
-            host.write(&ctx, e.inode, out.fh, 0, SECRET).unwrap();
+            host.write(&ctx, e.inode, out.fh, 0, SECRET, false).unwrap();
             host.setxattr(
                 &ctx,
                 e.inode,
@@ -823,7 +823,9 @@ fn digest(host: &Vfs, root: Ino) -> BTreeMap<Vec<u8>, String> {
     let mut stack = vec![(root, b"/".to_vec())];
     while let Some((dir, path)) = stack.pop() {
         let fh = host.opendir(&ctx, dir).expect("host opendir");
-        let entries = host.readdir(&ctx, dir, fh, 0, true).expect("host readdir");
+        let entries = host
+            .readdir_all(&ctx, dir, fh, 0, true)
+            .expect("host readdir");
         host.releasedir(&ctx, dir, fh).unwrap();
         for e in entries {
             if e.name == b"." || e.name == b".." {
@@ -898,7 +900,7 @@ pub fn run(data: &[u8]) {
         .unwrap();
     world
         .host
-        .write(&ctx, file.inode, out.fh, 0, b"guest data")
+        .write(&ctx, file.inode, out.fh, 0, b"guest data", false)
         .unwrap();
     world.host.release(&ctx, file.inode, out.fh).unwrap();
     world.host.mkdir(&ctx, root, b"held", 0o777, 0).unwrap();

@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use sluice_engine::meta::{Context, FileType, Ino, Meta, MetaUrl, ROOT_INO};
 use sluice_engine::object::disk_cache::DiskCacheConfig;
 use sluice_engine::object::writeback::volume_dir;
-use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Vfs, VfsConfig};
+use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Filesystem as _, Vfs, VfsConfig};
 use sluice_fuse::{Config, Dispatcher, Export, OpMetrics};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};

@@ -98,20 +98,20 @@ impl ReplySink for Writer<'_> {
         unique: u64,
         size: usize,
         fill: &mut ReadFill<'_>,
-    ) -> io::Result<Option<sluice_engine::Result<usize>>> {
+    ) -> io::Result<Option<sluice_api::Result<usize>>> {
         if self.available_bytes() < OUT_HEADER_LEN.saturating_add(size) {
             return Ok(None);
         }
         let start = self.mark();
         self.write_zeros(OUT_HEADER_LEN)?;
-        let mut placed = |frag: Fragment<'_>| -> sluice_engine::Result<()> {
+        let mut placed = |frag: Fragment<'_>| -> sluice_api::Result<()> {
             let put = match frag {
                 Fragment::Zeros(n) => self.write_zeros(n),
                 Fragment::Data(d) => self.write_copy(d),
                 Fragment::File { file, off, len } => self.write_from_file(file, off, len),
             };
             put.map_err(|e| {
-                sluice_engine::Error::Io(io::Error::new(
+                sluice_api::Error::Io(io::Error::new(
                     e.kind(),
                     format!("writing READ data into guest memory: {e}"),
                 ))

@@ -17,6 +17,7 @@ use sluice_engine::volume::open_volume_url;
 
 use super::MlperfError;
 use super::source::{DataSource, SinkFile, SourceFile};
+use sluice_engine::vfs::Filesystem as _;
 
 /// Turns an engine error into an I/O error that keeps both the errno's kind (so "not
 /// found" stays recognisable) and the engine's message.
@@ -125,7 +126,7 @@ impl EngineSource {
     fn entries(&self, ino: Ino) -> Result<Vec<Entry>, EngineError> {
         let vfs = self.vfs();
         let fh = vfs.opendir(&self.ctx, ino)?;
-        let listed = vfs.readdir(&self.ctx, ino, fh, 0, false);
+        let listed = vfs.readdir_all(&self.ctx, ino, fh, 0, false);
         let closed = vfs.releasedir(&self.ctx, ino, fh);
         let mut entries = listed?;
         closed?;
@@ -184,7 +185,7 @@ impl SinkFile for EngineFile {
         let n = self
             .served
             .vfs
-            .write(&self.ctx, self.ino, self.fh, self.at, buf)
+            .write(&self.ctx, self.ino, self.fh, self.at, buf, false)
             .map_err(to_io)?;
         if n != buf.len() {
             return Err(io::Error::new(

@@ -19,58 +19,38 @@ use crate::chunk::visible;
 use crate::error::{Error, Result};
 use crate::meta::sqlite::align4k;
 use crate::meta::sqlite::node::{FLAG_APPEND, FLAG_IMMUTABLE};
-use crate::meta::{Attr, CHUNK_SIZE, FileType, Ino, MAX_FILE_LENGTH, Slice, Timestamp};
+use crate::meta::{Attr, CHUNK_SIZE, FileType, MAX_FILE_LENGTH, Slice, Timestamp};
+pub use sluice_api::meta::{CopyRange, MAX_COPY_LEN};
 
-/// The most bytes one call copies. A shorter copy is allowed (callers loop
-/// until done, as `cp` does); the bound keeps one transaction to at most 33
-/// source and 34 destination chunks, and the count fits the 32-bit size of
-/// FUSE's `fuse_write_out` reply.
-pub const MAX_COPY_LEN: u64 = 32 * CHUNK_SIZE;
+// MAX_COPY_LEN is the API's (the FUSE layer bounds its replies by it);
+// it is 32 chunks.
+const _: () = assert!(MAX_COPY_LEN == 32 * CHUNK_SIZE);
 
-/// One copy request, as `copy_file_range(2)` gives it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopyRange {
-    /// The source file.
-    pub fin: Ino,
-    /// Where the copy starts in the source.
-    pub off_in: u64,
-    /// The destination file.
-    pub fout: Ino,
-    /// Where the copy lands in the destination.
-    pub off_out: u64,
-    /// Bytes asked for (the source's length bounds them).
-    pub len: u64,
-    /// `copy_file_range` flags; none are defined, so any is refused.
-    pub flags: u32,
+/// Refuses what needs no metadata to refuse: flags and offsets past the
+/// largest file.
+pub(crate) fn check(req: &CopyRange) -> Result<()> {
+    if req.flags != 0 {
+        return Err(Error::Invalid(format!(
+            "copy_file_range flags {:#x}: none are defined",
+            req.flags
+        )));
+    }
+    if req.off_in >= MAX_FILE_LENGTH || req.off_out >= MAX_FILE_LENGTH {
+        return Err(Error::FileTooBig);
+    }
+    Ok(())
 }
 
-impl CopyRange {
-    /// Refuses what needs no metadata to refuse: flags and offsets past the
-    /// largest file.
-    pub(crate) fn check(&self) -> Result<()> {
-        if self.flags != 0 {
-            return Err(Error::Invalid(format!(
-                "copy_file_range flags {:#x}: none are defined",
-                self.flags
-            )));
-        }
-        if self.off_in >= MAX_FILE_LENGTH || self.off_out >= MAX_FILE_LENGTH {
-            return Err(Error::FileTooBig);
-        }
-        Ok(())
-    }
-
-    /// The source chunk indices the first `len` bytes of the copy read
-    /// (`len` as [`bound`] returned it, so the indices fit a `u32`).
-    pub(crate) fn source_chunks(&self, len: u64) -> std::ops::Range<u32> {
-        let first = self.off_in / CHUNK_SIZE;
-        let end = if len == 0 {
-            first
-        } else {
-            (self.off_in + len).div_ceil(CHUNK_SIZE)
-        };
-        first as u32..end as u32
-    }
+/// The source chunk indices the first `len` bytes of the copy read
+/// (`len` as [`bound`] returned it, so the indices fit a `u32`).
+pub(crate) fn source_chunks(req: &CopyRange, len: u64) -> std::ops::Range<u32> {
+    let first = req.off_in / CHUNK_SIZE;
+    let end = if len == 0 {
+        first
+    } else {
+        (req.off_in + len).div_ceil(CHUNK_SIZE)
+    };
+    first as u32..end as u32
 }
 
 /// Checks both nodes and returns how many bytes to copy: what was asked,
@@ -109,7 +89,7 @@ pub(crate) fn bound(req: &CopyRange, src: &Attr, dst: &Attr) -> Result<u64> {
 
 /// The records a copy of `len` bytes appends to each destination chunk, in
 /// order. `source` holds the slice lists of the chunks
-/// [`CopyRange::source_chunks`] names (a missing chunk holds no data).
+/// [`source_chunks`] names (a missing chunk holds no data).
 /// Records never cross a chunk boundary, and neighbouring holes are merged.
 pub(crate) fn plan(
     req: &CopyRange,
@@ -118,7 +98,7 @@ pub(crate) fn plan(
 ) -> BTreeMap<u32, Vec<Slice>> {
     let mut out: BTreeMap<u32, Vec<Slice>> = BTreeMap::new();
     let end = req.off_in + len;
-    for indx in req.source_chunks(len) {
+    for indx in source_chunks(req, len) {
         let base = u64::from(indx) * CHUNK_SIZE;
         let lo = req.off_in.max(base) - base;
         let hi = end.min(base + CHUNK_SIZE) - base;
@@ -332,8 +312,8 @@ mod tests {
         // Source chunk 0 absent, chunk 1 an explicit hole then nothing.
         let source = BTreeMap::from([(1, vec![hole(0, 10)])]);
         let r = req(CHUNK_SIZE - 5, 0, 20);
-        assert_eq!(r.source_chunks(20), 0..2);
-        assert!(r.source_chunks(0).is_empty());
+        assert_eq!(source_chunks(&r, 20), 0..2);
+        assert!(source_chunks(&r, 0).is_empty());
         let got = plan(&r, 20, &source);
         assert_eq!(got, BTreeMap::from([(0, vec![hole(0, 20)])]));
         assert!(references(&got).is_empty());
@@ -402,15 +382,14 @@ mod tests {
             Err(Error::Perm)
         ));
         assert!(matches!(
-            CopyRange {
+            check(&CopyRange {
                 flags: 1,
                 ..req(0, 0, 1)
-            }
-            .check(),
+            }),
             Err(Error::Invalid(_))
         ));
         assert!(matches!(
-            req(0, MAX_FILE_LENGTH, 1).check(),
+            check(&req(0, MAX_FILE_LENGTH, 1)),
             Err(Error::FileTooBig)
         ));
     }

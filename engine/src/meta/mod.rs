@@ -25,14 +25,16 @@ pub use restore::{Counters, DirStat, Restore};
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
 pub use url::{MetaUrl, open_meta};
 
+/// The node and request types are the API crate's (the transports use them
+/// without the engine); here under their old names.
+pub use sluice_api::meta::{
+    Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, SetAttr, StatFs,
+    TimeChange, Timestamp, XattrMode,
+};
+
 use crate::error::Result;
 use crate::format::Format;
 
-/// An inode number. JuiceFS's root is 1.
-pub type Ino = u64;
-
-/// The root directory's inode.
-pub const ROOT_INO: Ino = 1;
 /// The trash directory's inode (JuiceFS `TrashInode`, 0x7FFFFFFF10000000 =
 /// 9223372032828243968 as JuiceFS 1.4 writes it); its hourly subdirectories
 /// get the inodes after it.
@@ -41,142 +43,6 @@ pub const TRASH_INO: Ino = 0x7FFF_FFFF_1000_0000;
 pub const CHUNK_SIZE: u64 = 64 << 20;
 /// The largest file length JuiceFS's chunk index can address.
 pub const MAX_FILE_LENGTH: u64 = CHUNK_SIZE * (u32::MAX as u64);
-/// The longest name a directory entry may have.
-pub const MAX_NAME_LEN: usize = 255;
-
-/// The type of a node, with JuiceFS's numeric codes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum FileType {
-    /// A regular file.
-    File = 1,
-    /// A directory.
-    Directory = 2,
-    /// A symbolic link.
-    Symlink = 3,
-    /// A named pipe.
-    Fifo = 4,
-    /// A block device.
-    BlockDev = 5,
-    /// A character device.
-    CharDev = 6,
-    /// A unix socket.
-    Socket = 7,
-}
-
-impl FileType {
-    /// The type for JuiceFS's numeric code.
-    pub fn from_code(code: u8) -> Option<FileType> {
-        Some(match code {
-            1 => FileType::File,
-            2 => FileType::Directory,
-            3 => FileType::Symlink,
-            4 => FileType::Fifo,
-            5 => FileType::BlockDev,
-            6 => FileType::CharDev,
-            7 => FileType::Socket,
-            _ => return None,
-        })
-    }
-
-    /// The `S_IF*` bits of `st_mode` for this type.
-    pub fn mode_bits(self) -> u32 {
-        match self {
-            FileType::File => libc::S_IFREG,
-            FileType::Directory => libc::S_IFDIR,
-            FileType::Symlink => libc::S_IFLNK,
-            FileType::Fifo => libc::S_IFIFO,
-            FileType::BlockDev => libc::S_IFBLK,
-            FileType::CharDev => libc::S_IFCHR,
-            FileType::Socket => libc::S_IFSOCK,
-        }
-    }
-
-    /// The type named by the `S_IF*` bits of a mode, if any.
-    pub fn from_mode(mode: u32) -> Option<FileType> {
-        Some(match mode & libc::S_IFMT {
-            libc::S_IFREG => FileType::File,
-            libc::S_IFDIR => FileType::Directory,
-            libc::S_IFLNK => FileType::Symlink,
-            libc::S_IFIFO => FileType::Fifo,
-            libc::S_IFBLK => FileType::BlockDev,
-            libc::S_IFCHR => FileType::CharDev,
-            libc::S_IFSOCK => FileType::Socket,
-            _ => return None,
-        })
-    }
-}
-
-/// A point in time: seconds and nanoseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
-pub struct Timestamp {
-    /// Whole seconds since the epoch.
-    pub secs: i64,
-    /// Nanoseconds within the second (0..1e9).
-    pub nsecs: u32,
-}
-
-impl Timestamp {
-    /// The current wall-clock time.
-    pub fn now() -> Timestamp {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Timestamp {
-            secs: d.as_secs() as i64,
-            nsecs: d.subsec_nanos(),
-        }
-    }
-}
-
-/// The attributes of a node, as JuiceFS keeps them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attr {
-    /// JuiceFS node flags (immutable, append-only, ...).
-    pub flags: u8,
-    /// The node type.
-    pub typ: FileType,
-    /// Permission bits, including setuid/setgid/sticky (no type bits).
-    pub mode: u16,
-    /// Owner.
-    pub uid: u32,
-    /// Group.
-    pub gid: u32,
-    /// Device number for device nodes.
-    pub rdev: u32,
-    /// Last access.
-    pub atime: Timestamp,
-    /// Last data modification.
-    pub mtime: Timestamp,
-    /// Last attribute change.
-    pub ctime: Timestamp,
-    /// Number of hard links (for a directory: 2 + subdirectories).
-    pub nlink: u32,
-    /// Length in bytes of a regular file (of a symlink: its target; of a
-    /// directory: JuiceFS's nominal 4096).
-    pub length: u64,
-    /// The parent directory; 0 when the node has several parents (hard links).
-    pub parent: Ino,
-}
-
-impl Attr {
-    /// `st_mode`: type bits plus permission bits.
-    pub fn st_mode(&self) -> u32 {
-        self.typ.mode_bits() | u32::from(self.mode)
-    }
-}
-
-/// A directory entry with the attributes of the node it names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The node's inode.
-    pub inode: Ino,
-    /// The entry's name (bytes: names need not be UTF-8).
-    pub name: Vec<u8>,
-    /// The node's attributes.
-    pub attr: Attr,
-}
-
 /// Where a paged directory listing ([`Meta::readdir_page`]) goes on from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum DirCursor {
@@ -262,64 +128,6 @@ impl Slice {
     }
 }
 
-/// Who is asking: the caller's credentials, for permission checks and for
-/// the owner of new nodes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Context {
-    /// Effective user id.
-    pub uid: u32,
-    /// Effective group id.
-    pub gid: u32,
-    /// Supplementary groups (may be empty when the transport doesn't say).
-    pub gids: Vec<u32>,
-    /// The calling process.
-    pub pid: u32,
-    /// Whether permission checks are skipped (internal maintenance work).
-    pub privileged: bool,
-}
-
-impl Context {
-    /// A context for the engine's own maintenance work (root, no checks).
-    pub fn internal() -> Context {
-        Context {
-            privileged: true,
-            ..Context::default()
-        }
-    }
-}
-
-/// A time change requested by setattr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeChange {
-    /// Set to this time.
-    At(Timestamp),
-    /// Set to the current time.
-    Now,
-}
-
-/// The fields a setattr changes; `None` leaves a field as it is. A size change
-/// goes through [`Meta::truncate`], not here.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SetAttr {
-    /// New permission bits.
-    pub mode: Option<u16>,
-    /// New owner.
-    pub uid: Option<u32>,
-    /// New group.
-    pub gid: Option<u32>,
-    /// New access time.
-    pub atime: Option<TimeChange>,
-    /// New modification time.
-    pub mtime: Option<TimeChange>,
-    /// Clear the setuid/setgid bits of a regular file as a change of its
-    /// data by the caller does (Linux's `file_remove_privs`: setuid always,
-    /// setgid when group-executable or the caller is not in the file's
-    /// group; nothing for root). Set by the Vfs alongside a write,
-    /// truncate or fallocate the caller was allowed to make, never from a
-    /// request alone.
-    pub kill_suidgid: bool,
-}
-
 /// How a truncate was asked for, which decides what it checks (JuiceFS's
 /// `skipPermCheck`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,40 +140,6 @@ pub enum TruncateVia {
     /// through that descriptor, as on a local file system), and a file moved
     /// to the trash while open may still change.
     Handle,
-}
-
-/// Flags of a rename (Linux `renameat2`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RenameFlags {
-    /// Fail with `Exists` if the destination exists.
-    pub noreplace: bool,
-    /// Atomically swap source and destination (both must exist).
-    pub exchange: bool,
-}
-
-/// How setxattr treats an existing or missing attribute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum XattrMode {
-    /// Create or replace.
-    #[default]
-    Any,
-    /// Fail with `Exists` if it exists (`XATTR_CREATE`).
-    Create,
-    /// Fail with `NoXattr` if it is missing (`XATTR_REPLACE`).
-    Replace,
-}
-
-/// Space and inode usage of the volume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StatFs {
-    /// Total bytes (capacity quota, or a large nominal number when unlimited).
-    pub total_space: u64,
-    /// Bytes still available.
-    pub avail_space: u64,
-    /// Inodes in use.
-    pub used_inodes: u64,
-    /// Inodes still available.
-    pub avail_inodes: u64,
 }
 
 /// A stored slice that no chunk references any more: its objects may go.

@@ -85,7 +85,7 @@ impl TestVol {
         for (i, part) in data.chunks(128 << 10).enumerate() {
             let n = self
                 .vfs
-                .write(&ctx(), ino, fh, off + (i as u64) * (128 << 10), part)
+                .write(&ctx(), ino, fh, off + (i as u64) * (128 << 10), part, false)
                 .unwrap();
             assert_eq!(n, part.len());
         }
@@ -317,7 +317,7 @@ fn readdir_pages_cost_the_entries_they_return() {
             let (mut sent, mut seen) = (0usize, 0usize);
             let before = t.vfs.meta_work();
             t.vfs
-                .readdir_each(&ctx(), d.inode, fh, offset, plus, &mut |_| {
+                .readdir(&ctx(), d.inode, fh, offset, plus, &mut |_, _| {
                     seen += 1;
                     sent += 1;
                     sent <= PAGE
@@ -377,7 +377,7 @@ fn a_listing_past_the_entry_limit_stops_at_a_page() {
         let mut sent = 0u64;
         match t
             .vfs
-            .readdir_each(&ctx(), d.inode, fh, offset, false, &mut |_| {
+            .readdir(&ctx(), d.inode, fh, offset, false, &mut |_, _| {
                 sent += 1;
                 sent <= 100
             }) {
@@ -395,7 +395,7 @@ fn a_listing_past_the_entry_limit_stops_at_a_page() {
     // The failed page was not kept: asking again fails again.
     let again = t
         .vfs
-        .readdir_each(&ctx(), d.inode, fh, offset, false, &mut |_| true)
+        .readdir(&ctx(), d.inode, fh, offset, false, &mut |_, _| true)
         .unwrap_err();
     assert!(matches!(again, Error::Limit(_)), "{again:?}");
     t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
@@ -403,7 +403,7 @@ fn a_listing_past_the_entry_limit_stops_at_a_page() {
     let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
     let mut n = 0;
     t.vfs
-        .readdir_each(&ctx(), d.inode, fh, 0, false, &mut |_| {
+        .readdir(&ctx(), d.inode, fh, 0, false, &mut |_, _| {
             n += 1;
             n < 10
         })
@@ -790,12 +790,14 @@ fn directories_and_handles() {
                 libc::O_WRONLY as u32,
             )
             .unwrap();
-        t.vfs.write(&ctx(), e.inode, out.fh, 0, b"x").unwrap();
+        t.vfs
+            .write(&ctx(), e.inode, out.fh, 0, b"x", false)
+            .unwrap();
         // Writing through a read-only handle is refused.
         let ro = t.vfs.open(&ctx(), e.inode, libc::O_RDONLY as u32).unwrap();
         assert_eq!(
             t.vfs
-                .write(&ctx(), e.inode, ro.fh, 0, b"y")
+                .write(&ctx(), e.inode, ro.fh, 0, b"y", false)
                 .unwrap_err()
                 .errno(),
             libc::EBADF
@@ -804,11 +806,11 @@ fn directories_and_handles() {
         t.vfs.release(&ctx(), e.inode, out.fh).unwrap();
     }
     let fh = t.vfs.opendir(&ctx(), d.inode).unwrap();
-    let all = t.vfs.readdir(&ctx(), d.inode, fh, 0, true).unwrap();
+    let all = t.vfs.readdir_all(&ctx(), d.inode, fh, 0, true).unwrap();
     assert_eq!(all.len(), 7);
     assert_eq!(all[0].name, b".");
     assert!(all[2..].iter().all(|e| e.attr.length == 1));
-    let rest = t.vfs.readdir(&ctx(), d.inode, fh, 4, false).unwrap();
+    let rest = t.vfs.readdir_all(&ctx(), d.inode, fh, 4, false).unwrap();
     assert_eq!(rest.len(), 3);
     assert!(
         rest.iter()
@@ -818,7 +820,7 @@ fn directories_and_handles() {
     t.vfs.releasedir(&ctx(), d.inode, fh).unwrap();
     assert_eq!(
         t.vfs
-            .readdir(&ctx(), d.inode, fh, 0, false)
+            .readdir_all(&ctx(), d.inode, fh, 0, false)
             .unwrap_err()
             .errno(),
         libc::EBADF
@@ -922,9 +924,9 @@ fn juicefs_interop() {
                 libc::O_RDWR as u32,
             )
             .unwrap();
-        vfs.write(&ctx(), e.inode, out.fh, 0, &data).unwrap();
+        vfs.write(&ctx(), e.inode, out.fh, 0, &data, false).unwrap();
         vfs.flush(&ctx(), e.inode, out.fh).unwrap();
-        vfs.write(&ctx(), e.inode, out.fh, 1000, b"patched")
+        vfs.write(&ctx(), e.inode, out.fh, 1000, b"patched", false)
             .unwrap();
         vfs.release(&ctx(), e.inode, out.fh).unwrap();
         vfs.destroy();
@@ -997,7 +999,7 @@ fn write_behind_keeps_length_and_order() {
     let mut model = data.clone();
     for (i, part) in data.chunks(100_000).enumerate() {
         let off = i as u64 * 100_000;
-        t.vfs.write(&ctx(), ino, fh, off, part).unwrap();
+        t.vfs.write(&ctx(), ino, fh, off, part, false).unwrap();
         // Background commits never hide buffered bytes from the length.
         assert_eq!(
             t.vfs.getattr(&ctx(), ino).unwrap().length,
@@ -1006,7 +1008,7 @@ fn write_behind_keeps_length_and_order() {
         if i % 7 == 3 {
             // Overwrite an earlier range while commits run: the newer bytes win.
             let back = off.saturating_sub(250_000);
-            t.vfs.write(&ctx(), ino, fh, back, b"newer").unwrap();
+            t.vfs.write(&ctx(), ino, fh, back, b"newer", false).unwrap();
             model[back as usize..back as usize + 5].copy_from_slice(b"newer");
         }
     }
@@ -1033,11 +1035,13 @@ fn full_blocks_upload_while_writing_and_sealed_blocks_are_never_rewritten() {
     assert!(chunks(&t).is_empty(), "nothing is committed before a flush");
     // Rewriting a sealed block starts a newer slice; rewriting the unsealed
     // tail changes the first slice in place.
-    t.vfs.write(&ctx(), ino, fh, 1000, b"sealed-block").unwrap();
+    t.vfs
+        .write(&ctx(), ino, fh, 1000, b"sealed-block", false)
+        .unwrap();
     model[1000..1012].copy_from_slice(b"sealed-block");
     let tail = 2 * MIB as usize + 10;
     t.vfs
-        .write(&ctx(), ino, fh, tail as u64, b"open-block")
+        .write(&ctx(), ino, fh, tail as u64, b"open-block", false)
         .unwrap();
     model[tail..tail + 10].copy_from_slice(b"open-block");
     assert_eq!(t.read(ino, fh, 0, model.len()), model);
@@ -1533,7 +1537,8 @@ fn dot_and_dotdot_lookups_decode_handles() {
         .create(&root, dir.inode, b"f", 0o600, 0, libc::O_RDWR as u32)
         .unwrap();
     let fh = out.fh;
-    vfs.write(&root, file.inode, fh, 0, b"hello").unwrap();
+    vfs.write(&root, file.inode, fh, 0, b"hello", false)
+        .unwrap();
 
     // No search permission is needed: `d` is 0700 root's.
     let other = Context {
@@ -1619,7 +1624,7 @@ fn handles_are_released_only_as_what_they_are() {
     // Both handles still work.
     assert_eq!(t.read(ino, fh, 0, 4), b"kept");
     assert!(
-        !vfs.readdir(&ctx(), dir.inode, dh, 0, false)
+        !vfs.readdir_all(&ctx(), dir.inode, dh, 0, false)
             .unwrap()
             .is_empty()
     );
@@ -1671,7 +1676,7 @@ fn data_changes_by_a_non_root_caller_drop_setuid_and_setgid() {
 
     let (ino, fh, writer) = setid_file(&t, "w", 0o6666);
     t.vfs.kill_suidgid(&writer, ino, fh).unwrap();
-    t.vfs.write(&writer, ino, fh, 0, b"b").unwrap();
+    t.vfs.write(&writer, ino, fh, 0, b"b", false).unwrap();
     assert_eq!(mode(ino), 0o666, "write");
 
     for (name, falloc) in [

@@ -360,7 +360,7 @@ fn fallocatable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, mode: u32) -> TxResult
 /// source's chunks are watched, so a compaction that replaces them meanwhile
 /// makes the copy start again.
 pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
-    req.check()?;
+    copy_range::check(req)?;
     inner.format()?;
     inner.write(req.fout, |tx| {
         let src = node::must_get(tx, req.fin)?;
@@ -370,7 +370,7 @@ pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, At
             return Ok((0, dst));
         }
         let mut source = BTreeMap::new();
-        for indx in req.source_chunks(len) {
+        for indx in copy_range::source_chunks(req, len) {
             let key = tx.keys.chunk(req.fin, indx);
             let records = tx.lrange(&key, -1)?;
             if !records.is_empty() {

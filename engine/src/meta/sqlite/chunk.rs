@@ -462,7 +462,7 @@ pub(super) fn chunk_indices(
 /// destination gets records pointing at the source's slices, in the same
 /// transaction as their references and the destination's new length.
 pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
-    req.check()?;
+    copy_range::check(req)?;
     inner.format()?;
     inner.write(|tx| {
         let src = node::must_get(tx, req.fin)?;
@@ -471,7 +471,7 @@ pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, At
         if len == 0 {
             return Ok((0, dst));
         }
-        let chunks = req.source_chunks(len);
+        let chunks = copy_range::source_chunks(req, len);
         let rows: Vec<(u32, Vec<u8>)> = {
             let mut stmt = tx.prepare(
                 "SELECT indx, slices FROM jfs_chunk WHERE inode=? AND indx>=? AND indx<?",

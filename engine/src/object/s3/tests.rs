@@ -8,6 +8,7 @@ use super::*;
 use crate::format::Secret;
 use crate::object::is_not_found;
 use crate::object::s3_test_server::TestS3Server;
+use crate::vfs::Filesystem as _;
 
 const AK: &str = "test-access";
 const SK: &str = "test-secret-key";
@@ -445,7 +446,7 @@ mod volume {
             libc::O_RDWR as u32,
         )?;
         for (i, part) in data.chunks(128 << 10).enumerate() {
-            vfs.write(&ctx, e.inode, out.fh, (i * (128 << 10)) as u64, part)?;
+            vfs.write(&ctx, e.inode, out.fh, (i * (128 << 10)) as u64, part, false)?;
         }
         let synced = vfs.fsync(&ctx, e.inode, out.fh, false);
         let released = vfs.release(&ctx, e.inode, out.fh);
@@ -567,7 +568,7 @@ mod volume {
         // rest is stored by the commit itself.
         let bytes = data((5 << 19) + 777, 12);
         for (i, part) in bytes.chunks(128 << 10).enumerate() {
-            vfs.write(&ctx, ino, w, (i * (128 << 10)) as u64, part)
+            vfs.write(&ctx, ino, w, (i * (128 << 10)) as u64, part, false)
                 .unwrap();
         }
         server.faults().fail_all(Duration::from_secs(3));

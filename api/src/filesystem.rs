@@ -1,16 +1,27 @@
-//! The [`Filesystem`] trait: what the dispatcher calls for each decoded
-//! request. Its methods mirror the engine's `Vfs` facade one to one (see
-//! `engine/src/vfs.rs`), so `impl Filesystem for Vfs` is pure delegation.
+//! The [`Filesystem`] trait: what the FUSE dispatcher calls for each
+//! decoded request. The engine's `Vfs` implements it directly
+//! (`engine/src/vfs.rs`); an `Export` (in `sluice-fuse`) wraps any
+//! implementation to confine a client to a subtree.
 
-use sluice_engine::Result;
-use sluice_engine::meta::{
-    Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
-};
+use crate::error::Result;
+use crate::fragment::Fragment;
+use crate::meta::{Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
 
-/// File handles and open results are the engine's own types, so the
-/// engine's `Vfs` implements [`Filesystem`] by plain delegation.
-pub use sluice_engine::reader::Fragment;
-pub use sluice_engine::vfs::{Fh, OpenOut};
+/// A file handle a file system hands out; 0 is never a valid handle.
+pub type Fh = u64;
+
+/// What `open` and `create` return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenOut {
+    /// The new handle.
+    pub fh: Fh,
+    /// The file's attributes (length includes buffered writes).
+    pub attr: Attr,
+    /// Whether the kernel may keep its page cache from earlier opens.
+    pub keep_cache: bool,
+    /// Whether the kernel should bypass its page cache.
+    pub direct_io: bool,
+}
 
 /// How a READDIRPLUS entry reaches the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +37,7 @@ pub enum Listed {
 
 /// A file system the FUSE dispatcher serves. Every method may be called from
 /// several threads at once. Errors become errno values through
-/// [`sluice_engine::Error::errno`], in the dispatcher only.
+/// [`Error::errno`](crate::Error::errno), in the dispatcher only.
 pub trait Filesystem: Send + Sync {
     /// Called once when the kernel (or guest) opens the session (FUSE_INIT).
     fn init(&self) -> Result<()>;

@@ -60,7 +60,7 @@ fn populated_on(vfs: Vfs) -> (Vfs, Ino, Ino) {
             libc::O_RDWR as u32,
         )
         .unwrap();
-    vfs.write(&ctx, secret.inode, out.fh, 0, b"host only")
+    vfs.write(&ctx, secret.inode, out.fh, 0, b"host only", false)
         .unwrap();
     vfs.release(&ctx, secret.inode, out.fh).unwrap();
     let data = vfs.mkdir(&ctx, ROOT_INO, b"data", 0o755, 0).unwrap();
@@ -68,7 +68,7 @@ fn populated_on(vfs: Vfs) -> (Vfs, Ino, Ino) {
     let (file, out) = vfs
         .create(&ctx, inside.inode, b"file", 0o644, 0, libc::O_RDWR as u32)
         .unwrap();
-    vfs.write(&ctx, file.inode, out.fh, 0, b"guest data")
+    vfs.write(&ctx, file.inode, out.fh, 0, b"guest data", false)
         .unwrap();
     vfs.release(&ctx, file.inode, out.fh).unwrap();
     (vfs, data.inode, secret.inode)

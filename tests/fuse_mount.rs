@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
+use sluice_engine::vfs::Filesystem as _;
 use sluice_engine::vfs::{Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
 use sluice_fuse::{BackgroundSession, Config, DevError, MountOptions, Session};

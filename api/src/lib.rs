@@ -1,0 +1,28 @@
+//! The API between the sluice engine and its transports: the types a file
+//! system operation speaks in, the error type with its one errno mapping,
+//! the fragments a read is walked as, and the [`Filesystem`] trait the FUSE
+//! dispatcher calls.
+//!
+//! `sluice-engine` implements [`Filesystem`] on its `Vfs` and re-exports
+//! every item here under its old path (`sluice_engine::meta::Attr`,
+//! `sluice_engine::Error`, ...). `sluice-fuse` and `sluice-vhost` depend on
+//! this crate alone, so a protocol change does not rebuild — and a protocol
+//! crate does not compile — the S3 client, the async runtime or the
+//! metadata engines' drivers. Keep it that way: this crate holds plain
+//! types and one trait, and depends on `libc` and `thiserror` only
+//! (`DESIGN.md` beside this crate says what belongs here).
+//!
+//! - [`meta`]: inode numbers, attributes, entries, credentials, and the
+//!   arguments of setattr, rename, setxattr and copy_file_range.
+//! - [`error`]: [`Error`], [`Limit`], [`Result`] and `Error::errno`.
+//! - [`fragment`]: [`Fragment`] and [`read_file_exact`].
+//! - [`filesystem`]: [`Filesystem`], [`Listed`], [`Fh`], [`OpenOut`].
+
+pub mod error;
+pub mod filesystem;
+pub mod fragment;
+pub mod meta;
+
+pub use error::{Error, Limit, Result};
+pub use filesystem::{Fh, Filesystem, Listed, OpenOut};
+pub use fragment::{Fragment, read_file_exact};
