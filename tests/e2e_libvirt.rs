@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SLUICE, Volume, Watchdog, sha256_file};
+use common::{SLUICE, Volume, Watchdog, guest_value, hex, sha256_file};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -43,18 +43,7 @@ fn missing_prerequisite() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("libvirt starts virtio-fs backends only as root (run as root)".into());
     }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    let qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !matches!(qemu, Ok(s) if s.success()) {
-        return Some("qemu-system-x86_64 is not installed (test.sh installs it)".into());
-    }
-    None
+    common::vm_prerequisite_missing()
 }
 
 /// Installs `libvirt-daemon-system` the way the vm-images scripts install
@@ -71,10 +60,6 @@ fn need_libvirt() {
         "cannot install libvirt-daemon-system: {}",
         common::text(&out)
     );
-}
-
-fn hex(digest: [u8; 32]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A libvirtd to talk to, and the daemons this test started for it.
@@ -264,16 +249,6 @@ sync
 echo "E2E done"
 "#;
 
-/// The value of the guest's last `E2E NAME value` console line.
-fn guest_value(console: &str, name: &str) -> Option<String> {
-    let prefix = format!("E2E {name} ");
-    console
-        .lines()
-        .filter_map(|l| l.trim_end_matches('\r').strip_prefix(&prefix))
-        .next_back()
-        .map(str::to_owned)
-}
-
 /// Live processes (not zombies) whose command line has `needle` as one argument.
 fn processes_with_arg(needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
@@ -310,14 +285,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
     let _dog = Watchdog::new("e2e_libvirt", Duration::from_secs(900));
     let test_start = Instant::now();
     need_libvirt();
-    let build = Command::new(repo().join("vm-images/build.sh"))
-        .output()
-        .expect("vm-images/build.sh runs");
-    assert!(
-        build.status.success(),
-        "vm-images/build.sh failed: {}",
-        common::text(&build)
-    );
+    common::build_guest();
 
     let vol = Volume::format("libvirt", &["--trash-days", "0"]);
     let host_mnt = vol.dir.path().join("host");
@@ -338,7 +306,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
     }
     fs::write(host_mnt.join("from-host.bin"), &input).unwrap();
     fs::write(host_mnt.join("guest.sh"), GUEST_SCRIPT).unwrap();
-    let input_sha = hex(sha256_file(&host_mnt.join("from-host.bin")));
+    let input_sha = hex(&sha256_file(&host_mnt.join("from-host.bin")));
 
     // libvirt's <source dir=…>: the folder holding sluice.env.
     let source = vol.dir.path().join("vm1");
@@ -482,7 +450,7 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
     // What the guest wrote, as the host sees it.
     let wrote = guest_value(&console, "wrote").expect("the guest's E2E wrote line");
     assert_eq!(
-        hex(sha256_file(&host_mnt.join("from-guest.bin"))),
+        hex(&sha256_file(&host_mnt.join("from-guest.bin"))),
         wrote,
         "from-guest.bin's SHA-256 on the host"
     );

@@ -16,39 +16,16 @@ mod common;
 
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SLUICE, Volume, Watchdog, sha256_file};
+use common::{SLUICE, Volume, Watchdog, guest_value, hex, sha256_file};
 
 const FILES: usize = 1000;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Why this host cannot run the test, if it cannot.
-fn missing_prerequisite() -> Option<String> {
-    if std::env::var("SLUICE_SKIP_VM").as_deref() == Ok("1") {
-        return Some("SLUICE_SKIP_VM=1".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    let qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if !matches!(qemu, Ok(s) if s.success()) {
-        return Some("qemu-system-x86_64 is not installed (test.sh installs it)".into());
-    }
-    None
-}
-
-fn hex(digest: [u8; 32]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `sluice serve`, killed if the test fails before it exits by itself.
@@ -108,16 +85,6 @@ fn queue_requests(log: &str) -> Vec<(usize, u64)> {
         .collect()
 }
 
-/// The value of the guest's last `E2E NAME value` console line.
-fn guest_value(console: &str, name: &str) -> Option<String> {
-    let prefix = format!("E2E {name} ");
-    console
-        .lines()
-        .filter_map(|l| l.trim_end_matches('\r').strip_prefix(&prefix))
-        .next_back()
-        .map(str::to_owned)
-}
-
 const GUEST_SCRIPT: &str = r#"set -e
 echo "E2E input $(sha256sum input.bin | cut -d' ' -f1)"
 echo "E2E count $(ls many | wc -l)"
@@ -147,19 +114,12 @@ echo "E2E done"
 
 #[test]
 fn a_linux_guest_reads_and_writes_a_volume_over_virtio_fs() {
-    if let Some(why) = missing_prerequisite() {
+    if let Some(why) = common::vm_prerequisite_missing() {
         eprintln!("skipped: {why}");
         return;
     }
     let _dog = Watchdog::new("e2e_vm", Duration::from_secs(900));
-    let build = Command::new(repo().join("vm-images/build.sh"))
-        .output()
-        .expect("vm-images/build.sh runs");
-    assert!(
-        build.status.success(),
-        "vm-images/build.sh failed: {}",
-        common::text(&build)
-    );
+    common::build_guest();
 
     let vol = Volume::format("vm", &["--trash-days", "0"]);
     let host_mnt = vol.dir.path().join("host");
@@ -193,12 +153,12 @@ fn a_linux_guest_reads_and_writes_a_volume_over_virtio_fs() {
     }
     fs::write(share.join("to-rename.txt"), b"rename me\n").unwrap();
     fs::write(share.join("to-delete.txt"), b"delete me\n").unwrap();
-    let input_sha = hex(sha256_file(&share.join("input.bin")));
+    let input_sha = hex(&sha256_file(&share.join("input.bin")));
     names.sort();
     let listing_sha = {
         use sha2::Digest;
         let joined: String = names.iter().map(|n| format!("{n}\n")).collect();
-        hex(sha2::Sha256::digest(joined.as_bytes()).into())
+        hex(&sha2::Sha256::digest(joined.as_bytes()))
     };
 
     let socket = vol.dir.path().join("vhost-fs.sock");
@@ -283,7 +243,7 @@ fn a_linux_guest_reads_and_writes_a_volume_over_virtio_fs() {
 
     // Guest-written changes, as the host sees them.
     assert_eq!(
-        hex(sha256_file(&share.join("from-guest.bin"))),
+        hex(&sha256_file(&share.join("from-guest.bin"))),
         value("wrote"),
         "from-guest.bin's SHA-256 on the host"
     );

@@ -518,3 +518,51 @@ pub fn scrape(addr: &str) -> String {
     );
     body.to_owned()
 }
+
+/// Why this host cannot run a guest-VM test, if it cannot: the tests skip
+/// with this reason (SLUICE_SKIP_VM=1, no /dev/fuse, no QEMU).
+pub fn vm_prerequisite_missing() -> Option<String> {
+    if std::env::var("SLUICE_SKIP_VM").as_deref() == Ok("1") {
+        return Some("SLUICE_SKIP_VM=1".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    let qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !matches!(qemu, Ok(s) if s.success()) {
+        return Some("qemu-system-x86_64 is not installed (test.sh installs it)".into());
+    }
+    None
+}
+
+/// Builds (or finds built) the guest kernel and initramfs
+/// (`vm-images/build.sh`), panicking with its output when it fails.
+pub fn build_guest() {
+    let build = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("vm-images/build.sh"))
+        .output()
+        .expect("vm-images/build.sh runs");
+    assert!(
+        build.status.success(),
+        "vm-images/build.sh failed: {}",
+        text(&build)
+    );
+}
+
+/// The value of the guest's last `E2E NAME value` console line.
+pub fn guest_value(console: &str, name: &str) -> Option<String> {
+    let prefix = format!("E2E {name} ");
+    console
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix(&prefix))
+        .next_back()
+        .map(str::to_owned)
+}
+
+/// A digest in lowercase hex.
+pub fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
