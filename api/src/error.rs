@@ -97,6 +97,12 @@ pub enum Error {
     /// Any other I/O error.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
+    /// The operation would have to wait, and the calling thread marked
+    /// itself as one that must not ([`crate::wait`]); nothing was done that
+    /// running it again would repeat. Transports run it again on a thread
+    /// that may wait; it never reaches a client.
+    #[error("the operation would wait on a thread that must not")]
+    WouldBlock,
 }
 
 impl Error {
@@ -128,6 +134,7 @@ impl Error {
                 libc::EIO
             }
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::WouldBlock => libc::EAGAIN,
         }
     }
 }

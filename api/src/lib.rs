@@ -17,11 +17,13 @@
 //! - [`error`]: [`Error`], [`Limit`], [`Result`] and `Error::errno`.
 //! - [`fragment`]: [`Fragment`] and [`read_file_exact`].
 //! - [`filesystem`]: [`Filesystem`], [`Listed`], [`Fh`], [`OpenOut`].
+//! - [`wait`]: whether the calling thread may wait ([`Error::WouldBlock`]).
 
 pub mod error;
 pub mod filesystem;
 pub mod fragment;
 pub mod meta;
+pub mod wait;
 
 pub use error::{Error, Limit, Result};
 pub use filesystem::{Fh, Filesystem, Listed, OpenOut};

@@ -57,7 +57,7 @@ fn open_vfs(dir: &Path) -> Vfs {
 fn serve_in(dir: tempfile::TempDir) -> Served {
     let vfs = open_vfs(dir.path());
     let config = DeviceConfig::new("sluice-e2e", REQUEST_QUEUES);
-    let handler = FuseHandler::new(Dispatcher::new(vfs, Config::default()), config.num_queues());
+    let handler = FuseHandler::new(Dispatcher::new(vfs, Config::default()));
     let socket = dir.path().join("vhost-fs.sock");
     let mut listener = sluice_vhost::listen(&socket, None).expect("listen");
     let device = VirtioFsDevice::new(config, Arc::new(handler)).expect("device");

@@ -155,6 +155,8 @@ impl ChunkCache {
             }
             *st.gen_slot(ino)
         };
+        // A metadata round trip waits.
+        sluice_api::wait::may_wait()?;
         let slices = meta.read_chunk(ino, indx)?;
         let pieces = Arc::new(visible(&slices));
         #[cfg(test)]

@@ -148,6 +148,18 @@ impl Readahead {
         self.advance(i, cfg, end, file_len, room)
     }
 
+    /// Whether the read of `len` bytes at `off` that [`Readahead::on_read`]
+    /// just counted belongs to a sequential stream, without counting it
+    /// again (the second run of a read that would have waited).
+    pub fn is_sequential_at(&self, off: u64, len: u64) -> bool {
+        self.streams.iter().any(|s| {
+            s.live
+                && s.window > 0
+                && off < s.next
+                && off.saturating_add(len).saturating_add(REORDER) >= s.next
+        })
+    }
+
     /// Fetches ahead of stream `i` when less than half its window is left.
     fn advance(
         &mut self,
@@ -265,6 +277,28 @@ mod tests {
         assert!(!plans[0].sequential && plans[0].fetch.is_none());
         assert!(plans[1].sequential);
         assert_eq!(plans[1].fetch, Some((102 * MIB, 4 * MIB)));
+    }
+
+    #[test]
+    fn a_read_run_twice_is_seen_as_what_its_first_run_was() {
+        let mut ra = Readahead::default();
+        // A random read: no stream is sequential there.
+        let p = ra.on_read(&cfg(), 100 * MIB, 4096, BIG, BIG);
+        assert!(!p.sequential);
+        assert!(!ra.is_sequential_at(100 * MIB, 4096));
+        // The second read of a stream makes it sequential; asking again
+        // about it says so, and counts nothing: the third read still
+        // continues the same stream with the same window.
+        let p = ra.on_read(&cfg(), 100 * MIB + 4096, 4096, BIG, BIG);
+        assert!(p.sequential);
+        assert!(ra.is_sequential_at(100 * MIB + 4096, 4096));
+        let window = ra.window_at(100 * MIB + 8192);
+        assert!(ra.is_sequential_at(100 * MIB + 4096, 4096));
+        assert_eq!(ra.window_at(100 * MIB + 8192), window);
+        assert!(
+            ra.on_read(&cfg(), 100 * MIB + 8192, 4096, BIG, BIG)
+                .sequential
+        );
     }
 
     #[test]

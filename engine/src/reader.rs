@@ -381,6 +381,7 @@ impl Reader {
                             })?;
                         }
                         None => {
+                            sluice_api::wait::may_wait()?;
                             let part = self.vol.store.get_range(&key, boff as u64, n as usize)?;
                             if part.len() != n as usize {
                                 return Err(Error::Corrupt(format!(
@@ -398,7 +399,11 @@ impl Reader {
                     len -= n;
                     continue;
                 }
-                None => self.block(id, size, indx)?,
+                None => {
+                    // A fetch (disk cache or object store) waits.
+                    sluice_api::wait::may_wait()?;
+                    self.block(id, size, indx)?
+                }
             };
             let part = block
                 .get(boff..boff + n as usize)

@@ -765,19 +765,34 @@ impl Filesystem for Vfs {
             return Err(Error::BadHandle);
         }
         // Reads see every write made before them: commit what is buffered.
+        // A commit waits (metadata, maybe uploads): a thread that must not
+        // wait hands the read on first (`sluice_api::wait`).
+        if !file.writer.nothing_to_flush() {
+            sluice_api::wait::may_wait()?;
+        }
         self.flush_file(ino, file)?;
         let length = file.length.load(Ordering::Acquire);
         if offset >= length {
             return Ok(0);
         }
         let n = (len as u64).min(length - offset);
-        let plan = readahead.lock().on_read(
-            &self.cfg.readahead,
-            offset,
-            n,
-            length,
-            self.reader.readahead_room(),
-        );
+        // The second run of a read that would have waited already moved the
+        // readahead window and queued its prefetch: counting the read again
+        // would take it for a new stream.
+        let plan = if sluice_api::wait::is_retry() {
+            crate::readahead::Plan {
+                sequential: readahead.lock().is_sequential_at(offset, n),
+                fetch: None,
+            }
+        } else {
+            readahead.lock().on_read(
+                &self.cfg.readahead,
+                offset,
+                n,
+                length,
+                self.reader.readahead_room(),
+            )
+        };
         if let Some((at, bytes)) = plan.fetch {
             self.reader.prefetch(ino, at, bytes);
         }

@@ -655,6 +655,16 @@ impl FileWriter {
     /// are tried again here). Returns the chunks changed. On failure the
     /// writes not committed stay buffered for the next flush, and the error
     /// is counted in [`FileWriter::errors`].
+    /// Whether a [`FileWriter::flush`] now would have nothing to commit and
+    /// nothing to wait for: no buffered writes, no background commit, no
+    /// other thread committing.
+    pub fn nothing_to_flush(&self) -> bool {
+        match self.flushing.try_lock() {
+            Some(bg) => bg.is_none() && self.buf.lock().chunks.is_empty(),
+            None => false,
+        }
+    }
+
     pub fn flush(&self, vol: &Volume, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
         let mut done = self.join(bg.take(), ino);

@@ -318,6 +318,10 @@ impl<F: Filesystem> Dispatcher<F> {
                 Ok(Outcome::Continue)
             }
         };
+        if matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+            // Counted when it runs again, where it may wait.
+            return outcome;
+        }
         if opcode == abi::opcode::READ && observed.errno == 0 {
             self.metrics.read(observed.payload);
         }
@@ -367,12 +371,26 @@ impl<F: Filesystem> Dispatcher<F> {
                 return Ok(Outcome::Destroyed);
             }
         }
+        // A transport's worker that must not wait (`sluice_api::wait`)
+        // tries READ — the one operation whose first run changes nothing a
+        // second run would repeat — and hands on up front what always waits
+        // on storage; everything else runs here, waiting as it must.
+        let _allowed = match sluice_api::wait::mode() {
+            sluice_api::wait::Mode::NoWait if waits_on_storage(req.header.opcode) => {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            sluice_api::wait::Mode::NoWait if req.header.opcode != abi::opcode::READ => {
+                Some(sluice_api::wait::allow_wait())
+            }
+            _ => None,
+        };
         match self.run(req, scratch, sink) {
             Ok(outcome) => Ok(outcome),
             Err(Failure::Errno(errno)) => {
                 sink.send(&ReplyHead::error(unique, errno), &[])?;
                 Ok(Outcome::Continue)
             }
+            Err(Failure::WouldBlock) => Err(io::ErrorKind::WouldBlock.into()),
             Err(Failure::Io(e)) => Err(e),
         }
     }
@@ -728,10 +746,25 @@ fn send_sized(
 enum Failure {
     Errno(i32),
     Io(io::Error),
+    /// The request would wait on a thread that must not; nothing was sent.
+    WouldBlock,
+}
+
+/// Operations that always wait on storage (commits, uploads, syncs): a
+/// transport's worker that must not wait hands them on without trying.
+pub(crate) fn waits_on_storage(opcode: u32) -> bool {
+    use abi::opcode as op;
+    matches!(
+        opcode,
+        op::FSYNC | op::FSYNCDIR | op::FLUSH | op::RELEASE | op::SYNCFS
+    )
 }
 
 impl From<sluice_api::Error> for Failure {
     fn from(e: sluice_api::Error) -> Failure {
+        if matches!(e, sluice_api::Error::WouldBlock) {
+            return Failure::WouldBlock;
+        }
         let errno = e.errno();
         if errno == libc::EIO {
             // A client can make requests fail as fast as it sends them.

@@ -131,10 +131,10 @@ fn new_rig() -> Rig {
         let mut config = DeviceConfig::new("fuzz", 1);
         config.queue_size = 256;
         config.max_request_size = (MAX_IO as usize) + 4096;
-        let handler = Arc::new(FuseHandler::new(
-            Dispatcher::new(Export::new(vfs, root, false), Config::default()),
-            config.num_queues(),
-        ));
+        let handler = Arc::new(FuseHandler::new(Dispatcher::new(
+            Export::new(vfs, root, false),
+            Config::default(),
+        )));
         let device = VirtioFsDevice::new(config, handler).expect("device");
         let server = std::thread::spawn(move || device.serve(&mut listener));
         let mut driver = Device::connect(

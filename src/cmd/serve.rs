@@ -89,6 +89,16 @@ pub struct ServeArgs {
     /// measured faster here, see docs/tuning.md).
     #[arg(long, value_name = "uring|pread", default_value = "pread")]
     pub guest_io: GuestIoMode,
+    /// Most requests of one queue answered out of order while they wait (a
+    /// block not in the memory cache, a commit, a sync) on the waiter
+    /// threads; the queue's worker goes on with the requests behind them,
+    /// and stops taking requests from the guest at this bound until one
+    /// comes back. 0 answers every request on the worker, in order.
+    #[arg(long, value_name = "N", default_value_t = DeviceConfig::DEFAULT_MAX_WAITING)]
+    pub max_waiting: usize,
+    /// Threads that run the requests that wait, for all queues of the VM.
+    #[arg(long, value_name = "N", default_value_t = DeviceConfig::DEFAULT_WAITERS)]
+    pub waiters: usize,
     #[command(flatten)]
     pub limits: super::limit_args::LimitArgs,
     #[command(flatten)]
@@ -123,6 +133,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let notifier = crate::notify::Notifier::from_env();
     let mut device_config = DeviceConfig::new(args.tag.clone(), args.queues);
     device_config.guest_io = args.guest_io;
+    device_config.max_waiting = args.max_waiting;
+    device_config.waiters = args.waiters;
     device_config
         .validate()
         .context("invalid device settings")?;
@@ -291,7 +303,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 Config::default(),
             )
             .with_metrics(ops.clone()),
-            device_config.num_queues(),
         ));
         {
             let handler = handler.clone();

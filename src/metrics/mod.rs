@@ -616,6 +616,14 @@ fn virtio_queues(e: &mut Enc<'_>, queues: &[QueueStats]) -> Res {
         MetricType::Gauge,
         &per(&|s| get(&s.in_flight)),
     )?;
+    value_family(
+        e,
+        "sluice_virtiofs_handed_on",
+        "Requests that would have waited on the queue's worker (a block not in the memory \
+         cache, a commit, a sync) and were answered by a waiter thread, out of order.",
+        MetricType::Counter,
+        &per(&|s| get(&s.handed_on)),
+    )?;
     let lat: Vec<_> = queues
         .iter()
         .enumerate()

@@ -24,7 +24,8 @@ use vmm_sys_util::event::{
 use crate::RequestHandler;
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result};
-use crate::worker::{GuestMem, Limits, QueueStats, WorkerState, process_queue};
+use crate::waiting::{Completion, Parked, Waiters};
+use crate::worker::{GuestMem, Limits, QueueCtx, QueueStats, WorkerState, process_queue};
 
 /// The virtio features the device offers.
 pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
@@ -56,6 +57,14 @@ struct FsBackend<H: ?Sized> {
     /// it never closes (see [`VirtioFsDevice::serve`]).
     exit_consumer_fds: Mutex<Vec<RawFd>>,
     handler: Arc<H>,
+    /// One per queue: its chains with the waiters.
+    parked: Vec<Arc<Parked>>,
+    /// The threads requests that wait run on (`None` with `max_waiting`
+    /// 0); they end with the connection ([`VirtioFsDevice::serve`]).
+    waiters: Option<Waiters>,
+    /// Each queue's vring, noted by its worker, so that stopping a ring
+    /// (GET_VRING_BASE) can return the chains the waiters still hold.
+    vrings: Mutex<Vec<Option<VringRwLock<GuestMem>>>>,
 }
 
 impl<H: RequestHandler + ?Sized> FsBackend<H> {
@@ -88,7 +97,14 @@ impl<H: RequestHandler + ?Sized> FsBackend<H> {
             max_request_size: self.config.max_request_size,
             batch: usize::from(self.config.queue_size),
             guest_io: self.config.guest_io,
+            max_waiting: self.config.max_waiting,
         }
+    }
+
+    /// The epoll data of queue `thread_id`'s completion eventfd: past the
+    /// ids vhost-user-backend keeps for the queues and its exit event.
+    fn completion_event(&self) -> u16 {
+        u16::try_from(self.config.num_queues() + 1).unwrap_or(u16::MAX)
     }
 }
 
@@ -152,6 +168,31 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
         Some(pair)
     }
 
+    /// GET_VRING_BASE stops queue `queue_index`: the chains the waiters
+    /// hold are finished and returned to the ring first, so the ring the
+    /// frontend reads back (and may hand to a new backend) has no request
+    /// still being answered.
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        let queue = queue_index as usize;
+        let Some(parked) = self.parked.get(queue) else {
+            return Ok(());
+        };
+        if parked.outstanding() == 0 {
+            return Ok(());
+        }
+        let mut done = Vec::new();
+        parked.drain(&mut done);
+        let vring = self
+            .vrings
+            .lock()
+            .ok()
+            .and_then(|v| v.get(queue).cloned().flatten());
+        if let Some(vring) = vring {
+            return_to_ring(queue, &vring, &self.mem, &done);
+        }
+        Ok(())
+    }
+
     fn handle_event(
         &self,
         device_event: u16,
@@ -163,7 +204,14 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
             warn!("queue {thread_id}: unexpected event set {evset:?}");
             return Ok(());
         }
-        let Some(vring) = vrings.get(usize::from(device_event)) else {
+        // A waiter finished a chain of this queue: its one vring. Otherwise
+        // a kick of the vring with that index among this thread's.
+        let index = if device_event == self.completion_event() {
+            0
+        } else {
+            usize::from(device_event)
+        };
+        let Some(vring) = vrings.get(index) else {
             warn!("queue {thread_id}: event for unknown vring {device_event}");
             return Ok(());
         };
@@ -183,22 +231,60 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
                     Err(e) => warn!("queue {thread_id}: cannot pin the worker to CPU {cpu}: {e}"),
                 }
             }
+            if let Ok(mut noted) = self.vrings.lock()
+                && let Some(slot) = noted.get_mut(thread_id)
+            {
+                *slot = Some(vring.clone());
+            }
         }
-        let stats = self
-            .stats
+        if self.stats.get(thread_id).is_none() {
+            return Err(io::Error::other("no counters for this queue"));
+        }
+        let parked = self
+            .parked
             .get(thread_id)
-            .ok_or_else(|| io::Error::other("no counters for this queue"))?;
-        let queue = u16::try_from(thread_id).unwrap_or(u16::MAX);
-        process_queue(
-            queue,
+            .ok_or_else(|| io::Error::other("no completion list for this queue"))?;
+        let ctx = QueueCtx {
+            queue: u16::try_from(thread_id).unwrap_or(u16::MAX),
             vring,
-            &self.mem,
-            self.event_idx.load(Ordering::Acquire),
-            self.limits(),
-            &*self.handler,
-            &mut state,
-            stats,
-        )
+            mem: &self.mem,
+            event_idx: self.event_idx.load(Ordering::Acquire),
+            limits: self.limits(),
+            handler: &self.handler,
+            stats: &self.stats,
+            parked,
+            waiters: self
+                .waiters
+                .as_ref()
+                .filter(|_| self.config.max_waiting > 0),
+        };
+        process_queue(&ctx, &mut state)
+    }
+}
+
+/// Returns chains the waiters finished to `vring` and signals the guest
+/// (a ring being stopped; its worker does the same for each batch).
+fn return_to_ring(
+    queue: usize,
+    vring: &VringRwLock<GuestMem>,
+    mem: &GuestMem,
+    done: &[Completion],
+) {
+    use vhost_user_backend::VringT;
+    use virtio_queue::QueueT;
+    if done.is_empty() {
+        return;
+    }
+    let mem = vm_memory::GuestAddressSpace::memory(mem).into_inner();
+    let mut guard = vring.get_mut();
+    for c in done {
+        if let Err(e) = guard.get_queue_mut().add_used(&*mem, c.head, c.used) {
+            warn!("queue {queue}: cannot return descriptor {}: {e}", c.head);
+        }
+    }
+    drop(guard);
+    if let Err(e) = vring.signal_used_queue() {
+        warn!("queue {queue}: cannot signal the guest: {e}");
     }
 }
 
@@ -258,7 +344,19 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
                 .map_err(Error::ExitEvent)?;
             exit_events.push(Some(pair));
         }
+        let parked = (0..num_queues)
+            .map(|_| Parked::new().map(Arc::new))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(Error::Waiters)?;
+        let waiters = if config.max_waiting > 0 {
+            Some(Waiters::start(config.waiters).map_err(Error::Waiters)?)
+        } else {
+            None
+        };
         let backend = FsBackend {
+            parked,
+            waiters,
+            vrings: Mutex::new(vec![None; num_queues]),
             config_space: config.config_space().to_vec(),
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
@@ -295,6 +393,16 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
         let backend = self.backend.clone();
         let daemon = VhostUserDaemon::new("sluice-vhost".to_string(), self.backend, mem);
         let result = daemon.map_err(daemon_error).and_then(|mut daemon| {
+            // Each worker polls its queue's completion eventfd beside the
+            // queue's kick.
+            let event = u64::from(backend.completion_event());
+            for (queue, epoll_handler) in daemon.get_epoll_handlers().iter().enumerate() {
+                if let Some(parked) = backend.parked.get(queue) {
+                    epoll_handler
+                        .register_listener(parked.event_fd(), EventSet::IN, event)
+                        .map_err(|e| Error::Daemon(format!("cannot poll completions: {e}")))?;
+                }
+            }
             daemon.start(listener).map_err(daemon_error)?;
             info!("vhost-user frontend connected");
             let result = daemon.wait();
@@ -308,6 +416,12 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             Ok(result)
         });
         backend.close_exit_consumers();
+        // The workers are gone; let the waiters finish what they run (it
+        // writes into mappings the jobs keep alive) and drop the rest,
+        // before the file system closes its session.
+        if let Some(waiters) = &backend.waiters {
+            waiters.shut_down();
+        }
         let result = result?;
         info!("vhost-user frontend disconnected");
         handler.connection_closed();

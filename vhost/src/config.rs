@@ -35,6 +35,16 @@ pub struct DeviceConfig {
     /// How READ data from local files (`file://` objects, disk-cache files)
     /// reaches guest memory: io_uring into registered guest memory, or pread.
     pub guest_io: GuestIoMode,
+    /// Most requests of one queue that wait (a block not in the memory
+    /// cache, a commit, a sync) on the waiter threads while the queue's
+    /// worker goes on with the others; at the bound the worker stops taking
+    /// requests off the ring until one comes back. 0 answers every request
+    /// on the worker, in ring order (the behaviour before out-of-order
+    /// completion).
+    pub max_waiting: usize,
+    /// Threads that run the requests that wait, for all queues of the
+    /// device.
+    pub waiters: usize,
 }
 
 impl DeviceConfig {
@@ -42,6 +52,12 @@ impl DeviceConfig {
     pub const DEFAULT_QUEUE_SIZE: u16 = 1024;
     /// Default request size limit: a 4 MiB write plus room for headers.
     pub const DEFAULT_MAX_REQUEST_SIZE: usize = 4 * 1024 * 1024 + 4096;
+    /// Default bound on a queue's requests with the waiters.
+    pub const DEFAULT_MAX_WAITING: usize = 64;
+    /// Default number of waiter threads.
+    pub const DEFAULT_WAITERS: usize = 16;
+    /// The most waiter threads a device may have.
+    pub const MAX_WAITERS: usize = 1024;
 
     /// A configuration with the given tag and queue count and default limits.
     pub fn new(tag: impl Into<String>, request_queues: usize) -> Self {
@@ -52,6 +68,8 @@ impl DeviceConfig {
             max_request_size: Self::DEFAULT_MAX_REQUEST_SIZE,
             worker_cpus: Vec::new(),
             guest_io: GuestIoMode::default(),
+            max_waiting: Self::DEFAULT_MAX_WAITING,
+            waiters: Self::DEFAULT_WAITERS,
         }
     }
 
@@ -69,6 +87,20 @@ impl DeviceConfig {
         }
         if self.queue_size < 2 || !self.queue_size.is_power_of_two() {
             return Err(Error::InvalidQueueSize(u32::from(self.queue_size)));
+        }
+        if self.max_waiting > usize::from(u16::MAX) {
+            return Err(Error::InvalidWaiting(format!(
+                "at most {} requests of a queue can wait, not {}",
+                u16::MAX,
+                self.max_waiting
+            )));
+        }
+        if self.max_waiting > 0 && !(1..=Self::MAX_WAITERS).contains(&self.waiters) {
+            return Err(Error::InvalidWaiting(format!(
+                "between 1 and {} waiter threads, not {}",
+                Self::MAX_WAITERS,
+                self.waiters
+            )));
         }
         if self.max_request_size < IN_HEADER_LEN {
             return Err(Error::InvalidRequestLimit {
@@ -129,6 +161,12 @@ mod tests {
             DeviceConfig::new("fs", 64).validate(),
             Err(Error::InvalidQueueCount { .. })
         ));
+        let mut none = DeviceConfig::new("fs", 1);
+        none.waiters = 0;
+        assert!(matches!(none.validate(), Err(Error::InvalidWaiting(_))));
+        none.max_waiting = 0;
+        none.validate()
+            .expect("no waiters needed when nothing waits");
         let mut odd = DeviceConfig::new("fs", 1);
         odd.queue_size = 100;
         assert!(matches!(odd.validate(), Err(Error::InvalidQueueSize(100))));

@@ -35,9 +35,16 @@ pub enum Error {
         /// Queues of the device (hiprio included).
         queues: usize,
     },
+    /// The bound on waiting requests or the number of waiter threads is out
+    /// of range.
+    #[error("--max-waiting/--waiters: {0}")]
+    InvalidWaiting(String),
     /// An eventfd for stopping the workers could not be created.
     #[error("cannot create a worker exit eventfd")]
     ExitEvent(#[source] io::Error),
+    /// The waiter threads or their completion eventfds could not be set up.
+    #[error("cannot start the threads that answer waiting requests")]
+    Waiters(#[source] io::Error),
     /// The vhost-user socket could not be created.
     #[error("cannot listen on the vhost-user socket {path}")]
     Listen {

@@ -1,8 +1,8 @@
 //! The bridge to the `fuse` crate: requests taken off a virtqueue go to its
 //! [`Dispatcher`], replies go straight into the guest's writable buffers.
 
+use std::cell::RefCell;
 use std::io::{self, Write};
-use std::sync::Mutex;
 
 use sluice_fuse::{
     Dispatcher, Filesystem, Fragment, Outcome, ReadFill, ReplyHead, ReplySink, Scratch,
@@ -17,19 +17,20 @@ use crate::frame::{OUT_HEADER_LEN, error_reply, out_header};
 #[derive(Debug)]
 pub struct FuseHandler<F> {
     dispatcher: Dispatcher<F>,
-    /// Reply buffers, one per queue; each is only used by its queue's worker.
-    scratch: Vec<Mutex<Scratch>>,
+}
+
+thread_local! {
+    /// Reply buffers of the thread answering: a queue's worker, or a waiter
+    /// answering a request that waited. Per thread, so a waiter holding a
+    /// request for the length of an object-store GET never holds up the
+    /// worker.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::new());
 }
 
 impl<F: Filesystem> FuseHandler<F> {
-    /// A handler for a device with `num_queues` queues (hiprio included).
-    pub fn new(dispatcher: Dispatcher<F>, num_queues: usize) -> Self {
-        FuseHandler {
-            dispatcher,
-            scratch: (0..num_queues)
-                .map(|_| Mutex::new(Scratch::new()))
-                .collect(),
-        }
+    /// A handler serving `dispatcher`'s file system.
+    pub fn new(dispatcher: Dispatcher<F>) -> Self {
+        FuseHandler { dispatcher }
     }
 
     /// The dispatcher, e.g. to shut the session down when the device stops.
@@ -39,19 +40,14 @@ impl<F: Filesystem> FuseHandler<F> {
 }
 
 impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
-    fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
-        let outcome = match self.scratch.get(usize::from(queue)) {
-            Some(scratch) => {
-                let mut scratch = scratch
-                    .lock()
-                    .map_err(|_| io::Error::other("reply buffers poisoned"))?;
-                self.dispatcher
-                    .handle_message(request, &mut scratch, reply)?
-            }
-            None => self
+    fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+        let outcome = SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.dispatcher.handle_message(request, &mut scratch, reply),
+            // Never nested on one thread; were it, fresh buffers are right.
+            Err(_) => self
                 .dispatcher
-                .handle_message(request, &mut Scratch::new(), reply)?,
-        };
+                .handle_message(request, &mut Scratch::new(), reply),
+        })?;
         if outcome == Outcome::Destroyed {
             log::info!("the guest ended the FUSE session (DESTROY)");
         }
@@ -111,6 +107,11 @@ impl ReplySink for Writer<'_> {
                 Fragment::File { file, off, len } => self.write_from_file(file, off, len),
             };
             put.map_err(|e| {
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    // A file range not in the page cache, on a worker that
+                    // must not wait for the disk (`sluice_api::wait`).
+                    return sluice_api::Error::WouldBlock;
+                }
                 sluice_api::Error::Io(io::Error::new(
                     e.kind(),
                     format!("writing READ data into guest memory: {e}"),

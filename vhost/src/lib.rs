@@ -21,6 +21,7 @@ pub mod frame;
 mod fuse_handler;
 pub mod guest_io;
 pub mod socket;
+mod waiting;
 mod worker;
 
 use std::io;

@@ -1,8 +1,10 @@
 //! The per-queue worker: pops descriptor chains in batches, checks their
-//! framing, hands each request to the [`RequestHandler`] and signals the guest
-//! once per batch.
+//! framing, hands each request to the [`RequestHandler`] — on the worker when
+//! it can be answered at once, on a waiter thread when it has to wait
+//! ([`crate::waiting`]) — and signals the guest once per batch.
 
 use std::io::{self, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -17,6 +19,7 @@ use crate::RequestHandler;
 use crate::descriptor::{ChainBuffers, ChainError, Writer};
 use crate::frame::{IN_HEADER_LEN, InHeader, OUT_HEADER_LEN, error_reply};
 use crate::guest_io::{self, GuestIoMode, GuestIoRoute};
+use crate::waiting::{Completion, Job, Parked, Waiters};
 
 /// The guest memory as the backend shares it with its vrings.
 pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -49,6 +52,10 @@ pub struct QueueStats {
     pub guest_copy_bytes: AtomicU64,
     /// Chains popped and not yet returned to the guest.
     pub in_flight: AtomicU64,
+    /// Requests that would have waited on the worker (a block not in the
+    /// memory cache, a commit, a sync) and were answered by a waiter thread
+    /// instead, out of order.
+    pub handed_on: AtomicU64,
     /// Time from popping a chain to returning it on the used ring, in
     /// nanoseconds.
     pub latency: Histogram,
@@ -79,6 +86,7 @@ impl Default for QueueStats {
             guest_io_pread_bytes: AtomicU64::new(0),
             guest_copy_bytes: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            handed_on: AtomicU64::new(0),
             latency: Histogram::new(queue_latency_bounds()),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -114,8 +122,9 @@ pub(crate) struct WorkerState {
     pub pinned: bool,
     /// Reused buffer the request bytes are gathered into.
     request: Vec<u8>,
-    /// Reused list of (head index, used length) of the batch being answered.
-    completed: Vec<(u16, u32)>,
+    /// Reused list of the chains of the batch being answered, and of those
+    /// the waiters finished since the last batch.
+    completed: Vec<Completion>,
 }
 
 /// The rules one worker applies to every chain.
@@ -127,71 +136,123 @@ pub(crate) struct Limits {
     pub batch: usize,
     /// How READ data from local files reaches guest memory.
     pub guest_io: GuestIoMode,
+    /// At most this many chains of the queue are with the waiters (0: none
+    /// is handed on; every request is answered on the worker).
+    pub max_waiting: usize,
 }
 
-/// Serves `vring` until it has no more available chains.
+/// What a worker works with: its queue, the device's shared parts.
+pub(crate) struct QueueCtx<'a, H: ?Sized> {
+    pub queue: u16,
+    pub vring: &'a VringRwLock<GuestMem>,
+    pub mem: &'a GuestMem,
+    pub event_idx: bool,
+    pub limits: Limits,
+    pub handler: &'a Arc<H>,
+    /// The device's counters, one per queue (index `queue`).
+    pub stats: &'a Arc<[QueueStats]>,
+    /// This queue's chains with the waiters.
+    pub parked: &'a Arc<Parked>,
+    /// The device's waiters; `None` when requests are never handed on.
+    pub waiters: Option<&'a Waiters>,
+}
+
+impl<H: ?Sized> QueueCtx<'_, H> {
+    fn stats(&self) -> &QueueStats {
+        &self.stats[usize::from(self.queue)]
+    }
+}
+
+/// How a batch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// Chains were handled; there may be more.
+    Handled,
+    /// The ring had no chain.
+    Empty,
+    /// The queue has [`Limits::max_waiting`] chains with the waiters: take
+    /// no more until one comes back (its completion wakes the worker).
+    Full,
+}
+
+/// What answering one chain came to.
+enum Answer {
+    /// The reply is in the chain: this many bytes.
+    Done(u32),
+    /// The request has to wait: hand the chain on.
+    Wait,
+}
+
+/// Serves the queue until it has no more available chains, or until it has
+/// as many chains with the waiters as it may (then a completion wakes the
+/// worker again). Also returns to the guest every chain the waiters
+/// finished: the worker calls this on a kick and on a completion.
 ///
 /// With EVENT_IDX the worker turns guest notifications off while it drains the
 /// queue and back on when it is empty, re-checking for chains that raced in.
-#[allow(clippy::too_many_arguments)]
+/// A full queue leaves them off: it does not read the ring until a chain
+/// comes back, and the guest need not kick meanwhile.
 pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
-    queue: u16,
-    vring: &VringRwLock<GuestMem>,
-    mem: &GuestMem,
-    event_idx: bool,
-    limits: Limits,
-    handler: &H,
+    ctx: &QueueCtx<'_, H>,
     state: &mut WorkerState,
-    stats: &QueueStats,
 ) -> io::Result<()> {
     loop {
-        if event_idx {
-            vring.disable_notification().map_err(io::Error::other)?;
+        if ctx.event_idx {
+            ctx.vring.disable_notification().map_err(io::Error::other)?;
         }
-        while process_batch(queue, vring, mem, limits, handler, state, stats)? {}
-        if !event_idx || !vring.enable_notification().map_err(io::Error::other)? {
+        loop {
+            match process_batch(ctx, state)? {
+                Batch::Handled => {}
+                Batch::Empty => break,
+                Batch::Full => return Ok(()),
+            }
+        }
+        if !ctx.event_idx || !ctx.vring.enable_notification().map_err(io::Error::other)? {
             return Ok(());
         }
     }
 }
 
-/// Handles up to `limits.batch` chains; returns whether any chain was handled
-/// or is to be read again.
+/// Handles up to `limits.batch` chains (fewer when the waiters hold many of
+/// the queue's), then returns them and the chains the waiters finished to
+/// the used ring under one lock, signalling the guest at most once.
 fn process_batch<H: RequestHandler + ?Sized>(
-    queue: u16,
-    vring: &VringRwLock<GuestMem>,
-    atomic: &GuestMem,
-    limits: Limits,
-    handler: &H,
+    ctx: &QueueCtx<'_, H>,
     state: &mut WorkerState,
-    stats: &QueueStats,
-) -> io::Result<bool> {
+) -> io::Result<Batch> {
+    let (queue, vring, limits) = (ctx.queue, ctx.vring, ctx.limits);
+    let stats = ctx.stats();
     // One snapshot of the memory table for the whole batch: a concurrent
     // SET_MEM_TABLE or REM_MEM_REG swaps in a new table but leaves these
-    // mappings alive until the snapshot is dropped.
-    let mem = atomic.memory().into_inner();
+    // mappings alive until the snapshot is dropped (and a chain handed on
+    // keeps it alive until its waiter is done).
+    let mem = ctx.mem.memory().into_inner();
     if limits.guest_io == GuestIoMode::Uring {
         guest_io::release_stale(&mem);
     }
-    let chains: Vec<_> = {
+    let waiting = ctx.parked.outstanding();
+    let room = match ctx.waiters {
+        Some(_) => limits.batch.min(limits.max_waiting.saturating_sub(waiting)),
+        None => limits.batch,
+    };
+    let chains: Vec<_> = if room == 0 {
+        Vec::new()
+    } else {
         let mut guard = vring.get_mut();
         let queue_state = guard.get_queue_mut();
         match queue_state.iter(&*mem) {
-            Ok(iter) => iter.take(limits.batch).collect(),
+            Ok(iter) => iter.take(room).collect(),
             Err(e) => {
                 warn!("queue {queue}: cannot read the available ring: {e}");
-                return Ok(false);
+                Vec::new()
             }
         }
     };
-    if chains.is_empty() {
-        return Ok(false);
-    }
     // A frontend adds memory (ADD_MEM_REG, SET_MEM_TABLE) before the driver
     // may place buffers in it, so a table swapped in while the ring was read
     // may be the one these chains need. Read them again against it rather
     // than answer a valid request with EFAULT.
-    if !std::sync::Arc::ptr_eq(&mem, &atomic.memory().into_inner()) {
+    if !chains.is_empty() && !Arc::ptr_eq(&mem, &ctx.mem.memory().into_inner()) {
         let rewind = u16::try_from(chains.len()).unwrap_or(u16::MAX);
         drop(chains);
         let mut guard = vring.get_mut();
@@ -199,14 +260,20 @@ fn process_batch<H: RequestHandler + ?Sized>(
         let next = queue_state.next_avail().wrapping_sub(rewind);
         queue_state.set_next_avail(next);
         debug!("queue {queue}: guest memory changed while reading the ring; reading it again");
-        return Ok(true);
+        return Ok(Batch::Handled);
     }
+    let popped_any = !chains.is_empty();
     state.completed.clear();
-    stats.batches.fetch_add(1, Ordering::Relaxed);
+    if popped_any {
+        stats.batches.fetch_add(1, Ordering::Relaxed);
+    }
     let popped = Instant::now();
     stats
         .in_flight
-        .store(chains.len() as u64, Ordering::Relaxed);
+        .store((chains.len() + waiting) as u64, Ordering::Relaxed);
+    // The worker answers what it can answer at once; whatever would wait
+    // fails with WouldBlock and goes to a waiter (`sluice_api::wait`).
+    let no_wait = ctx.waiters.map(|_| sluice_api::wait::no_wait());
     for chain in chains {
         let head = chain.head_index();
         let (buffers, problem) = ChainBuffers::parse(&mem, chain);
@@ -219,24 +286,42 @@ fn process_batch<H: RequestHandler + ?Sized>(
             mode: limits.guest_io,
             stats,
         };
-        let used = handle_chain(
+        match handle_chain(
             queue,
             route,
             &buffers,
             problem,
             limits,
-            handler,
+            &**ctx.handler,
             &mut state.request,
-        );
-        stats
-            .bytes_out
-            .fetch_add(u64::from(used), Ordering::Relaxed);
-        state.completed.push((head, used));
+        ) {
+            Answer::Done(used) => {
+                stats
+                    .bytes_out
+                    .fetch_add(u64::from(used), Ordering::Relaxed);
+                state.completed.push(Completion { head, used, popped });
+            }
+            Answer::Wait => {
+                let request = std::mem::take(&mut state.request);
+                if let Some(done) = hand_on(ctx, &mem, head, buffers, request, popped) {
+                    state.completed.push(done);
+                }
+            }
+        }
+    }
+    drop(no_wait);
+    ctx.parked.take_done(&mut state.completed);
+    if state.completed.is_empty() {
+        return Ok(match (popped_any, room) {
+            (true, _) => Batch::Handled,
+            (false, 0) => Batch::Full,
+            (false, _) => Batch::Empty,
+        });
     }
     let mut guard = vring.get_mut();
-    for &(head, used) in &state.completed {
-        if let Err(e) = guard.get_queue_mut().add_used(&*mem, head, used) {
-            warn!("queue {queue}: cannot return descriptor {head}: {e}");
+    for c in &state.completed {
+        if let Err(e) = guard.get_queue_mut().add_used(&*mem, c.head, c.used) {
+            warn!("queue {queue}: cannot return descriptor {}: {e}", c.head);
         }
     }
     let notify = guard
@@ -244,18 +329,121 @@ fn process_batch<H: RequestHandler + ?Sized>(
         .needs_notification(&*mem)
         .map_err(io::Error::other)?;
     drop(guard);
-    let waited = u64::try_from(popped.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    for _ in &state.completed {
+    for c in &state.completed {
+        let waited = u64::try_from(c.popped.elapsed().as_nanos()).unwrap_or(u64::MAX);
         stats.latency.observe(waited);
     }
-    stats.in_flight.store(0, Ordering::Relaxed);
+    stats
+        .in_flight
+        .store(ctx.parked.outstanding() as u64, Ordering::Relaxed);
     if notify {
         vring.signal_used_queue()?;
     }
-    Ok(true)
+    Ok(match (popped_any, room) {
+        (true, _) => Batch::Handled,
+        (false, 0) => Batch::Full,
+        (false, _) => Batch::Empty,
+    })
 }
 
-/// Answers one chain; returns the number of bytes written into it.
+/// Hands a chain whose request has to wait to a waiter thread, which runs
+/// it again where it may wait, writes the reply into the chain and returns
+/// the chain to the queue. When no waiter runs any more (the connection is
+/// ending) the request is answered here instead, waiting; that answer is
+/// returned.
+fn hand_on<H: RequestHandler + ?Sized>(
+    ctx: &QueueCtx<'_, H>,
+    mem: &Arc<vm_memory::GuestMemoryMmap>,
+    head: u16,
+    buffers: ChainBuffers,
+    request: Vec<u8>,
+    popped: Instant,
+) -> Option<Completion> {
+    let queue = ctx.queue;
+    let stats = ctx.stats();
+    sluice_metrics::add(&stats.handed_on, 1);
+    let run = {
+        let handler = ctx.handler.clone();
+        let all_stats = ctx.stats.clone();
+        let mem = mem.clone();
+        let guest_io = ctx.limits.guest_io;
+        move || -> u32 {
+            let stats = &all_stats[usize::from(queue)];
+            // A waiter has no io_uring ring of its own registered with
+            // the guest's memory: it reads files with pread.
+            let mode = match guest_io {
+                GuestIoMode::Uring => GuestIoMode::Pread,
+                m => m,
+            };
+            let route = GuestIoRoute {
+                table: &mem,
+                mode,
+                stats,
+            };
+            let used = answer(queue, &buffers, route, &*handler, &request);
+            stats
+                .bytes_out
+                .fetch_add(u64::from(used), Ordering::Relaxed);
+            used
+        }
+    };
+    let Some(waiters) = ctx.waiters else {
+        let _wait = sluice_api::wait::allow_wait();
+        return Some(Completion {
+            head,
+            used: run(),
+            popped,
+        });
+    };
+    ctx.parked.hand_on();
+    let parked = ctx.parked.clone();
+    let job: Job = Box::new(move |closing| {
+        if closing {
+            // The connection is ending: the guest will not see this chain.
+            parked.complete(None);
+            return;
+        }
+        let used = run();
+        parked.complete(Some(Completion { head, used, popped }));
+    });
+    match waiters.submit(job) {
+        Ok(()) => None,
+        Err(job) => {
+            // No waiter left: the connection is ending. Say so to the job,
+            // which gives the chain up.
+            job(true);
+            None
+        }
+    }
+}
+
+/// Runs a request whose chain has already been checked and framed, on a
+/// thread that may wait; returns the used length.
+fn answer<H: RequestHandler + ?Sized>(
+    queue: u16,
+    buffers: &ChainBuffers,
+    route: GuestIoRoute<'_>,
+    handler: &H,
+    request: &[u8],
+) -> u32 {
+    // A fresh writer: whatever the first attempt placed is overwritten.
+    let mut reply = buffers.routed_writer(route);
+    let unique = InHeader::parse(request).map_or(0, |h| h.unique);
+    match handler.handle(queue, request, &mut reply) {
+        Ok(()) => used_len(&reply),
+        Err(e) => {
+            debug!("queue {queue}: handler failed on a request that waited: {e}");
+            if reply.bytes_written() == 0 {
+                answer_error(&mut reply, libc::EIO, unique)
+            } else {
+                used_len(&reply)
+            }
+        }
+    }
+}
+
+/// Answers one chain: the number of bytes written into it, or that its
+/// request has to wait (its bytes are left in `request`).
 fn handle_chain<H: RequestHandler + ?Sized>(
     queue: u16,
     route: GuestIoRoute<'_>,
@@ -264,7 +452,26 @@ fn handle_chain<H: RequestHandler + ?Sized>(
     limits: Limits,
     handler: &H,
     request: &mut Vec<u8>,
-) -> u32 {
+) -> Answer {
+    Answer::Done(
+        match frame_and_handle(queue, route, buffers, problem, limits, handler, request) {
+            Some(used) => used,
+            None => return Answer::Wait,
+        },
+    )
+}
+
+/// [`handle_chain`]'s work: `None` when the handler said the request has
+/// to wait.
+fn frame_and_handle<H: RequestHandler + ?Sized>(
+    queue: u16,
+    route: GuestIoRoute<'_>,
+    buffers: &ChainBuffers,
+    problem: Option<ChainError>,
+    limits: Limits,
+    handler: &H,
+    request: &mut Vec<u8>,
+) -> Option<u32> {
     let mut reply = buffers.routed_writer(route);
     request.clear();
     let mut reader = buffers.reader(route.table);
@@ -281,7 +488,7 @@ fn handle_chain<H: RequestHandler + ?Sized>(
         guest_fault(format_args!(
             "queue {queue}: cannot read the request from guest memory: {e}"
         ));
-        return answer_error(&mut reply, libc::EFAULT, 0);
+        return Some(answer_error(&mut reply, libc::EFAULT, 0));
     }
     let header = InHeader::parse(request);
     let unique = header.map_or(0, |h| h.unique);
@@ -293,38 +500,41 @@ fn handle_chain<H: RequestHandler + ?Sized>(
             ChainError::OutsideGuestMemory { .. } => libc::EFAULT,
             _ => libc::EINVAL,
         };
-        return answer_error(&mut reply, errno, unique);
+        return Some(answer_error(&mut reply, errno, unique));
     }
     let Some(header) = header else {
         guest_fault(format_args!(
             "queue {queue}: request of {readable} bytes is shorter than a FUSE header"
         ));
-        return answer_error(&mut reply, libc::EINVAL, 0);
+        return Some(answer_error(&mut reply, libc::EINVAL, 0));
     };
     if readable > limits.max_request_size {
         guest_fault(format_args!(
             "queue {queue}: request of {readable} bytes exceeds the {} byte limit",
             limits.max_request_size
         ));
-        return answer_error(&mut reply, libc::E2BIG, unique);
+        return Some(answer_error(&mut reply, libc::E2BIG, unique));
     }
     if header.len as usize != readable {
         guest_fault(format_args!(
             "queue {queue}: request header says {} bytes but the chain holds {readable}",
             header.len
         ));
-        return answer_error(&mut reply, libc::EINVAL, unique);
+        return Some(answer_error(&mut reply, libc::EINVAL, unique));
     }
     if let Err(e) = handler.handle(queue, request, &mut reply) {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return None;
+        }
         debug!(
             "queue {queue}: handler failed on opcode {}: {e}",
             header.opcode
         );
         if reply.bytes_written() == 0 {
-            return answer_error(&mut reply, libc::EIO, unique);
+            return Some(answer_error(&mut reply, libc::EIO, unique));
         }
     }
-    used_len(&reply)
+    Some(used_len(&reply))
 }
 
 /// Warns about a request the guest got wrong: at most

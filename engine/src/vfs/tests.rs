@@ -1752,3 +1752,66 @@ fn posix_acls_are_refused() {
         vec![b"user.k".to_vec()]
     );
 }
+
+/// A thread that must not wait (a virtio-fs queue worker) gets
+/// `WouldBlock` for a read whose block is not in the memory cache, before
+/// anything changed; the second run, where waiting is allowed, reads it.
+#[test]
+fn a_read_that_would_wait_fails_first_and_runs_once_again() {
+    let t = setup();
+    let data = random(3 * MIB as usize, 21);
+    let (ino, fh) = t.create("f");
+    t.write(ino, fh, 0, &data);
+    t.vfs.flush(&ctx(), ino, fh).unwrap();
+    // Buffered writes: a read would commit them first, which waits.
+    t.write(ino, fh, 0, &data[..4096]);
+    let mut got = Vec::new();
+    let collect = |frag: Fragment<'_>, got: &mut Vec<u8>| -> Result<()> {
+        match frag {
+            Fragment::Zeros(n) => got.resize(got.len() + n, 0),
+            Fragment::Data(d) => got.extend_from_slice(d),
+            Fragment::File { file, off, len } => {
+                let at = got.len();
+                got.resize(at + len, 0);
+                crate::reader::read_file_exact(file, off, &mut got[at..])?;
+            }
+        }
+        Ok(())
+    };
+    {
+        let _g = sluice_api::wait::no_wait();
+        let r = t
+            .vfs
+            .read_fragments(&ctx(), ino, fh, 0, 4096, &mut |f| collect(f, &mut got));
+        assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
+    }
+    t.vfs.flush(&ctx(), ino, fh).unwrap();
+    // A fresh engine: nothing of the file in its memory cache.
+    let dir = t.dir.path().to_owned();
+    drop(t.vfs);
+    let vfs = open_vol(&dir, test_cfg());
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let read = |vfs: &Vfs, off: u64, len: usize, got: &mut Vec<u8>| {
+        got.clear();
+        vfs.read_fragments(&ctx(), ino, fh, off, len, &mut |f| collect(f, got))
+    };
+    {
+        // The first read of the file, from its start: a sequential stream
+        // that reads whole blocks, which are not cached.
+        let _g = sluice_api::wait::no_wait();
+        let r = read(&vfs, 0, 128 << 10, &mut got);
+        assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
+    }
+    {
+        let _g = sluice_api::wait::retry();
+        assert_eq!(read(&vfs, 0, 128 << 10, &mut got).unwrap(), 128 << 10);
+        assert_eq!(got, data[..128 << 10]);
+    }
+    // The block is cached now: the worker answers the next read itself.
+    let _g = sluice_api::wait::no_wait();
+    assert_eq!(
+        read(&vfs, 128 << 10, 128 << 10, &mut got).unwrap(),
+        128 << 10
+    );
+    assert_eq!(got, data[128 << 10..256 << 10]);
+}

@@ -1,0 +1,271 @@
+//! Requests that wait, off the queue workers.
+//!
+//! A queue worker answers every request it can answer without waiting and
+//! publishes it with its batch. A request that would wait — a READ whose
+//! block is not in the memory cache, an FSYNC, a FLUSH — fails its first run
+//! with `WouldBlock` (the worker runs it under [`sluice_api::wait::no_wait`])
+//! and is handed on, with its descriptor chain, to a waiter thread of the
+//! device ([`Waiters`]). The waiter runs it again where it may wait, writing
+//! the reply straight into the chain's buffers, and hands the chain back to
+//! the queue ([`Parked::complete`]): the completion goes on the queue's list
+//! and the queue's eventfd wakes its worker, which returns every finished
+//! chain to the used ring under one lock and signals the guest once.
+//!
+//! Bounds: a queue has at most [`crate::DeviceConfig::max_waiting`] chains
+//! handed on and not yet returned; a worker that reaches the bound stops
+//! taking chains off the ring (they stay there, the guest's back-pressure)
+//! until a completion wakes it. The waiter threads are the device's, at most
+//! [`crate::DeviceConfig::waiters`], and end with the connection.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use log::warn;
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+/// A chain a waiter finished: its head, the bytes written into it, and when
+/// the worker took it off the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Completion {
+    pub head: u16,
+    pub used: u32,
+    pub popped: Instant,
+}
+
+#[derive(Debug, Default)]
+struct ParkedState {
+    /// Chains handed to waiters and not finished.
+    running: usize,
+    /// Chains finished and not yet returned to the used ring.
+    done: Vec<Completion>,
+}
+
+/// One queue's chains that are with the waiters.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    state: Mutex<ParkedState>,
+    /// Signalled whenever a chain finishes (for [`Parked::drain`]).
+    finished: Condvar,
+    /// Written when a chain finishes; the queue's worker polls it.
+    event: EventFd,
+}
+
+impl Parked {
+    pub fn new() -> io::Result<Parked> {
+        Ok(Parked {
+            state: Mutex::new(ParkedState::default()),
+            finished: Condvar::new(),
+            event: EventFd::new(EFD_NONBLOCK)?,
+        })
+    }
+
+    /// The eventfd the queue's worker polls.
+    pub fn event_fd(&self) -> std::os::fd::RawFd {
+        self.event.as_raw_fd()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ParkedState> {
+        // Nothing panics while holding it; a poisoned lock still holds
+        // consistent counts.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Chains handed on and not yet returned to the ring.
+    pub fn outstanding(&self) -> usize {
+        let s = self.lock();
+        s.running + s.done.len()
+    }
+
+    /// Counts a chain as handed on.
+    pub fn hand_on(&self) {
+        self.lock().running += 1;
+    }
+
+    /// A waiter finished a chain (or dropped it, `None`, at the end of the
+    /// connection): queue it for the worker and wake the worker.
+    pub fn complete(&self, done: Option<Completion>) {
+        let mut s = self.lock();
+        s.running = s.running.saturating_sub(1);
+        if let Some(c) = done {
+            s.done.push(c);
+        }
+        drop(s);
+        self.finished.notify_all();
+        if let Err(e) = self.event.write(1) {
+            warn!("cannot wake a queue worker: {e}");
+        }
+    }
+
+    /// Takes the finished chains (the worker, woken by the eventfd).
+    pub fn take_done(&self, into: &mut Vec<Completion>) {
+        // The counter is reset before the list is read: a completion after
+        // this read writes the eventfd again.
+        let _ = self.event.read();
+        into.append(&mut self.lock().done);
+    }
+
+    /// Waits until no chain is with a waiter and takes the finished ones:
+    /// the ring is being stopped (GET_VRING_BASE) and must not change after.
+    pub fn drain(&self, into: &mut Vec<Completion>) {
+        let mut s = self.lock();
+        while s.running > 0 {
+            s = self.finished.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        into.append(&mut s.done);
+    }
+}
+
+/// A request to run again where waiting is allowed. It gets whether the
+/// connection is closing (then it only gives its chain up).
+pub(crate) type Job = Box<dyn FnOnce(bool) + Send>;
+
+/// The device's waiter threads.
+#[derive(Debug)]
+pub(crate) struct Waiters {
+    jobs: Mutex<Option<crossbeam_channel::Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    closing: Arc<AtomicBool>,
+}
+
+impl Waiters {
+    /// Starts `count` waiter threads.
+    pub fn start(count: usize) -> io::Result<Waiters> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let closing = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(count);
+        for i in 0..count {
+            let rx = rx.clone();
+            let closing = closing.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("vfs-wait-{i}"))
+                .spawn(move || {
+                    // Everything a waiter runs is a second attempt.
+                    let _retry = sluice_api::wait::retry();
+                    for job in rx {
+                        job(closing.load(Ordering::Acquire));
+                    }
+                })?;
+            threads.push(t);
+        }
+        Ok(Waiters {
+            jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+            closing,
+        })
+    }
+
+    /// Hands `job` to a waiter; gives it back when none runs any more.
+    pub fn submit(&self, job: Job) -> Result<(), Job> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        match &*jobs {
+            Some(tx) => tx.send(job).map_err(|e| e.into_inner()),
+            None => Err(job),
+        }
+    }
+
+    /// Ends the waiters: jobs not started give their chains up, the running
+    /// ones finish; returns once every thread has ended, so no request
+    /// writes into guest memory after this.
+    pub fn shut_down(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            if t.join().is_err() {
+                warn!("a virtio-fs waiter thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Waiters {
+    fn drop(&mut self) {
+        self.shut_down();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_wake_the_worker_and_drain_waits_for_running_chains() {
+        let parked = Arc::new(Parked::new().unwrap());
+        let waiters = Waiters::start(2).unwrap();
+        let now = Instant::now();
+        for head in 0..4u16 {
+            parked.hand_on();
+            let p = parked.clone();
+            let job: Job = Box::new(move |closing| {
+                assert!(!closing);
+                // A waiter may wait.
+                assert!(sluice_api::wait::may_wait().is_ok());
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                p.complete(Some(Completion {
+                    head,
+                    used: u32::from(head) * 10,
+                    popped: now,
+                }));
+            });
+            assert!(waiters.submit(job).is_ok());
+        }
+        let mut done = Vec::new();
+        parked.drain(&mut done);
+        done.sort_by_key(|c| c.head);
+        assert_eq!(
+            done.iter().map(|c| c.used).collect::<Vec<_>>(),
+            [0, 10, 20, 30]
+        );
+        assert_eq!(parked.outstanding(), 0);
+        // The eventfd was written; taking resets it.
+        let mut more = Vec::new();
+        parked.take_done(&mut more);
+        assert!(more.is_empty());
+        assert!(parked.event.read().is_err(), "the eventfd was reset");
+        waiters.shut_down();
+        let job: Job = Box::new(|_| {});
+        assert!(
+            waiters.submit(job).is_err(),
+            "no waiter runs after shut_down"
+        );
+    }
+
+    #[test]
+    fn jobs_queued_at_shutdown_are_told_the_connection_is_closing() {
+        let parked = Arc::new(Parked::new().unwrap());
+        let waiters = Waiters::start(1).unwrap();
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        parked.hand_on();
+        let p = parked.clone();
+        let first: Job = Box::new(move |_| {
+            gate_rx.recv().unwrap();
+            p.complete(None);
+        });
+        assert!(waiters.submit(first).is_ok());
+        let told = Arc::new(AtomicBool::new(false));
+        let t = told.clone();
+        parked.hand_on();
+        let p = parked.clone();
+        let second: Job = Box::new(move |closing| {
+            t.store(closing, Ordering::Release);
+            p.complete(None);
+        });
+        assert!(waiters.submit(second).is_ok());
+        // The first job finishes only once shut_down has begun.
+        let closing = waiters.closing.clone();
+        let releaser = std::thread::spawn(move || {
+            while !closing.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            gate_tx.send(()).unwrap();
+        });
+        waiters.shut_down();
+        releaser.join().unwrap();
+        assert!(told.load(Ordering::Acquire));
+        assert_eq!(parked.outstanding(), 0);
+    }
+}
