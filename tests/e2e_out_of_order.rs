@@ -10,12 +10,17 @@
 //! `--max-waiting 0` (every request answered on the worker, in ring order)
 //! the cold READ comes back first — which shows the test can tell the two
 //! apart.
+//!
+//! The host mount gets the same treatment: with one thread serving
+//! `/dev/fuse`, a read of a cached file finishes while a cold read waits.
 
 mod common;
 
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Mount, SLUICE, Watchdog, sluice_ok};
@@ -207,27 +212,7 @@ fn completion_order(meta: &str, dir: &Path, name: &str, extra: &[&str]) -> Vec<b
 fn cached_reads_are_not_held_up_by_a_cold_read_on_the_same_queue() {
     let _dog = Watchdog::new("out_of_order", Duration::from_secs(600));
     let dir = tempfile::tempdir().unwrap();
-    let s3 = TestS3Server::start(&dir.path().join("s3"), AK, SK).expect("the S3 server");
-    let meta = format!("sqlite3://{}", dir.path().join("meta.db").display());
-    sluice_ok(&[
-        "format",
-        &meta,
-        "ooo",
-        "--storage",
-        "s3",
-        "--bucket",
-        &s3.bucket_url("ooo"),
-        "--access-key",
-        AK,
-        "--secret-key",
-        SK,
-    ]);
-    let mnt = dir.path().join("mnt");
-    fs::create_dir_all(&mnt).unwrap();
-    let mount = Mount::start(&meta, &mnt, &dir.path().join("mount.log"), &[]);
-    fs::write(mnt.join("hot"), pattern(1, HOT_LEN)).unwrap();
-    fs::write(mnt.join("cold"), pattern(2, COLD_LEN)).unwrap();
-    mount.unmount();
+    let (s3, meta) = s3_volume(dir.path());
     // From now on every S3 answer is held 50 ms: a remote store's first
     // byte. Each `serve` starts with an empty memory cache and no disk
     // cache, so every block it has not read yet is a GET.
@@ -247,5 +232,114 @@ fn cached_reads_are_not_held_up_by_a_cold_read_on_the_same_queue() {
         order.first(),
         Some(&true),
         "with --max-waiting 0 the cold READ is answered first: {order:?}"
+    );
+}
+
+/// Formats a volume on a loopback S3 server and writes `hot` and `cold`
+/// through a host mount.
+fn s3_volume(dir: &Path) -> (TestS3Server, String) {
+    let s3 = TestS3Server::start(&dir.join("s3"), AK, SK).expect("the S3 server");
+    let meta = format!("sqlite3://{}", dir.join("meta.db").display());
+    sluice_ok(&[
+        "format",
+        &meta,
+        "ooo",
+        "--storage",
+        "s3",
+        "--bucket",
+        &s3.bucket_url("ooo"),
+        "--access-key",
+        AK,
+        "--secret-key",
+        SK,
+    ]);
+    let mnt = dir.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mount = Mount::start(&meta, &mnt, &dir.join("mount.log"), &[]);
+    fs::write(mnt.join("hot"), pattern(1, HOT_LEN)).unwrap();
+    fs::write(mnt.join("cold"), pattern(2, COLD_LEN)).unwrap();
+    mount.unmount();
+    (s3, meta)
+}
+
+/// Drops the kernel's cached pages of `path`, so the next read reaches the
+/// daemon.
+fn drop_pages(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(path).unwrap();
+    // SAFETY: a plain advice call on a descriptor we own.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
+}
+
+/// Mounts the volume with one serving thread and `extra`; while a thread
+/// reads the cold file (every S3 answer held 3 s), reads the cached hot
+/// file. Returns whether the cold read had finished when the hot read
+/// returned.
+fn cold_done_when_hot_returns(
+    s3: &TestS3Server,
+    meta: &str,
+    dir: &Path,
+    sub: &str,
+    extra: &[&str],
+) -> bool {
+    let mnt = dir.join(sub);
+    fs::create_dir_all(&mnt).unwrap();
+    let mut args = vec!["--threads", "1"];
+    args.extend_from_slice(extra);
+    let mount = Mount::start(meta, &mnt, &dir.join(format!("{sub}.log")), &args);
+    // Warm the daemon's memory cache with the hot file, then make the
+    // kernel forget its pages.
+    assert_eq!(fs::read(mnt.join("hot")).unwrap(), pattern(1, HOT_LEN));
+    drop_pages(&mnt.join("hot"));
+    let gets_before = s3.faults().requests();
+    let cold_done = Arc::new(AtomicBool::new(false));
+    let cold = {
+        let (path, done) = (mnt.join("cold"), cold_done.clone());
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0u8; COLD_READ as usize];
+            fs::File::open(path)
+                .unwrap()
+                .read_exact_at(&mut buf, 4 << 20)
+                .unwrap();
+            done.store(true, Ordering::Release);
+            buf
+        })
+    };
+    // The cold READ is in the daemon once its GET reached the S3 server.
+    while s3.faults().requests() == gets_before {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let hot = {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; HOT_READ as usize];
+        fs::File::open(mnt.join("hot"))
+            .unwrap()
+            .read_exact_at(&mut buf, 8192)
+            .unwrap();
+        buf
+    };
+    let done_then = cold_done.load(Ordering::Acquire);
+    assert_eq!(hot, pattern(1, HOT_LEN)[8192..8192 + HOT_READ as usize]);
+    let got = cold.join().unwrap();
+    assert!(got == pattern(2, COLD_LEN)[4 << 20..(4 << 20) + COLD_READ as usize]);
+    mount.unmount();
+    done_then
+}
+
+#[test]
+fn the_host_mount_answers_cached_reads_while_a_cold_read_waits() {
+    let _dog = Watchdog::new("out_of_order_mount", Duration::from_secs(600));
+    let dir = tempfile::tempdir().unwrap();
+    let (s3, meta) = s3_volume(dir.path());
+    s3.faults().set(0, 1000, Duration::from_secs(3), 0, 0);
+    // With `--max-waiting 0` the one serving thread answers the cached
+    // read only after the cold one (checked by hand: this assertion then
+    // fails); the flag is set by the cold reader once its read returned, so
+    // that contrast cannot be asserted here without a race.
+    assert!(
+        !cold_done_when_hot_returns(&s3, &meta, dir.path(), "a", &[]),
+        "the cached read waited for the cold one"
     );
 }

@@ -42,19 +42,73 @@ impl Fragment<'_> {
 }
 
 /// Reads exactly `dst.len()` bytes of `file` at `off` (a local object read
-/// in part); a short object is corrupt.
+/// in part); a short object is corrupt. On a thread that must not wait
+/// ([`crate::wait::no_wait`]) it reads only what the page cache holds
+/// (RWF_NOWAIT) and fails with [`Error::WouldBlock`] where the disk would
+/// be read.
 pub fn read_file_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result<()> {
     use std::os::unix::fs::FileExt;
-    file.read_exact_at(dst, off).map_err(|e| {
+    if crate::wait::mode() == crate::wait::Mode::NoWait {
+        return read_cached_exact(file, off, dst);
+    }
+    file.read_exact_at(dst, off)
+        .map_err(|e| short_or_io(e, off, dst.len()))
+}
+
+/// [`read_file_exact`] from the page cache only.
+fn read_cached_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < dst.len() {
+        let rest = &mut dst[got..];
+        let at = off
+            .checked_add(got as u64)
+            .and_then(|at| libc::off_t::try_from(at).ok())
+            .ok_or_else(|| Error::Invalid(format!("file offset {off} + {got}")))?;
+        let iov = libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        };
+        // SAFETY: the iovec describes `rest`, a live, exclusively borrowed
+        // buffer; preadv2 writes at most its length into it.
+        let r = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
+        match r {
+            0 => {
+                let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+                return Err(short_or_io(e, off, dst.len()));
+            }
+            r if r < 0 => {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EAGAIN) => return Err(Error::WouldBlock),
+                    // No RWF_NOWAIT on this file system: read, waiting.
+                    Some(libc::EOPNOTSUPP) => {
+                        return file
+                            .read_exact_at(&mut dst[got..], at as u64)
+                            .map_err(|e| short_or_io(e, off, dst.len()));
+                    }
+                    _ => return Err(Error::Io(e)),
+                }
+            }
+            r => got += r as usize,
+        }
+    }
+    Ok(())
+}
+
+fn short_or_io(e: std::io::Error, off: u64, len: usize) -> Error {
+    {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             Error::Corrupt(format!(
                 "a block object is shorter than {} bytes",
-                off + dst.len() as u64
+                off + len as u64
             ))
         } else {
             Error::Io(e)
         }
-    })
+    }
 }
 
 #[cfg(test)]
@@ -88,7 +142,14 @@ mod tests {
         read_file_exact(&f, 2, &mut buf).unwrap();
         assert_eq!(&buf, b"2345");
         let err = read_file_exact(&f, 8, &mut buf).unwrap_err();
-        std::fs::remove_file(&path).unwrap();
         assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+        // The same from the page cache only (the file was just written:
+        // its pages are there).
+        let _g = crate::wait::no_wait();
+        read_file_exact(&f, 2, &mut buf).unwrap();
+        assert_eq!(&buf, b"2345");
+        let err = read_file_exact(&f, 8, &mut buf).unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+        std::fs::remove_file(&path).unwrap();
     }
 }

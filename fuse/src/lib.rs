@@ -53,7 +53,7 @@ pub use export::Export;
 pub use metrics::{OpMetrics, OpSnapshot};
 pub use reply::{ReplyHead, Timeouts};
 pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
-pub use session::{BackgroundSession, Session};
+pub use session::{BackgroundSession, Session, Waiting};
 /// The trait the dispatcher calls and the types it speaks in are
 /// `sluice-api`'s; re-exported so transports and tests name one crate.
 pub use sluice_api::{Fh, Filesystem, Fragment, Listed, OpenOut};

@@ -12,11 +12,21 @@
 //! reply write failing with ENOENT (the kernel no longer waits for that
 //! request) is ignored. When the last
 //! worker ends — by DESTROY or by unmount — `Filesystem::destroy` runs once.
+//!
+//! A worker never waits on storage while requests queue behind it: it runs
+//! each request under `sluice_api::wait::no_wait`, and one that would wait
+//! (a block not in the memory cache, a file range not in the page cache, a
+//! commit, a sync) is copied and handed to a waiter thread, which runs it
+//! again and writes its reply to `/dev/fuse` itself; the kernel matches
+//! replies to requests by their id, in any order. At most
+//! [`Waiting::max_waiting`] requests wait at once; past that a worker
+//! answers the request itself, waiting — the back-pressure.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crate::dev::{self, DevError, Mount};
@@ -88,12 +98,127 @@ impl ReplySink for DevSink<'_> {
     }
 }
 
+/// How a session answers requests that would wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// Most requests waiting on the waiter threads at once (0: every
+    /// request is answered by the worker that read it, waiting).
+    pub max_waiting: usize,
+    /// Waiter threads.
+    pub waiters: usize,
+}
+
+impl Default for Waiting {
+    fn default() -> Self {
+        Waiting {
+            max_waiting: 64,
+            waiters: 16,
+        }
+    }
+}
+
+/// A request handed to a waiter: its bytes and the `/dev/fuse` file its
+/// reply goes to.
+type Job = (Vec<u8>, Arc<OwnedFd>);
+
+/// The session's waiter threads.
+#[derive(Debug)]
+struct Waiters {
+    jobs: crossbeam_channel::Sender<Job>,
+    threads: Vec<JoinHandle<()>>,
+    /// Requests handed on and not yet answered.
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+}
+
+impl Waiters {
+    fn start<F: Filesystem + 'static>(
+        dispatcher: &Arc<Dispatcher<F>>,
+        settings: Waiting,
+    ) -> Result<Option<Waiters>, DevError> {
+        if settings.max_waiting == 0 || settings.waiters == 0 {
+            return Ok(None);
+        }
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let mut threads = Vec::with_capacity(settings.waiters);
+        for i in 0..settings.waiters {
+            let rx = rx.clone();
+            let dispatcher = Arc::clone(dispatcher);
+            let waiting = Arc::clone(&waiting);
+            let t = std::thread::Builder::new()
+                .name(format!("sluice-wait-{i}"))
+                .spawn(move || {
+                    // Everything a waiter runs is a second attempt.
+                    let _retry = sluice_api::wait::retry();
+                    let mut scratch = Scratch::new();
+                    let mut gather = Vec::new();
+                    for (request, fd) in rx {
+                        let mut sink = DevSink {
+                            fd: &fd,
+                            gather: std::mem::take(&mut gather),
+                        };
+                        match dispatcher.handle_message(&request, &mut scratch, &mut sink) {
+                            Ok(_) => {}
+                            // The kernel no longer waits for it, or the
+                            // mount is gone.
+                            Err(e)
+                                if matches!(
+                                    e.raw_os_error(),
+                                    Some(libc::ENOENT | libc::ENODEV)
+                                ) => {}
+                            Err(e) => log::warn!("a reply to /dev/fuse failed: {e}"),
+                        }
+                        gather = sink.gather;
+                        waiting.fetch_sub(1, Ordering::AcqRel);
+                    }
+                })
+                .map_err(DevError::Spawn)?;
+            threads.push(t);
+        }
+        Ok(Some(Waiters {
+            jobs: tx,
+            threads,
+            waiting,
+            max_waiting: settings.max_waiting,
+        }))
+    }
+
+    /// Hands a request on; gives it back when as many requests as allowed
+    /// wait already.
+    fn submit(&self, job: Job) -> Result<(), Job> {
+        let taken = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_waiting).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(job);
+        }
+        self.jobs.send(job).map_err(|e| {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            e.into_inner()
+        })
+    }
+
+    /// Lets the waiters answer what they hold and ends them.
+    fn join(self) {
+        drop(self.jobs);
+        for t in self.threads {
+            if t.join().is_err() {
+                log::warn!("a FUSE waiter thread panicked");
+            }
+        }
+    }
+}
+
 /// A mounted file system ready to be served.
 #[derive(Debug)]
 pub struct Session<F> {
     dispatcher: Arc<Dispatcher<F>>,
     fd: Arc<OwnedFd>,
     path: PathBuf,
+    waiting: Waiting,
 }
 
 /// A session served by background threads.
@@ -102,6 +227,8 @@ pub struct BackgroundSession<F> {
     dispatcher: Arc<Dispatcher<F>>,
     path: PathBuf,
     workers: Vec<JoinHandle<Result<(), DevError>>>,
+    /// Shared with the workers, which end first.
+    waiters: Option<Arc<Waiters>>,
 }
 
 impl<F: Filesystem + 'static> Session<F> {
@@ -112,7 +239,15 @@ impl<F: Filesystem + 'static> Session<F> {
             dispatcher: Arc::new(Dispatcher::new(fs, config)),
             fd: Arc::new(fd),
             path,
+            waiting: Waiting::default(),
         }
+    }
+
+    /// How requests that would wait are answered (default: by 16 waiter
+    /// threads, at most 64 at once).
+    pub fn with_waiting(mut self, waiting: Waiting) -> Self {
+        self.waiting = waiting;
+        self
     }
 
     /// The dispatcher (and through it, the file system).
@@ -128,7 +263,11 @@ impl<F: Filesystem + 'static> Session<F> {
     /// Starts `workers` threads (at least one), each on its own cloned
     /// `/dev/fuse` file. A kernel without `FUSE_DEV_IOC_CLONE` gets workers
     /// sharing the mount's file instead, which is correct, only slower.
-    fn start(&self, workers: usize) -> Result<Vec<JoinHandle<Result<(), DevError>>>, DevError> {
+    fn start(
+        &self,
+        workers: usize,
+        waiters: Option<&Arc<Waiters>>,
+    ) -> Result<Vec<JoinHandle<Result<(), DevError>>>, DevError> {
         let mut handles = Vec::new();
         // One page beyond max_write holds the header and WRITE arguments
         // (libfuse allows the same headroom).
@@ -146,9 +285,10 @@ impl<F: Filesystem + 'static> Session<F> {
                 }
             };
             let dispatcher = Arc::clone(&self.dispatcher);
+            let waiters = waiters.cloned();
             let handle = std::thread::Builder::new()
                 .name(format!("sluice-fuse-{i}"))
-                .spawn(move || serve(&fd, &dispatcher, buf_size))
+                .spawn(move || serve(&fd, &dispatcher, buf_size, waiters.as_deref()))
                 .map_err(DevError::Spawn)?;
             handles.push(handle);
         }
@@ -163,11 +303,13 @@ impl<F: Filesystem + 'static> Session<F> {
 
     /// Serves the mount in the background with `workers` threads.
     pub fn spawn(self, workers: usize) -> Result<BackgroundSession<F>, DevError> {
-        let workers = self.start(workers)?;
+        let waiters = Waiters::start(&self.dispatcher, self.waiting)?.map(Arc::new);
+        let workers = self.start(workers, waiters.as_ref())?;
         Ok(BackgroundSession {
             dispatcher: self.dispatcher,
             path: self.path,
             workers,
+            waiters,
         })
     }
 }
@@ -194,6 +336,11 @@ impl<F: Filesystem> BackgroundSession<F> {
                 first = r;
             }
         }
+        // The workers are gone, and their references with them: let the
+        // waiters answer what they hold, then close the file system.
+        if let Some(waiters) = self.waiters.and_then(Arc::into_inner) {
+            waiters.join();
+        }
         self.dispatcher.shutdown();
         first
     }
@@ -207,9 +354,10 @@ impl<F: Filesystem> BackgroundSession<F> {
 
 /// One worker's loop.
 fn serve<F: Filesystem>(
-    fd: &OwnedFd,
+    fd: &Arc<OwnedFd>,
     dispatcher: &Dispatcher<F>,
     buf_size: usize,
+    waiters: Option<&Waiters>,
 ) -> Result<(), DevError> {
     let mut buf = vec![0u8; buf_size.max(crate::abi::MIN_READ_BUFFER)];
     let mut scratch = Scratch::new();
@@ -233,7 +381,29 @@ fn serve<F: Filesystem>(
                 _ => return Err(DevError::Read(e)),
             },
         };
-        match dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink) {
+        let answered = match waiters {
+            Some(waiters) => {
+                let tried = {
+                    let _no_wait = sluice_api::wait::no_wait();
+                    dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink)
+                };
+                match tried {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        match waiters.submit((buf[..n].to_vec(), Arc::clone(fd))) {
+                            Ok(()) => Ok(Outcome::Continue),
+                            // As many wait as may: answer it here, waiting.
+                            Err(_) => {
+                                let _retry = sluice_api::wait::retry();
+                                dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink)
+                            }
+                        }
+                    }
+                    other => other,
+                }
+            }
+            None => dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink),
+        };
+        match answered {
             Ok(Outcome::Continue) => {}
             Ok(Outcome::Destroyed) => return Ok(()),
             Err(e) => match e.raw_os_error() {

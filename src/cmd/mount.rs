@@ -50,6 +50,16 @@ pub struct MountArgs {
     /// Threads serving the mount (each with its own /dev/fuse clone).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Most requests answered out of order while they wait (a block not in
+    /// the memory cache, a file range not in the page cache, a commit, a
+    /// sync) on the waiter threads, so the serving threads go on with
+    /// requests that need no waiting; past it a serving thread answers the
+    /// request itself. 0 answers every request on the thread that read it.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_waiting: usize,
+    /// Threads that run the requests that wait.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub waiters: usize,
     /// Mount read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -112,6 +122,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.buffer_size == 0 {
         bail!("--threads and --buffer-size must be at least 1");
     }
+    if args.max_waiting > 0 && !(1..=1024).contains(&args.waiters) {
+        bail!("--waiters must be between 1 and 1024 (or --max-waiting 0)");
+    }
     let metrics_socket = args.metrics.bind()?;
     let disk_cache = args.cache.disk_cache()?;
     let volume = args
@@ -159,7 +172,12 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         disk: vfs.disk_cache_counters(),
     };
     let volume = vfs.volume().clone();
-    let session = Session::new(vfs, mount, config).spawn(args.threads)?;
+    let session = Session::new(vfs, mount, config)
+        .with_waiting(sluice_fuse::Waiting {
+            max_waiting: args.max_waiting,
+            waiters: args.waiters,
+        })
+        .spawn(args.threads)?;
     set_kernel_readahead(&mountpoint, args.kernel_readahead);
     let metrics = crate::metrics::Metrics::new(
         crate::metrics::Sources {
