@@ -7,7 +7,9 @@
 //! ([`descriptor`]), checks the FUSE framing ([`frame`]), hands the request
 //! bytes to a [`RequestHandler`] together with a [`Writer`] that scatters the
 //! reply straight into the guest's writable buffers, and signals the guest once
-//! per batch (EVENT_IDX).
+//! per batch (EVENT_IDX). A request that would wait goes with its chain to a
+//! waiter thread and comes back through the queue's eventfd, so the requests
+//! behind it are answered meanwhile.
 //!
 //! A malformed chain or request never reaches the handler: it is answered with
 //! an error reply (`EFAULT` for buffers outside guest memory, `EINVAL` for bad
@@ -54,7 +56,10 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// The reply (out header and payload) is written to `reply`, which writes
     /// straight into the guest's buffers; requests that take no reply (FORGET)
     /// write nothing. If this returns an error before writing anything, the
-    /// device answers `EIO`.
+    /// device answers `EIO` — except an error of kind `WouldBlock`: the
+    /// request would wait (a queue worker runs it under
+    /// `sluice_api::wait::no_wait`), and the device runs it again on a
+    /// waiter thread, with a fresh `reply`.
     fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()>;
 
     /// Called once the frontend has disconnected and every worker has
