@@ -102,6 +102,35 @@ fn volume_capacity_and_inodes_give_enospc() {
     mount.unmount();
 }
 
+/// The regression test of the e2e_quota flake: a child process forked
+/// while a file is open closes its copy of the descriptor at exec, and the
+/// kernel sends FLUSH for it. That FLUSH was the first to see the refused
+/// commit and used up the handle's error: the owner's fsync then succeeded
+/// on writes that were dropped. Only fsync may mark an error reported.
+#[test]
+fn fsync_reports_a_refused_commit_that_a_forked_childs_close_saw_first() {
+    let _dog = Watchdog::new("forked_close", Duration::from_secs(300));
+    let vol = Volume::format("forked", &["--trash-days", "0", "--capacity", "1M"]);
+    let mount = vol.mount("mnt");
+    let mut f = File::create(mount.path.join("big")).expect("create");
+    f.write_all(&vec![7u8; 2 * MIB]).expect("buffered write");
+    // fork + exec: the child's copy of `f` is closed at exec (close-on-exec),
+    // which flushes the file's pages and sends FLUSH for the open file.
+    let status = std::process::Command::new("true")
+        .status()
+        .expect("true runs");
+    assert!(status.success());
+    assert_eq!(
+        errno(f.sync_all()),
+        libc::ENOSPC,
+        "fsync reports the refusal"
+    );
+    // Reported once: the next fsync and the close have nothing new.
+    f.sync_all().expect("reported already");
+    drop(f);
+    mount.unmount();
+}
+
 #[test]
 fn directory_quotas_give_edquot_and_check_clean() {
     let _dog = Watchdog::new("dir_quotas", Duration::from_secs(300));

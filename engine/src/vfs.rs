@@ -204,8 +204,9 @@ enum Handle {
         writable: bool,
         /// The handle's read streams.
         readahead: Mutex<Readahead>,
-        /// The file's write errors this handle has reported (errseq: a
-        /// flush or fsync reports EIO once when the file's count passed it).
+        /// The file's write errors this handle's fsync has reported (errseq:
+        /// flush and fsync report an error while the file's count is past
+        /// it; fsync moves it up).
         reported: AtomicU64,
     },
     Dir {
@@ -444,10 +445,14 @@ impl Vfs {
     }
 
     /// Commits the file's buffered writes for handle `fh` and reports a
-    /// write error once per handle: the commit's own, or one that happened
-    /// (in a background commit, or a commit another caller triggered) since
-    /// the handle last reported one.
-    fn flush_reporting(&self, ino: Ino, fh: Fh) -> Result<()> {
+    /// write error: the commit's own, or one that happened (in a background
+    /// commit, or a commit another caller triggered) since the handle's
+    /// fsync last reported one. Only fsync (`advance`) marks an error as
+    /// reported, as Linux advances a file's errseq only at fsync: a FLUSH
+    /// comes at every close of every descriptor of the open file — a
+    /// forked child's close at exec among them — and one of those must not
+    /// hide the error from the owner's fsync.
+    fn flush_reporting(&self, ino: Ino, fh: Fh, advance: bool) -> Result<()> {
         let h = self.handle(fh)?;
         let Handle::File {
             ino: i,
@@ -463,7 +468,11 @@ impl Vfs {
         }
         let res = self.flush_file(ino, file);
         let errors = file.writer.errors();
-        let unseen = reported.fetch_max(errors, Ordering::AcqRel) < errors;
+        let unseen = if advance {
+            reported.fetch_max(errors, Ordering::AcqRel) < errors
+        } else {
+            reported.load(Ordering::Acquire) < errors
+        };
         match res {
             Ok(()) if unseen => Err(file
                 .writer
@@ -1173,9 +1182,9 @@ impl Filesystem for Vfs {
     }
 
     /// Commits the file's buffered writes (at each close of a descriptor);
-    /// reports a write error once per handle.
+    /// reports a write error the handle's fsync has not reported yet.
     fn flush(&self, _ctx: &Context, ino: Ino, fh: Fh) -> Result<()> {
-        self.flush_reporting(ino, fh)
+        self.flush_reporting(ino, fh, false)
     }
 
     /// Flushes and closes a handle. When the last handle of a file goes and
@@ -1209,13 +1218,14 @@ impl Filesystem for Vfs {
 
     /// Commits the file's buffered writes and makes every commit so far
     /// durable: once this returns, the file's data and metadata survive a
-    /// power loss. Reports a write error once per handle.
+    /// power loss. Reports a write error once per handle (then marks it
+    /// reported for the handle).
     fn fsync(&self, _ctx: &Context, ino: Ino, fh: Fh, _datasync: bool) -> Result<()> {
         // Every commit, this one and the file's earlier ones, came after a
         // sync of the objects it names (the writer syncs the store before
         // it commits; staged and S3 objects are durable when stored), so
         // syncing the metadata is what is left.
-        self.flush_reporting(ino, fh)?;
+        self.flush_reporting(ino, fh, true)?;
         self.vol.meta.sync()
     }
 
