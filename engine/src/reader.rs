@@ -42,9 +42,14 @@ struct Flight {
     cv: Condvar,
 }
 
-/// Random reads of at most this many bytes fetch just those bytes of blocks
-/// that are not cached (uncompressed volumes only). The kernel's readahead
-/// asks for more at once, so it never takes this path.
+/// Random reads of at most this many bytes fetch just those bytes of
+/// blocks that are neither cached nor local (uncompressed volumes only):
+/// a ranged GET. A larger one fetches the whole block, which serves its
+/// neighbours too. The kernel's readahead asks for more at once, so it
+/// never takes this path. A block in a local file (a `file://` object, a
+/// disk-cache file) is handed out as a file range for a random read of any
+/// size: reading it costs the same either way, and the transport may read
+/// it straight into its destination.
 const RANGED_READ_MAX: u32 = 64 << 10;
 
 /// Threads that fetch blocks ahead of readers, unless configured otherwise.
@@ -335,8 +340,10 @@ impl Reader {
     }
 
     /// Walks the bytes `off..off+len` of a slice piece in order; `ranged`
-    /// allows small reads of uncached blocks to fetch only what they need
-    /// (see [`Reader::visit_with`]).
+    /// (a random read) takes uncached blocks from their local file, or —
+    /// when `small` — fetches only the bytes needed (see
+    /// [`Reader::visit_with`]).
+    #[allow(clippy::too_many_arguments)]
     fn visit_slice(
         &self,
         id: u64,
@@ -344,6 +351,7 @@ impl Reader {
         mut off: u32,
         mut len: u32,
         mut ranged: Option<&mut dyn FnMut() -> bool>,
+        small: bool,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let bs = self.vol.block_size;
@@ -379,6 +387,19 @@ impl Reader {
                                 off: boff as u64,
                                 len: n as usize,
                             })?;
+                        }
+                        // A large read of a remote block: fetched whole
+                        // and cached, as a sequential reader's.
+                        None if !small => {
+                            sluice_api::wait::may_wait()?;
+                            let block = self.block(id, size, indx)?;
+                            let part = block.get(boff..boff + n as usize).ok_or_else(|| {
+                                Error::Corrupt(format!("block {indx} of slice {id} is short"))
+                            })?;
+                            f(Fragment::Data(part))?;
+                            off += n;
+                            len -= n;
+                            continue;
                         }
                         None => {
                             sluice_api::wait::may_wait()?;
@@ -424,7 +445,7 @@ impl Reader {
         len: u64,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
-        self.visit_pieces_with(pieces, off, len, None, f)
+        self.visit_pieces_with(pieces, off, len, None, false, f)
     }
 
     fn visit_pieces_with(
@@ -433,6 +454,7 @@ impl Reader {
         off: u64,
         len: u64,
         mut ranged: Option<&mut dyn FnMut() -> bool>,
+        small: bool,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
         let end = off + len;
@@ -456,7 +478,7 @@ impl Reader {
                 f(Fragment::Zeros(n as usize))?;
             } else {
                 let soff = p.off + (at - pa) as u32;
-                self.visit_slice(p.id, p.size, soff, n, reborrow(&mut ranged), f)?;
+                self.visit_slice(p.id, p.size, soff, n, reborrow(&mut ranged), small, f)?;
             }
             at = stop;
         }
@@ -492,7 +514,8 @@ impl Reader {
         ranged: Option<&mut dyn FnMut() -> bool>,
         f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
     ) -> Result<()> {
-        let mut ranged = ranged.filter(|_| len <= u64::from(RANGED_READ_MAX));
+        let mut ranged = ranged;
+        let small = len <= u64::from(RANGED_READ_MAX);
         let end = off + len;
         let mut at = off;
         while at < end {
@@ -500,7 +523,7 @@ impl Reader {
             let coff = at % CHUNK_SIZE;
             let n = (CHUNK_SIZE - coff).min(end - at);
             let pieces = self.pieces(ino, indx)?;
-            self.visit_pieces_with(&pieces, coff, n, reborrow(&mut ranged), f)?;
+            self.visit_pieces_with(&pieces, coff, n, reborrow(&mut ranged), small, f)?;
             at += n;
         }
         Ok(())

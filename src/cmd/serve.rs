@@ -82,12 +82,15 @@ pub struct ServeArgs {
     )]
     pub atime_mode: AtimeMode,
     /// How READ data from local files (a file:// store's objects, disk-cache
-    /// files) reaches guest memory: `uring` reads it with io_uring into the
-    /// guest's memory registered as fixed buffers, O_DIRECT where aligned (no
-    /// CPU copy; registering pins the guest's memory); `pread` lets the kernel
-    /// copy it once from its page cache, without pinning (the default: it
-    /// measured faster here, see docs/tuning.md).
-    #[arg(long, value_name = "uring|pread", default_value = "pread")]
+    /// files) reaches guest memory: `pread` lets the kernel copy it once
+    /// from its page cache, without pinning; `direct` does the same for
+    /// what the page cache holds and reads the rest (on a waiter thread)
+    /// with O_DIRECT straight into guest memory where aligned (no CPU copy,
+    /// the page cache left alone); `uring` reads it with the queue worker's
+    /// io_uring ring into the guest's memory registered as fixed buffers,
+    /// O_DIRECT where aligned (registering pins the guest's memory). See
+    /// docs/tuning.md for which measured faster where.
+    #[arg(long, value_name = "pread|direct|uring", default_value = "pread")]
     pub guest_io: GuestIoMode,
     /// Most requests of one queue answered out of order while they wait (a
     /// block not in the memory cache, a commit, a sync) on the waiter

@@ -432,24 +432,49 @@ impl<'a> Writer<'a> {
             }
         }
         let mut failed: Option<io::Error> = None;
+        // A waiter reads what the page cache did not hold: with O_DIRECT
+        // where the operator allows it.
+        let mut direct = match self.io {
+            Some(route)
+                if route.waiter
+                    && matches!(route.mode, GuestIoMode::Direct | GuestIoMode::Uring) =>
+            {
+                Some(guest_io::DirectReader::new(file))
+            }
+            _ => None,
+        };
+        let mut direct_bytes = 0;
         self.put(len, |dst, done, n| {
             if failed.is_some() {
                 return;
             }
-            // SAFETY: `dst` is valid for `n` bytes of writes (see
-            // `write_copy`), with no Rust reference to them.
-            if let Err(e) = unsafe { guest_io::pread_exact(file, dst, n, off + done as u64) } {
-                failed = Some(e);
+            let at = off + done as u64;
+            let read = match &mut direct {
+                // SAFETY: `dst` is valid for `n` bytes of writes (see
+                // `write_copy`), with no Rust reference to them.
+                Some(reader) => unsafe { reader.read(dst, n, at) },
+                // SAFETY: as above.
+                None => unsafe { guest_io::pread_exact(file, dst, n, at).map(|()| 0) },
+            };
+            match read {
+                Ok(d) => direct_bytes += d,
+                Err(e) => failed = Some(e),
             }
         })?;
         match failed {
             Some(e) => Err(e),
             None => {
                 if let Some(route) = self.io {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let direct_bytes = direct_bytes as u64;
+                    route
+                        .stats
+                        .guest_io_direct_bytes
+                        .fetch_add(direct_bytes, Relaxed);
                     route
                         .stats
                         .guest_io_pread_bytes
-                        .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                        .fetch_add(len as u64 - direct_bytes, Relaxed);
                 }
                 Ok(())
             }

@@ -71,6 +71,13 @@ pub enum GuestIoMode {
     /// the small reads that reach local files (see docs/tuning.md).
     #[default]
     Pread,
+    /// What the page cache holds is read by the queue's worker with `pread`
+    /// (one kernel copy); the rest — what a waiter reads — goes from the
+    /// disk straight into guest memory with O_DIRECT where the piece is
+    /// aligned (no CPU copy, the page cache left alone), `pread` for the
+    /// unaligned edges. Guest memory is pinned only for each read's length,
+    /// as any O_DIRECT read pins its buffer.
+    Direct,
 }
 
 impl fmt::Display for GuestIoMode {
@@ -78,13 +85,14 @@ impl fmt::Display for GuestIoMode {
         f.write_str(match self {
             GuestIoMode::Uring => "uring",
             GuestIoMode::Pread => "pread",
+            GuestIoMode::Direct => "direct",
         })
     }
 }
 
-/// The guest I/O path must be "uring" or "pread".
+/// The guest I/O path must be "uring", "pread" or "direct".
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the guest I/O path must be \"uring\" or \"pread\", not {0:?}")]
+#[error("the guest I/O path must be \"uring\", \"pread\" or \"direct\", not {0:?}")]
 pub struct ParseGuestIoModeError(pub String);
 
 impl FromStr for GuestIoMode {
@@ -94,6 +102,7 @@ impl FromStr for GuestIoMode {
         match s.trim() {
             "uring" | "io_uring" => Ok(GuestIoMode::Uring),
             "pread" => Ok(GuestIoMode::Pread),
+            "direct" | "o_direct" => Ok(GuestIoMode::Direct),
             other => Err(ParseGuestIoModeError(other.to_string())),
         }
     }
@@ -107,6 +116,10 @@ pub(crate) struct GuestIoRoute<'a> {
     pub table: &'a Arc<GuestMemoryMmap>,
     pub mode: GuestIoMode,
     pub stats: &'a QueueStats,
+    /// Whether a waiter is reading (a read the page cache could not serve
+    /// on the worker): with [`GuestIoMode::Direct`] or
+    /// [`GuestIoMode::Uring`], aligned pieces go O_DIRECT ([`DirectReader`]).
+    pub waiter: bool,
 }
 
 thread_local! {
@@ -644,6 +657,111 @@ impl GuestIo {
     }
 }
 
+/// A local file read into guest memory by a waiter: the aligned middle of
+/// each piece through an O_DIRECT twin of the file (reopened through
+/// `/proc/self/fd` at the first aligned piece), the edges and anything
+/// O_DIRECT refuses with `pread`.
+pub(crate) struct DirectReader<'f> {
+    file: &'f File,
+    align: Option<DirectAlign>,
+    /// `None`: not tried yet; `Some(None)`: O_DIRECT cannot be used.
+    twin: Option<Option<File>>,
+}
+
+/// Said once: O_DIRECT cannot be used for local files.
+static SAID_NO_DIRECT: AtomicBool = AtomicBool::new(false);
+
+impl<'f> DirectReader<'f> {
+    pub fn new(file: &'f File) -> Self {
+        DirectReader {
+            file,
+            align: None,
+            twin: None,
+        }
+    }
+
+    fn twin(&mut self) -> Option<&File> {
+        if self.twin.is_none() {
+            let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+            let opened = open_direct(path.as_ref(), false);
+            if let Err(e) = &opened {
+                say_once(&SAID_NO_DIRECT, || {
+                    format!("local files are read through the page cache: {e}")
+                });
+            }
+            self.twin = Some(opened.ok());
+        }
+        self.twin.as_ref().and_then(Option::as_ref)
+    }
+
+    /// Reads exactly `len` bytes at `offset` into `dst`; returns how many
+    /// of them came O_DIRECT.
+    ///
+    /// # Safety
+    ///
+    /// As [`pread_exact`]: `dst` is valid for `len` bytes of writes, with no
+    /// Rust reference to them alive.
+    pub unsafe fn read(&mut self, dst: *mut u8, len: usize, offset: u64) -> io::Result<usize> {
+        let align = *self.align.get_or_insert_with(|| direct_align(self.file));
+        let oa = u64::from(align.offset.max(1));
+        let first = offset.div_ceil(oa) * oa;
+        let last = (offset + len as u64) / oa * oa;
+        let (start, end) = (
+            (first - offset) as usize,
+            last.saturating_sub(offset) as usize,
+        );
+        let aligned =
+            end > start && (dst as usize + start).is_multiple_of(align.memory.max(1) as usize);
+        let twin = if aligned {
+            self.twin().map(AsRawFd::as_raw_fd)
+        } else {
+            None
+        };
+        let Some(twin) = twin else {
+            // SAFETY: this function's contract.
+            unsafe { pread_exact(self.file, dst, len, offset)? };
+            return Ok(0);
+        };
+        // SAFETY: `dst..dst + start` lies inside `dst..dst + len`
+        // (`start ≤ end ≤ len`), valid for writes by this function's
+        // contract.
+        unsafe { pread_exact(self.file, dst, start, offset)? };
+        let mut got = 0;
+        while start + got < end {
+            let at = libc::off_t::try_from(first + got as u64)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: as above; the device writes at most `end - start - got`
+            // bytes at `dst + start + got`.
+            let r =
+                unsafe { libc::pread(twin, dst.add(start + got).cast(), end - start - got, at) };
+            if r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // End of file, a refusal (EINVAL: alignment) or an odd length:
+            // the rest goes through the page cache, which also reports a
+            // file that is really too short.
+            if r <= 0 || !(r as u64).is_multiple_of(oa) {
+                if r > 0 {
+                    got += r as usize;
+                }
+                break;
+            }
+            got += r as usize;
+        }
+        // SAFETY: `start + got ≤ len`: the rest of `dst`, valid for writes
+        // by this function's contract.
+        unsafe {
+            pread_exact(
+                self.file,
+                dst.add(start + got),
+                len - start - got,
+                offset + (start + got) as u64,
+            )?
+        };
+        Ok(got)
+    }
+}
+
 /// Reads exactly `len` bytes of `file` at `offset` into `dst`. On a thread
 /// that must not wait (`sluice_api::wait::no_wait`, a queue worker) only
 /// from the page cache (RWF_NOWAIT): bytes that need the disk are a
@@ -768,6 +886,21 @@ mod tests {
         off: u64,
         len: usize,
     ) -> io::Result<Vec<u8>> {
+        read_through_as(false, table, mode, stats, writable, file, off, len)
+    }
+
+    /// [`read_through`] by a worker (`waiter` false) or a waiter.
+    #[allow(clippy::too_many_arguments)]
+    fn read_through_as(
+        waiter: bool,
+        table: &Arc<GuestMemoryMmap>,
+        mode: GuestIoMode,
+        stats: &QueueStats,
+        writable: &[(u64, usize)],
+        file: &File,
+        off: u64,
+        len: usize,
+    ) -> io::Result<Vec<u8>> {
         // Stale bytes must not pass for data.
         for &(addr, n) in writable {
             table
@@ -775,7 +908,12 @@ mod tests {
                 .expect("scribble");
         }
         let chain = ChainBuffers::writable_for_test(writable);
-        let route = GuestIoRoute { table, mode, stats };
+        let route = GuestIoRoute {
+            table,
+            mode,
+            stats,
+            waiter,
+        };
         let mut writer = chain.routed_writer(route);
         writer.write_from_file(file, off, len)?;
         assert_eq!(writer.bytes_written(), len);
@@ -928,6 +1066,68 @@ mod tests {
     }
 
     #[test]
+    fn a_waiter_reads_aligned_middles_o_direct_and_every_byte_right() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (file, data) = object(&dir, 3 << 20);
+        let direct_ok = open_direct(&dir.path().join("object"), false).is_ok();
+        let table = table();
+        let mut saw_direct = false;
+        for off in [0u64, 1, 511, 4096, 8195, (1 << 20) - 7] {
+            for len in [1usize, 4095, 4096, 65536, (128 << 10) + 5, 1 << 20] {
+                for (guest_at, split) in [(0x1_0000u64, 0usize), (0x1_0003, 0), (0x1_0000, 4096)] {
+                    // One piece, or two (the second in the other region).
+                    // A region holds 1 MiB: a long read always spans two.
+                    let split = if len > 512 << 10 {
+                        len / 2 / 4096 * 4096
+                    } else {
+                        split
+                    };
+                    let pieces: Vec<(u64, usize)> = if split == 0 || split >= len {
+                        vec![(BASE + guest_at, len)]
+                    } else {
+                        vec![(BASE + guest_at, split), (SECOND + 0x2_0000, len - split)]
+                    };
+                    for mode in [GuestIoMode::Direct, GuestIoMode::Pread] {
+                        let stats = QueueStats::default();
+                        let got =
+                            read_through_as(true, &table, mode, &stats, &pieces, &file, off, len)
+                                .expect("read");
+                        let at = off as usize;
+                        assert!(
+                            got == data[at..at + len],
+                            "{mode} read of {len} at {off} into {pieces:?}"
+                        );
+                        let (fixed, direct, pread) = stats.guest_io_snapshot();
+                        assert_eq!(fixed, 0);
+                        assert_eq!(direct + pread, len as u64, "every byte counted once");
+                        if mode == GuestIoMode::Pread {
+                            assert_eq!(direct, 0, "pread never goes O_DIRECT");
+                        }
+                        saw_direct |= direct > 0;
+                    }
+                }
+            }
+        }
+        if direct_ok {
+            assert!(saw_direct, "aligned pieces went O_DIRECT");
+        }
+        // Reading past the end of the object fails, O_DIRECT or not.
+        let stats = QueueStats::default();
+        let err = read_through_as(
+            true,
+            &table,
+            GuestIoMode::Direct,
+            &stats,
+            &[(BASE + 0x1_0000, 8192)],
+            &file,
+            (3 << 20) - 4096,
+            8192,
+        )
+        .expect_err("past the end");
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
     fn a_new_memory_table_is_registered_and_the_old_one_let_go() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (file, data) = object(&dir, 64 << 10);
@@ -995,10 +1195,12 @@ mod tests {
 
     #[test]
     fn mode_names_parse() {
+        assert_eq!("direct".parse::<GuestIoMode>(), Ok(GuestIoMode::Direct));
+        assert_eq!(GuestIoMode::Direct.to_string(), "direct");
         assert_eq!("uring".parse(), Ok(GuestIoMode::Uring));
         assert_eq!("pread".parse(), Ok(GuestIoMode::Pread));
         let err = "mmap".parse::<GuestIoMode>().unwrap_err();
-        assert!(err.to_string().contains("\"uring\" or \"pread\""), "{err}");
+        assert!(err.to_string().contains("\"pread\" or \"direct\""), "{err}");
         assert_eq!(GuestIoMode::default().to_string(), "pread");
     }
 }

@@ -285,6 +285,7 @@ fn process_batch<H: RequestHandler + ?Sized>(
             table: &mem,
             mode: limits.guest_io,
             stats,
+            waiter: false,
         };
         match handle_chain(
             queue,
@@ -369,16 +370,14 @@ fn hand_on<H: RequestHandler + ?Sized>(
         let guest_io = ctx.limits.guest_io;
         move || -> u32 {
             let stats = &all_stats[usize::from(queue)];
-            // A waiter has no io_uring ring of its own registered with
-            // the guest's memory: it reads files with pread.
-            let mode = match guest_io {
-                GuestIoMode::Uring => GuestIoMode::Pread,
-                m => m,
-            };
+            // A waiter has no io_uring ring of its own registered with the
+            // guest's memory: it reads files with pread, O_DIRECT where
+            // the mode allows (`DirectReader`).
             let route = GuestIoRoute {
                 table: &mem,
-                mode,
+                mode: guest_io,
                 stats,
+                waiter: true,
             };
             let used = answer(queue, &buffers, route, &*handler, &request);
             stats

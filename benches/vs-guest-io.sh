@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# How READ data from local files reaches guest memory: `sluice serve
+# --guest-io pread` (the kernel copies from its page cache) against
+# `--guest-io direct` (what the page cache misses goes O_DIRECT from the
+# disk straight into guest memory, on a waiter thread) and `--guest-io
+# uring` (the worker's io_uring ring into registered guest memory), side by
+# side in one run, through the virtio-fs driver harness.
+#
+#   - one file:// volume (SQLite + a directory on this disk), one file of
+#     --file-size written through the harness; three daemons serve it, each
+#     with a 1 MiB memory cache and no readahead or prefetch, so every READ
+#     reaches the block objects on disk;
+#   - for each block size (4K, 128K, 1M): "cold" runs with the page cache
+#     dropped every 0.2 s (a file larger than the page cache: nearly every
+#     READ goes to the disk), "warm" runs with the file in the page cache;
+#   - prints GB/s, the daemon's CPU-seconds per GB delivered (utime + stime
+#     from /proc/PID/stat over the run) and each mode's ratio to pread.
+#
+# Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--keep]
+# Needs root (drop_caches). Compare figures within one run only.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+seconds=5
+file_size=2G
+keep=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --seconds) seconds=${2:?}; shift 2 ;;
+    --file-size) file_size=${2:?}; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+(cd "$repo" && cargo build --release --quiet --bin sluice)
+sluice=$repo/target/release/sluice
+work=$(mktemp -d /var/tmp/sluice-vs-guest-io.XXXXXX)
+pids=()
+dropper=
+cleanup() {
+    [ -n "$dropper" ] && kill "$dropper" 2>/dev/null || true
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [ "$keep" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+modes=(pread direct uring)
+declare -A pid_of
+"$sluice" format "sqlite3://$work/meta.db" bench --bucket "$work/objects" >/dev/null
+for m in "${modes[@]}"; do
+    "$sluice" serve "sqlite3://$work/meta.db" --socket "$work/$m.sock" --no-pin \
+        --cache-size 1 --max-readahead 0 --prefetch 0 --readahead-ratio 0 \
+        --guest-io "$m" --no-metrics >"$work/$m.log" 2>&1 &
+    pids+=($!)
+    pid_of[$m]=$!
+done
+for m in "${modes[@]}"; do
+    for _ in $(seq 200); do [ -S "$work/$m.sock" ] && break; sleep 0.05; done
+    [ -S "$work/$m.sock" ] || { echo "no socket for $m; see $work/$m.log" >&2; exit 1; }
+done
+
+tick=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# One run: prints "GB/s CPU-s/GB".
+run() {
+    local mode=$1 bs=$2 depth=$3 before after out gbs
+    before=$(cpu_ticks "${pid_of[$mode]}")
+    out=$("$sluice" bench virtiofs --socket "$work/$mode.sock" --file-size "$file_size" \
+        --block-size "$bs" --depth "$depth" --seconds "$seconds")
+    after=$(cpu_ticks "${pid_of[$mode]}")
+    gbs=$(echo "$out" | grep -oE '[0-9.]+ GB/s' | head -n 1 | cut -d' ' -f1)
+    awk -v gbs="$gbs" -v t=$((after - before)) -v hz="$tick" -v s="$seconds" \
+        'BEGIN { gb = gbs * s; printf "%.3f %.4f\n", gbs, (gb > 0 ? t / hz / gb : 0) }'
+}
+
+echo "sluice ($("$sluice" --version)); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); file $file_size on $(df -T "$work" | awk 'NR==2 {print $2}')"
+# The file: written once through the pread daemon (all three serve it).
+"$sluice" bench virtiofs --socket "$work/pread.sock" --file-size "$file_size" --seconds 1 >/dev/null
+
+printf '\n%-6s %-5s %-7s %10s %10s %8s %8s\n' state bs mode GB/s CPU-s/GB "GB/s×" "CPU×"
+for state in cold warm; do
+    for bs in 4K 128K 1M; do
+        depth=16
+        [ "$bs" = 4K ] && depth=32
+        declare -A res=()
+        for mode in "${modes[@]}"; do
+            sync
+            echo 3 >/proc/sys/vm/drop_caches
+            if [ "$state" = cold ]; then
+                (while :; do echo 1 >/proc/sys/vm/drop_caches; sleep 0.2; done) &
+                dropper=$!
+            else
+                # Warm: one pass fills the page cache (the memory cache is 1 MiB).
+                cat "$work"/objects/bench/chunks/*/*/* >/dev/null 2>&1 || true
+            fi
+            res[$mode]=$(run "$mode" "$bs" "$depth")
+            if [ -n "$dropper" ]; then kill "$dropper"; wait "$dropper" 2>/dev/null || true; dropper=; fi
+        done
+        read -r base_gbs base_cpu <<<"${res[pread]}"
+        for mode in "${modes[@]}"; do
+            read -r gbs cpu <<<"${res[$mode]}"
+            awk -v st="$state" -v bs="$bs" -v m="$mode" -v g="$gbs" -v c="$cpu" -v bg="$base_gbs" -v bc="$base_cpu" \
+                'BEGIN { printf "%-6s %-5s %-7s %10.3f %10.4f %8.2f %8.2f\n", st, bs, m, g, c, (bg > 0 ? g / bg : 0), (bc > 0 ? c / bc : 0) }'
+        done
+    done
+done
+echo
+echo "READ bytes by path, per daemon (at disconnect):"
+for m in "${modes[@]}"; do kill -TERM "${pid_of[$m]}" 2>/dev/null || true; done
+sleep 1
+for m in "${modes[@]}"; do
+    echo "$m: $(grep -h 'file READ bytes' "$work/$m.log" | tail -n 1 | sed 's/.*file READ bytes: //')"
+done
