@@ -466,6 +466,11 @@ impl Vfs {
         if *i != ino {
             return Err(Error::BadHandle);
         }
+        // A commit waits: a thread that must not wait hands the call on
+        // (nothing changed yet).
+        if !file.writer.nothing_to_flush() {
+            sluice_api::wait::may_wait()?;
+        }
         let res = self.flush_file(ino, file);
         let errors = file.writer.errors();
         let unseen = if advance {
@@ -773,11 +778,31 @@ impl Filesystem for Vfs {
         if *hino != ino {
             return Err(Error::BadHandle);
         }
+        // The read as the file's readahead sees it (once per read: see
+        // below), given the file's length.
+        let count = |length: u64| {
+            let n = (len as u64).min(length.saturating_sub(offset));
+            readahead.lock().on_read(
+                &self.cfg.readahead,
+                offset,
+                n,
+                length,
+                self.reader.readahead_room(),
+            )
+        };
         // Reads see every write made before them: commit what is buffered.
         // A commit waits (metadata, maybe uploads): a thread that must not
-        // wait hands the read on first (`sluice_api::wait`).
-        if !file.writer.nothing_to_flush() {
-            sluice_api::wait::may_wait()?;
+        // wait hands the read on first (`sluice_api::wait`), having counted
+        // it for readahead (the length includes the buffered writes), since
+        // the second run does not.
+        if !file.writer.nothing_to_flush() && sluice_api::wait::may_wait().is_err() {
+            let length = file.length.load(Ordering::Acquire);
+            if offset < length
+                && let Some((at, bytes)) = count(length).fetch
+            {
+                self.reader.prefetch(ino, at, bytes);
+            }
+            return Err(Error::WouldBlock);
         }
         self.flush_file(ino, file)?;
         let length = file.length.load(Ordering::Acquire);
@@ -794,13 +819,7 @@ impl Filesystem for Vfs {
                 fetch: None,
             }
         } else {
-            readahead.lock().on_read(
-                &self.cfg.readahead,
-                offset,
-                n,
-                length,
-                self.reader.readahead_room(),
-            )
+            count(length)
         };
         if let Some((at, bytes)) = plan.fetch {
             self.reader.prefetch(ino, at, bytes);

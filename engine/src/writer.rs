@@ -650,11 +650,6 @@ impl FileWriter {
         *self.refused.lock()
     }
 
-    /// Stores and commits every buffered write, in write order, after any
-    /// commit running in the background (a failed background commit's writes
-    /// are tried again here). Returns the chunks changed. On failure the
-    /// writes not committed stay buffered for the next flush, and the error
-    /// is counted in [`FileWriter::errors`].
     /// Whether a [`FileWriter::flush`] now would have nothing to commit and
     /// nothing to wait for: no buffered writes, no background commit, no
     /// other thread committing.
@@ -665,6 +660,11 @@ impl FileWriter {
         }
     }
 
+    /// Stores and commits every buffered write, in write order, after any
+    /// commit running in the background (a failed background commit's writes
+    /// are tried again here). Returns the chunks changed. On failure the
+    /// writes not committed stay buffered for the next flush, and the error
+    /// is counted in [`FileWriter::errors`].
     pub fn flush(&self, vol: &Volume, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
         let mut done = self.join(bg.take(), ino);

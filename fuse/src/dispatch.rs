@@ -372,14 +372,18 @@ impl<F: Filesystem> Dispatcher<F> {
             }
         }
         // A transport's worker that must not wait (`sluice_api::wait`)
-        // tries READ — the one operation whose first run changes nothing a
-        // second run would repeat — and hands on up front what always waits
-        // on storage; everything else runs here, waiting as it must.
+        // tries READ and FLUSH — operations whose first run changes nothing
+        // a second run would repeat, and which usually need no waiting (a
+        // cached block; a close with nothing buffered) — and hands on up
+        // front what always waits on storage; everything else runs here,
+        // waiting as it must.
         let _allowed = match sluice_api::wait::mode() {
             sluice_api::wait::Mode::NoWait if waits_on_storage(req.header.opcode) => {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            sluice_api::wait::Mode::NoWait if req.header.opcode != abi::opcode::READ => {
+            sluice_api::wait::Mode::NoWait
+                if !matches!(req.header.opcode, abi::opcode::READ | abi::opcode::FLUSH) =>
+            {
                 Some(sluice_api::wait::allow_wait())
             }
             _ => None,
@@ -750,14 +754,13 @@ enum Failure {
     WouldBlock,
 }
 
-/// Operations that always wait on storage (commits, uploads, syncs): a
-/// transport's worker that must not wait hands them on without trying.
+/// Operations that always wait on storage (syncs) or whose first run
+/// would change something before it could wait (RELEASE drops its
+/// handle): a transport's worker that must not wait hands them on without
+/// trying.
 pub(crate) fn waits_on_storage(opcode: u32) -> bool {
     use abi::opcode as op;
-    matches!(
-        opcode,
-        op::FSYNC | op::FSYNCDIR | op::FLUSH | op::RELEASE | op::SYNCFS
-    )
+    matches!(opcode, op::FSYNC | op::FSYNCDIR | op::RELEASE | op::SYNCFS)
 }
 
 impl From<sluice_api::Error> for Failure {

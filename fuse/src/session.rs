@@ -25,8 +25,7 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::dev::{self, DevError, Mount};
@@ -121,13 +120,71 @@ impl Default for Waiting {
 /// reply goes to.
 type Job = (Vec<u8>, Arc<OwnedFd>);
 
+/// Requests handed on and not yet answered, with the condition DESTROY
+/// waits on.
+#[derive(Debug, Default)]
+struct Count {
+    n: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl Count {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.n.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn done(&self) {
+        let mut n = self.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+}
+
+/// Runs a request that waited and writes its reply. A request that panics
+/// is answered EIO: the kernel would otherwise wait for it for ever.
+fn answer_waiting<F: Filesystem>(
+    dispatcher: &Dispatcher<F>,
+    request: &[u8],
+    fd: &OwnedFd,
+    scratch: &mut Scratch,
+    gather: &mut Vec<u8>,
+) {
+    let mut sink = DevSink {
+        fd,
+        gather: std::mem::take(gather),
+    };
+    let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dispatcher.handle_message(request, scratch, &mut sink)
+    }));
+    *gather = std::mem::take(&mut sink.gather);
+    let result = match answered {
+        Ok(r) => r.map(|_| ()),
+        Err(_) => {
+            log::warn!("a FUSE request panicked on a waiter; answering EIO");
+            *scratch = Scratch::new();
+            let unique = request
+                .get(8..16)
+                .and_then(|u| u.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
+            dev::write_reply(fd.as_fd(), &ReplyHead::error(unique, libc::EIO), &[])
+        }
+    };
+    match result {
+        Ok(()) => {}
+        // The kernel no longer waits for it, or the mount is gone.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => {}
+        Err(e) => log::warn!("a reply to /dev/fuse failed: {e}"),
+    }
+}
+
 /// The session's waiter threads.
 #[derive(Debug)]
 struct Waiters {
     jobs: crossbeam_channel::Sender<Job>,
     threads: Vec<JoinHandle<()>>,
-    /// Requests handed on and not yet answered.
-    waiting: Arc<AtomicUsize>,
+    waiting: Arc<Count>,
     max_waiting: usize,
 }
 
@@ -140,7 +197,7 @@ impl Waiters {
             return Ok(None);
         }
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let waiting = Arc::new(AtomicUsize::new(0));
+        let waiting = Arc::new(Count::default());
         let mut threads = Vec::with_capacity(settings.waiters);
         for i in 0..settings.waiters {
             let rx = rx.clone();
@@ -154,23 +211,8 @@ impl Waiters {
                     let mut scratch = Scratch::new();
                     let mut gather = Vec::new();
                     for (request, fd) in rx {
-                        let mut sink = DevSink {
-                            fd: &fd,
-                            gather: std::mem::take(&mut gather),
-                        };
-                        match dispatcher.handle_message(&request, &mut scratch, &mut sink) {
-                            Ok(_) => {}
-                            // The kernel no longer waits for it, or the
-                            // mount is gone.
-                            Err(e)
-                                if matches!(
-                                    e.raw_os_error(),
-                                    Some(libc::ENOENT | libc::ENODEV)
-                                ) => {}
-                            Err(e) => log::warn!("a reply to /dev/fuse failed: {e}"),
-                        }
-                        gather = sink.gather;
-                        waiting.fetch_sub(1, Ordering::AcqRel);
+                        answer_waiting(&dispatcher, &request, &fd, &mut scratch, &mut gather);
+                        waiting.done();
                     }
                 })
                 .map_err(DevError::Spawn)?;
@@ -187,18 +229,26 @@ impl Waiters {
     /// Hands a request on; gives it back when as many requests as allowed
     /// wait already.
     fn submit(&self, job: Job) -> Result<(), Job> {
-        let taken = self
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_waiting).then_some(n + 1)
-            });
-        if taken.is_err() {
-            return Err(job);
+        {
+            let mut n = self.waiting.lock();
+            if *n >= self.max_waiting {
+                return Err(job);
+            }
+            *n += 1;
         }
         self.jobs.send(job).map_err(|e| {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            self.waiting.done();
             e.into_inner()
         })
+    }
+
+    /// Waits until no request is with a waiter (DESTROY must not overtake
+    /// a RELEASE handed on before it).
+    fn wait_idle(&self) {
+        let mut n = self.waiting.lock();
+        while *n > 0 {
+            n = self.waiting.idle.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Lets the waiters answer what they hold and ends them.
@@ -381,6 +431,11 @@ fn serve<F: Filesystem>(
                 _ => return Err(DevError::Read(e)),
             },
         };
+        if let Some(waiters) = waiters
+            && buf.get(4..8) == Some(&crate::abi::opcode::DESTROY.to_le_bytes()[..])
+        {
+            waiters.wait_idle();
+        }
         let answered = match waiters {
             Some(waiters) => {
                 let tried = {

@@ -177,6 +177,14 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
         let Some(parked) = self.parked.get(queue) else {
             return Ok(());
         };
+        // The queue's worker state, held until the chains are back: a
+        // worker in the middle of a batch (it took chains before the ring
+        // was marked not ready) finishes it first, and none starts after —
+        // so no chain is handed on, or returned, once this returns.
+        let _worker = self
+            .workers
+            .get(queue)
+            .map(|w| w.lock().unwrap_or_else(|p| p.into_inner()));
         if parked.outstanding() == 0 {
             return Ok(());
         }
@@ -253,6 +261,7 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
             handler: &self.handler,
             stats: &self.stats,
             parked,
+            all_parked: &self.parked,
             waiters: self
                 .waiters
                 .as_ref()

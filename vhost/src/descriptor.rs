@@ -420,8 +420,14 @@ impl<'a> Writer<'a> {
         off: u64,
         len: usize,
     ) -> io::Result<()> {
+        // The worker's ring waits for the disk: it serves only a worker
+        // that may wait (`--max-waiting 0`). Under `no_wait` the page cache
+        // is read below (RWF_NOWAIT) and the rest goes to a waiter, which
+        // reads O_DIRECT without registering guest memory.
         if let Some(route) = self.io
             && route.mode == GuestIoMode::Uring
+            && !route.waiter
+            && sluice_api::wait::mode() != sluice_api::wait::Mode::NoWait
             && len > 0
             && len <= self.available
         {

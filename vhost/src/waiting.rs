@@ -104,8 +104,22 @@ impl Parked {
     pub fn take_done(&self, into: &mut Vec<Completion>) {
         // The counter is reset before the list is read: a completion after
         // this read writes the eventfd again.
-        let _ = self.event.read();
+        self.clear_event();
         into.append(&mut self.lock().done);
+    }
+
+    /// Resets the eventfd (a wake-up with nothing to do).
+    pub fn clear_event(&self) {
+        let _ = self.event.read();
+    }
+
+    /// Waits until no chain of this queue is with a waiter; the finished
+    /// ones stay for the worker (DESTROY must not overtake a RELEASE).
+    pub fn wait_idle(&self) {
+        let mut s = self.lock();
+        while s.running > 0 {
+            s = self.finished.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Waits until no chain is with a waiter and takes the finished ones:

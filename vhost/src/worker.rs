@@ -26,8 +26,8 @@ pub(crate) type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
 
 /// What one queue has carried since the device started: the daemon's
 /// per-queue counters (read them with [`crate::VirtioFsDevice::stats`]).
-/// Only the queue's worker thread writes them: plain relaxed adds, no
-/// cache line shared with another writer.
+/// The queue's worker writes them, and the waiters for the chains they
+/// answer: relaxed atomic adds.
 #[derive(Debug)]
 pub struct QueueStats {
     /// Requests answered (malformed ones included).
@@ -153,6 +153,8 @@ pub(crate) struct QueueCtx<'a, H: ?Sized> {
     pub stats: &'a Arc<[QueueStats]>,
     /// This queue's chains with the waiters.
     pub parked: &'a Arc<Parked>,
+    /// Every queue's (DESTROY waits until none is with a waiter).
+    pub all_parked: &'a [Arc<Parked>],
     /// The device's waiters; `None` when requests are never handed on.
     pub waiters: Option<&'a Waiters>,
 }
@@ -196,6 +198,13 @@ pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
     ctx: &QueueCtx<'_, H>,
     state: &mut WorkerState,
 ) -> io::Result<()> {
+    // A stopped ring (GET_VRING_BASE) is not ours to touch: `stop_vring`
+    // returned what the waiters held. A completion wake-up that arrives
+    // after that only clears the eventfd.
+    if !ctx.vring.get_ref().get_queue().ready() {
+        ctx.parked.clear_event();
+        return Ok(());
+    }
     loop {
         if ctx.event_idx {
             ctx.vring.disable_notification().map_err(io::Error::other)?;
@@ -287,6 +296,14 @@ fn process_batch<H: RequestHandler + ?Sized>(
             stats,
             waiter: false,
         };
+        // DESTROY ends the session: the requests handed on before it (a
+        // RELEASE, a FLUSH, on any queue) are answered first, as they would
+        // have been in ring order.
+        let before_destroy = || {
+            for p in ctx.all_parked {
+                p.wait_idle();
+            }
+        };
         match handle_chain(
             queue,
             route,
@@ -295,6 +312,7 @@ fn process_batch<H: RequestHandler + ?Sized>(
             limits,
             &**ctx.handler,
             &mut state.request,
+            &before_destroy,
         ) {
             Answer::Done(used) => {
                 stats
@@ -303,7 +321,10 @@ fn process_batch<H: RequestHandler + ?Sized>(
                 state.completed.push(Completion { head, used, popped });
             }
             Answer::Wait => {
-                let request = std::mem::take(&mut state.request);
+                // A copy of the request's bytes (a READ's or FSYNC's are
+                // a hundred or so): the worker keeps its grown buffer, and
+                // a parked chain holds no more than its request.
+                let request = state.request.clone();
                 if let Some(done) = hand_on(ctx, &mem, head, buffers, request, popped) {
                     state.completed.push(done);
                 }
@@ -340,10 +361,14 @@ fn process_batch<H: RequestHandler + ?Sized>(
     if notify {
         vring.signal_used_queue()?;
     }
-    Ok(match (popped_any, room) {
-        (true, _) => Batch::Handled,
-        (false, 0) => Batch::Full,
-        (false, _) => Batch::Empty,
+    // Chains came back from the waiters: the room they held is free again,
+    // so a queue that was full looks at the ring once more (answering
+    // `Full` here would leave notifications off with nothing left to wake
+    // the worker: the queue would stall for good).
+    Ok(if popped_any || room == 0 {
+        Batch::Handled
+    } else {
+        Batch::Empty
     })
 }
 
@@ -379,7 +404,18 @@ fn hand_on<H: RequestHandler + ?Sized>(
                 stats,
                 waiter: true,
             };
-            let used = answer(queue, &buffers, route, &*handler, &request);
+            // A handler that panics must still give its chain back (the
+            // guest would wait for it, and GET_VRING_BASE for the queue):
+            // with EIO, as the worker answers a handler's failure.
+            let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                answer(queue, &buffers, route, &*handler, &request)
+            }));
+            let used = answered.unwrap_or_else(|_| {
+                warn!("queue {queue}: a request panicked on a waiter; answering EIO");
+                let unique = InHeader::parse(&request).map_or(0, |h| h.unique);
+                let mut reply = buffers.routed_writer(route);
+                answer_error(&mut reply, libc::EIO, unique)
+            });
             stats
                 .bytes_out
                 .fetch_add(u64::from(used), Ordering::Relaxed);
@@ -443,6 +479,7 @@ fn answer<H: RequestHandler + ?Sized>(
 
 /// Answers one chain: the number of bytes written into it, or that its
 /// request has to wait (its bytes are left in `request`).
+#[allow(clippy::too_many_arguments)]
 fn handle_chain<H: RequestHandler + ?Sized>(
     queue: u16,
     route: GuestIoRoute<'_>,
@@ -451,9 +488,19 @@ fn handle_chain<H: RequestHandler + ?Sized>(
     limits: Limits,
     handler: &H,
     request: &mut Vec<u8>,
+    before_destroy: &dyn Fn(),
 ) -> Answer {
     Answer::Done(
-        match frame_and_handle(queue, route, buffers, problem, limits, handler, request) {
+        match frame_and_handle(
+            queue,
+            route,
+            buffers,
+            problem,
+            limits,
+            handler,
+            request,
+            before_destroy,
+        ) {
             Some(used) => used,
             None => return Answer::Wait,
         },
@@ -462,6 +509,7 @@ fn handle_chain<H: RequestHandler + ?Sized>(
 
 /// [`handle_chain`]'s work: `None` when the handler said the request has
 /// to wait.
+#[allow(clippy::too_many_arguments)]
 fn frame_and_handle<H: RequestHandler + ?Sized>(
     queue: u16,
     route: GuestIoRoute<'_>,
@@ -470,6 +518,7 @@ fn frame_and_handle<H: RequestHandler + ?Sized>(
     limits: Limits,
     handler: &H,
     request: &mut Vec<u8>,
+    before_destroy: &dyn Fn(),
 ) -> Option<u32> {
     let mut reply = buffers.routed_writer(route);
     request.clear();
@@ -521,6 +570,9 @@ fn frame_and_handle<H: RequestHandler + ?Sized>(
         ));
         return Some(answer_error(&mut reply, libc::EINVAL, unique));
     }
+    if header.opcode == sluice_fuse::abi::opcode::DESTROY {
+        before_destroy();
+    }
     if let Err(e) = handler.handle(queue, request, &mut reply) {
         if e.kind() == io::ErrorKind::WouldBlock {
             return None;
@@ -564,4 +616,179 @@ fn answer_error(reply: &mut Writer<'_>, errno: i32, unique: u64) -> u32 {
 fn used_len(reply: &Writer<'_>) -> u32 {
     // Writable room was checked to fit in u32 when the chain was parsed.
     u32::try_from(reply.bytes_written()).unwrap_or(u32::MAX)
+}
+
+/// The worker against a hand-built split ring (EVENT_IDX) and a handler
+/// that always has to wait under `no_wait`: the regressions a review found.
+#[cfg(test)]
+mod tests {
+    use vhost_user_backend::VringRwLock;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+
+    use super::*;
+
+    const QSIZE: u16 = 16;
+    const DESC: u64 = 0x0;
+    const AVAIL: u64 = 0x1000;
+    const USED: u64 = 0x2000;
+    /// Where the used ring's `avail_event` lives.
+    const AVAIL_EVENT: u64 = USED + 4 + 8 * QSIZE as u64;
+
+    /// Answers with an empty reply, but only where it may wait.
+    struct Slow;
+
+    impl RequestHandler for Slow {
+        fn handle(&self, _q: u16, req: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+            if sluice_api::wait::mode() == sluice_api::wait::Mode::NoWait {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let h = InHeader::parse(req).expect("a header");
+            reply.write_all(&crate::frame::out_header(16, 0, h.unique))
+        }
+    }
+
+    /// The driver's side: request `i` (a 40-byte header, 256 bytes of room)
+    /// on the available ring.
+    fn post(mem: &GuestMemoryMmap, i: u16) {
+        let req = 0x3000 + u64::from(i) * 0x100;
+        let rep = 0x8000 + u64::from(i) * 0x100;
+        let mut hdr = [0u8; 40];
+        hdr[0..4].copy_from_slice(&40u32.to_le_bytes());
+        hdr[4..8].copy_from_slice(&15u32.to_le_bytes());
+        hdr[8..16].copy_from_slice(&(u64::from(i) + 1).to_le_bytes());
+        mem.write_slice(&hdr, GuestAddress(req)).unwrap();
+        let desc = |n: u16, addr: u64, len: u32, flags: u16, next: u16| {
+            let mut e = [0u8; 16];
+            e[0..8].copy_from_slice(&addr.to_le_bytes());
+            e[8..12].copy_from_slice(&len.to_le_bytes());
+            e[12..14].copy_from_slice(&flags.to_le_bytes());
+            e[14..16].copy_from_slice(&next.to_le_bytes());
+            mem.write_slice(&e, GuestAddress(DESC + 16 * u64::from(n)))
+                .unwrap();
+        };
+        desc(2 * i, req, 40, 1, 2 * i + 1);
+        desc(2 * i + 1, rep, 256, 2, 0);
+        let idx: u16 = mem.read_obj(GuestAddress(AVAIL + 2)).unwrap();
+        mem.write_obj(2 * i, GuestAddress(AVAIL + 4 + 2 * u64::from(idx % QSIZE)))
+            .unwrap();
+        mem.write_obj(idx.wrapping_add(1), GuestAddress(AVAIL + 2))
+            .unwrap();
+    }
+
+    fn readable(fd: std::os::fd::RawFd, ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the call's length.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    }
+
+    struct Rig {
+        mmap: GuestMemoryMmap,
+        mem: GuestMem,
+        vring: VringRwLock<GuestMem>,
+        handler: Arc<Slow>,
+        stats: Arc<[QueueStats]>,
+        parked: Arc<Parked>,
+        all: Vec<Arc<Parked>>,
+        waiters: Waiters,
+    }
+
+    fn rig() -> Rig {
+        let mmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mem: GuestMem = GuestMemoryAtomic::new(mmap.clone());
+        let vring = VringRwLock::new(mem.clone(), QSIZE).unwrap();
+        vring.set_queue_size(QSIZE);
+        vring.set_queue_info(DESC, AVAIL, USED).unwrap();
+        vring.set_queue_event_idx(true);
+        vring.set_queue_ready(true);
+        let parked = Arc::new(Parked::new().unwrap());
+        Rig {
+            mmap,
+            mem,
+            vring,
+            handler: Arc::new(Slow),
+            stats: vec![QueueStats::default()].into(),
+            all: vec![parked.clone()],
+            parked,
+            waiters: Waiters::start(2).unwrap(),
+        }
+    }
+
+    impl Rig {
+        fn ctx(&self, max_waiting: usize) -> QueueCtx<'_, Slow> {
+            QueueCtx {
+                queue: 0,
+                vring: &self.vring,
+                mem: &self.mem,
+                event_idx: true,
+                limits: Limits {
+                    max_request_size: 1 << 20,
+                    batch: 16,
+                    guest_io: GuestIoMode::Pread,
+                    max_waiting,
+                },
+                handler: &self.handler,
+                stats: &self.stats,
+                parked: &self.parked,
+                all_parked: &self.all,
+                waiters: Some(&self.waiters),
+            }
+        }
+    }
+
+    /// A queue at its bound of waiting chains must look at the ring again
+    /// when they come back: with `--max-waiting 1` and two requests, the
+    /// wake-up that returned the first once returned `Full` and left
+    /// notifications off with nothing left to wake the worker.
+    #[test]
+    fn a_full_queue_takes_the_rest_when_its_chains_come_back() {
+        let r = rig();
+        let ctx = r.ctx(1);
+        let mut state = WorkerState::default();
+        post(&r.mmap, 0);
+        post(&r.mmap, 1);
+        process_queue(&ctx, &mut state).unwrap();
+        // The epoll loop: the worker runs whenever a completion arrives.
+        while readable(r.parked.event_fd(), 2000) {
+            process_queue(&ctx, &mut state).unwrap();
+        }
+        let used: u16 = r.mmap.read_obj(GuestAddress(USED + 2)).unwrap();
+        assert_eq!(used, 2, "both requests answered");
+        assert_eq!(r.parked.outstanding(), 0);
+        // And the driver is asked to kick for the next one.
+        let avail_event: u16 = r.mmap.read_obj(GuestAddress(AVAIL_EVENT)).unwrap();
+        assert_eq!(avail_event, 2, "notifications are on again");
+        assert_eq!(
+            sluice_metrics::get(&r.stats[0].handed_on),
+            2,
+            "both waited on a waiter"
+        );
+    }
+
+    /// After GET_VRING_BASE (the ring not ready, the waiters' chains
+    /// returned) a late completion wake-up must not write into the ring's
+    /// old memory, which the guest may have reused.
+    #[test]
+    fn a_stopped_ring_is_not_touched_by_a_late_wakeup() {
+        let r = rig();
+        let ctx = r.ctx(4);
+        let mut state = WorkerState::default();
+        post(&r.mmap, 0);
+        process_queue(&ctx, &mut state).unwrap();
+        r.vring.set_queue_ready(false);
+        let mut done = Vec::new();
+        r.parked.drain(&mut done);
+        assert_eq!(done.len(), 1, "the drain returned the waiting chain");
+        r.mmap
+            .write_obj(0xabcdu16, GuestAddress(AVAIL_EVENT))
+            .unwrap();
+        assert!(readable(r.parked.event_fd(), 100), "a wake-up is pending");
+        process_queue(&ctx, &mut state).unwrap();
+        let after: u16 = r.mmap.read_obj(GuestAddress(AVAIL_EVENT)).unwrap();
+        assert_eq!(after, 0xabcd, "the worker wrote into a stopped ring");
+        assert!(!readable(r.parked.event_fd(), 0), "the wake-up was cleared");
+    }
 }
