@@ -11,22 +11,30 @@
 #     with a 1 MiB memory cache and no readahead or prefetch, so every READ
 #     reaches the block objects on disk;
 #   - for each block size (4K, 128K, 1M): "cold" runs with the page cache
-#     dropped every 0.2 s (a file larger than the page cache: nearly every
-#     READ goes to the disk), "warm" runs with the file in the page cache;
+#     dropped every --drop-every seconds (default 0.05; a stand-in for a
+#     file larger than the page cache — on a machine whose disk reads fast
+#     the pages come back between drops, so the per-daemon counts of READ
+#     bytes by path at the end say how much really came from the disk),
+#     "warm" runs with the file in the page cache;
 #   - prints GB/s, the daemon's CPU-seconds per GB delivered (utime + stime
 #     from /proc/PID/stat over the run) and each mode's ratio to pread.
 #
-# Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--keep]
+# Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--states "cold warm"]
+#                               [--drop-every S] [--keep]
 # Needs root (drop_caches). Compare figures within one run only.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 seconds=5
 file_size=2G
+states="cold warm"
+drop_every=0.05
 keep=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --seconds) seconds=${2:?}; shift 2 ;;
     --file-size) file_size=${2:?}; shift 2 ;;
+    --states) states=${2:?}; shift 2 ;;
+    --drop-every) drop_every=${2:?}; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -80,7 +88,7 @@ echo "sluice ($("$sluice" --version)); $(nproc) cores; load $(cut -d' ' -f1-3 /p
 "$sluice" bench virtiofs --socket "$work/pread.sock" --file-size "$file_size" --seconds 1 >/dev/null
 
 printf '\n%-6s %-5s %-7s %10s %10s %8s %8s\n' state bs mode GB/s CPU-s/GB "GB/s×" "CPU×"
-for state in cold warm; do
+for state in $states; do
     for bs in 4K 128K 1M; do
         depth=16
         [ "$bs" = 4K ] && depth=32
@@ -89,7 +97,7 @@ for state in cold warm; do
             sync
             echo 3 >/proc/sys/vm/drop_caches
             if [ "$state" = cold ]; then
-                (while :; do echo 1 >/proc/sys/vm/drop_caches; sleep 0.2; done) &
+                (while :; do echo 1 >/proc/sys/vm/drop_caches; sleep "$drop_every"; done) &
                 dropper=$!
             else
                 # Warm: one pass fills the page cache (the memory cache is 1 MiB).

@@ -13,14 +13,16 @@
 //! request) is ignored. When the last
 //! worker ends — by DESTROY or by unmount — `Filesystem::destroy` runs once.
 //!
-//! A worker never waits on storage while requests queue behind it: it runs
-//! each request under `sluice_api::wait::no_wait`, and one that would wait
-//! (a block not in the memory cache, a file range not in the page cache, a
-//! commit, a sync) is copied and handed to a waiter thread, which runs it
-//! again and writes its reply to `/dev/fuse` itself; the kernel matches
-//! replies to requests by their id, in any order. At most
-//! [`Waiting::max_waiting`] requests wait at once; past that a worker
-//! answers the request itself, waiting — the back-pressure.
+//! A worker does not wait on the object store, the disk or a commit while
+//! requests queue behind it: it runs each request under
+//! `sluice_api::wait::no_wait`, and one that would wait (a block not in
+//! the memory cache, a file range not in the page cache, a commit, a sync)
+//! is copied and handed to a waiter thread, which runs it again and writes
+//! its reply to `/dev/fuse` itself; the kernel matches replies to requests
+//! by their id, in any order. (Metadata operations still run, and wait, on
+//! the worker.) At most [`Waiting::max_waiting`] requests wait at once;
+//! past that a worker answers the request itself, waiting — the
+//! back-pressure. DESTROY waits until the waiters are idle.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
