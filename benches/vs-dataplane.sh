@@ -23,7 +23,8 @@
 # READs kept in flight on the same queue, each at a new 4 MiB block of a file
 # never read (--cold-file; the run ends when that file runs out).
 # Prints GB/s and daemon CPU-seconds per GB for each side and memcpy (one
-# core: 1/(its GB/s)), the ratios, and the goals beside them.
+# core: 1/(its GB/s)), the ratios, the goals beside them, and the
+# 1-minute load average after each line (the figures move with it).
 #
 # Usage: benches/vs-dataplane.sh [--quick] [--seconds S] [--delay-ms N] [--dir DIR]
 #                                [--vfsd-pool N] [--keep]
@@ -183,6 +184,7 @@ bench() {
         { tail -n 20 "$work/bench.log" >&2; exit 1; }
     wait "$vfsd_pid" 2>/dev/null || true
     vfsd_pid=
+    cut -d' ' -f1 /proc/loadavg >"$results/$name.load"
 }
 depth_for() { if [ "$1" = 4K ]; then echo 32; else echo 16; fi; }
 sizes=(1M 128K 4K)
@@ -267,6 +269,7 @@ for state in ("warm", "disk", "cold"):
             notes.append("read through in " + ", ".join(
                 f"{who} {x['elapsed_s']:.1f}s" if x["ran_out"] else f"{who} not in {x['elapsed_s']:.1f}s"
                 for who, x in (("sluice", r), ("JuiceFS", ref))))
+        notes.insert(0, "load " + open(f"{res}/{state}-{bs}.load").read().strip())
         if state == "warm" and bs == "1M":
             notes.append(f"goal sl/mc GB/s >= 0.85: {f(div(r['gb_per_s'], mc), '{:.2f}')}")
         if state == "disk" and bs in ("128K", "1M"):
@@ -290,7 +293,8 @@ for side, a, m in (("sluice", alone, mixed), ("JuiceFS", alone["reference"], mix
     note = (f"cold file ran out after {m['elapsed_s']:.1f}s" if c["ran_out"]
             else f"{m['elapsed_s']:.1f}s, cold file not exhausted")
     if side == "sluice":
-        note += "; goal p99 x ~ 1 (unaffected)"
+        note += "; goal p99 x ~ 1 (unaffected); load " + " / ".join(
+            open(f"{res}/{n}.load").read().strip() for n in ("mixed-alone", "mixed-cold"))
     print(f"{side:<8} | {a['latency']['p50']:9.1f} {a['latency']['p99']:8.1f} | "
           f"{m['latency']['p50']:9.1f} {m['latency']['p99']:8.1f} "
           f"{f(div(m['latency']['p99'], a['latency']['p99']), '{:6.1f}x')} | "
