@@ -19,6 +19,8 @@
 #          scattered order (--pattern once), at most --seconds
 #   cold   a file neither side has read, page cache dropped, every block
 #          once in a scattered order from the delayed S3, at most --seconds
+# Each run waits 2 s before it starts and between its two sides (--settle), so
+# one daemon's background fetches do not slow the other's measurement.
 # and the latency of cached reads (4 KiB, depth 16) alone, then with 4 cold
 # READs kept in flight on the same queue, each at a new 4 MiB block of a file
 # never read (--cold-file; the run ends when that file runs out).
@@ -175,17 +177,22 @@ start_virtiofsd() {
 # bench NAME ARGS...: both sides in one run, the JSON report in $results/NAME.json.
 bench() {
     local name=$1; shift
+    sleep "$settle"
     start_virtiofsd
     local jfs_args=()
     for p in "${jfs_pids[@]}"; do jfs_args+=(--vs-pid "$p"); done
     "$sluice" bench virtiofs --json --socket "$work/sluice.sock" --pid "$sl_pid" \
         --vs-socket "$work/virtiofsd.sock" --vs-pid "$vfsd_pid" "${jfs_args[@]}" \
-        --queues 1 --seconds "$seconds" "$@" >"$results/$name.json" 2>>"$work/bench.log" ||
+        --queues 1 --seconds "$seconds" --settle "$settle" "$@" >"$results/$name.json" 2>>"$work/bench.log" ||
         { tail -n 20 "$work/bench.log" >&2; exit 1; }
     wait "$vfsd_pid" 2>/dev/null || true
     vfsd_pid=
     cut -d' ' -f1 /proc/loadavg >"$results/$name.load"
 }
+# Between the two sides of a run, and before each run: the last daemon's
+# background work (readahead, fetches, disk-cache writes) must not share the
+# S3 server and the CPUs with the next measurement.
+settle=2
 depth_for() { if [ "$1" = 4K ]; then echo 32; else echo 16; fi; }
 sizes=(1M 128K 4K)
 

@@ -283,6 +283,7 @@ fn bench_drives_the_sluice_device() {
         cold_file: None,
         cold_depth: 4,
         cold_stride: 4 << 20,
+        settle: 0.0,
         json: false,
     })
     .expect("bench");
@@ -312,6 +313,7 @@ fn bench_args(served: &Served, file: &str, block_size: u64) -> VirtiofsArgs {
         cold_file: None,
         cold_depth: 4,
         cold_stride: 4 << 20,
+        settle: 0.0,
         json: false,
     }
 }

@@ -187,6 +187,7 @@ fn bench_runs_against_virtiofsd() {
         cold_file: None,
         cold_depth: 4,
         cold_stride: 4 << 20,
+        settle: 0.0,
         json: false,
     })
     .expect("bench run");

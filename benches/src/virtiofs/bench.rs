@@ -92,6 +92,12 @@ pub struct VirtiofsArgs {
     /// JuiceFS's 4 MiB block, makes every cold READ need an object of its own.
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub cold_stride: u64,
+    /// Seconds to wait between the measurement of `--socket` and that of
+    /// `--vs-socket`, so that background work the first device started
+    /// (readahead, disk-cache writes, fetches still in flight) is over
+    /// before the second is measured: they may share a store and CPUs.
+    #[arg(long, default_value_t = 0.0)]
+    pub settle: f64,
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -342,6 +348,12 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
 pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
     let mut report = measure(&args.socket, &args.pids, args)?;
     if let Some(reference) = &args.vs_socket {
+        anyhow::ensure!(
+            args.settle.is_finite() && args.settle >= 0.0,
+            "--settle takes a number of seconds, not {}",
+            args.settle
+        );
+        std::thread::sleep(Duration::from_secs_f64(args.settle));
         report.reference = Some(Box::new(measure(reference, &args.vs_pids, args)?));
     }
     if args.vs_memcpy {
