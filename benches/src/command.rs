@@ -96,7 +96,13 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
         }
         Some(BenchCommand::Virtiofs(a)) => {
             let report = crate::virtiofs::run(&a).map_err(BenchError::Virtiofs)?;
-            print!("{report}");
+            if a.json {
+                let json =
+                    serde_json::to_string(&report).map_err(|e| BenchError::Virtiofs(e.into()))?;
+                println!("{json}");
+            } else {
+                print!("{report}");
+            }
         }
         Some(BenchCommand::Reactor(a)) => {
             let report = crate::reactor::run(&a.dir, a.file_size, a.seconds, a.threads)

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use sluice_benches::virtiofs::wire::{self, ROOT_ID, opcode};
 use sluice_benches::virtiofs::{
-    Device, DeviceOptions, FuseQueue, HarnessError, VirtiofsArgs, fill_pattern, run,
+    Device, DeviceOptions, FuseQueue, HarnessError, Pattern, VirtiofsArgs, fill_pattern, run,
 };
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
@@ -276,10 +276,96 @@ fn bench_drives_the_sluice_device() {
         queue_size: 128,
         vs_socket: None,
         meta: false,
+        pattern: Pattern::Random,
+        warm_first: false,
+        pids: Vec::new(),
+        vs_pids: Vec::new(),
+        cold_file: None,
+        cold_depth: 4,
+        cold_stride: 4 << 20,
+        settle: 0.0,
+        json: false,
     })
     .expect("bench");
     assert!(report.ops > 0);
     assert_eq!(report.bytes, report.ops * (256 << 10));
     assert_eq!(report.tag.as_deref(), Some("sluice-e2e"));
+    stop(served);
+}
+
+fn bench_args(served: &Served, file: &str, block_size: u64) -> VirtiofsArgs {
+    VirtiofsArgs {
+        socket: served.socket.clone(),
+        queues: 1,
+        block_size,
+        depth: 4,
+        seconds: 60,
+        vs_memcpy: false,
+        file: file.to_string(),
+        file_size: 8 << 20,
+        queue_size: 128,
+        vs_socket: None,
+        meta: false,
+        pattern: Pattern::Random,
+        warm_first: false,
+        pids: Vec::new(),
+        vs_pids: Vec::new(),
+        cold_file: None,
+        cold_depth: 4,
+        cold_stride: 4 << 20,
+        settle: 0.0,
+        json: false,
+    }
+}
+
+#[test]
+fn bench_once_reads_every_block_once_and_stops() {
+    let served = serve();
+    let report = run(&VirtiofsArgs {
+        pattern: Pattern::Once,
+        pids: vec![std::process::id()],
+        ..bench_args(&served, "once.dat", 256 << 10)
+    })
+    .expect("bench");
+    assert_eq!(report.ops, 32, "8 MiB in 256 KiB READs, each once");
+    assert!(report.ran_out);
+    let cpu = report.cpu_seconds.expect("--pid samples CPU");
+    assert!(cpu >= 0.0);
+    assert!(report.cpu_s_per_gb.is_some());
+    assert!(format!("{report}").contains("every block read once"));
+    stop(served);
+}
+
+#[test]
+fn bench_mixed_mode_reports_cold_reads_apart_and_ends_with_them() {
+    // The cold file: written (and read) through one connection, then served
+    // afresh so that the second run sees it as a file to read.
+    let served = serve();
+    run(&VirtiofsArgs {
+        pattern: Pattern::Once,
+        ..bench_args(&served, "cold.dat", 1 << 20)
+    })
+    .expect("create the cold file");
+    let served = serve_in(stop(served));
+    let report = run(&VirtiofsArgs {
+        warm_first: true,
+        cold_file: Some("cold.dat".to_string()),
+        cold_depth: 2,
+        cold_stride: 1 << 20,
+        ..bench_args(&served, "hot.dat", 64 << 10)
+    })
+    .expect("bench");
+    let cold = report.cold.as_ref().expect("cold READs reported");
+    // (8 MiB - 64 KiB) / 1 MiB + 1 offsets, each asked for once.
+    assert_eq!(cold.ops, 8);
+    assert_eq!(cold.bytes, 8 * (64 << 10));
+    assert!(cold.ran_out, "the run ends when the cold file runs out");
+    assert!(report.ops > 0);
+    assert_eq!(report.bytes, report.ops * (64 << 10));
+    let text = format!("{report}");
+    assert!(text.contains("cached latency"), "{text}");
+    assert!(text.contains("ran out of cold offsets"), "{text}");
+    let json = serde_json::to_value(&report).expect("json");
+    assert_eq!(json["cold"]["ops"], 8);
     stop(served);
 }

@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_benches::virtiofs::wire::ROOT_ID;
-use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, VirtiofsArgs, fill_pattern, run};
+use sluice_benches::virtiofs::{
+    Device, DeviceOptions, FuseQueue, Pattern, VirtiofsArgs, fill_pattern, run,
+};
 
 const VIRTIOFSD_PATHS: &[&str] = &["/usr/lib/qemu/virtiofsd", "/usr/libexec/virtiofsd"];
 
@@ -178,6 +180,15 @@ fn bench_runs_against_virtiofsd() {
         queue_size: 128,
         vs_socket: Some(other.socket.clone()),
         meta: false,
+        pattern: Pattern::Random,
+        warm_first: false,
+        pids: Vec::new(),
+        vs_pids: Vec::new(),
+        cold_file: None,
+        cold_depth: 4,
+        cold_stride: 4 << 20,
+        settle: 0.0,
+        json: false,
     })
     .expect("bench run");
     let reference = report.reference.as_ref().expect("reference measured");

@@ -4,13 +4,14 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::device::{Device, DeviceOptions};
 use super::error::{HarnessError, Result};
+use super::process_cpu;
 use super::session::{FuseQueue, REQUEST_TIMEOUT};
 use super::virtqueue::{NUDGE_AFTER, SplitQueue};
 use super::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN, ROOT_ID, opcode};
@@ -54,10 +55,66 @@ pub struct VirtiofsArgs {
     /// file, one request at a time; IOPS counts these requests.
     #[arg(long)]
     pub meta: bool,
+    /// Which blocks the READs ask for: `random` (uniformly random blocks of
+    /// the file, repeats allowed) or `once` (every block of the file once, in
+    /// a scattered order shared by the queues; the run ends when all are
+    /// read or `--seconds` pass, whichever comes first).
+    #[arg(long, value_enum, default_value = "random")]
+    pub pattern: Pattern,
+    /// Read the whole file once (1 MiB READs, or `--block-size` if larger,
+    /// in order) on the same connection before measuring: the device's
+    /// caches are warm when the measured interval starts.
+    #[arg(long)]
+    pub warm_first: bool,
+    /// A process of the device under `--socket` (e.g. `sluice serve`) whose
+    /// CPU time (utime + stime of all its threads, /proc/PID/stat) is sampled
+    /// around the measured interval: prints daemon CPU-seconds per GB read.
+    /// Repeatable; the processes' times are summed.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// The same for the device under `--vs-socket` (e.g. virtiofsd and the
+    /// juicefs process behind it). Repeatable.
+    #[arg(long = "vs-pid", value_name = "PID")]
+    pub vs_pids: Vec<u32>,
+    /// Mixed mode: a file (relative to the export's root; it must exist and
+    /// should be one the device has never read) of which `--cold-depth`
+    /// READs of `--block-size` are kept in flight on the first queue beside
+    /// its `--depth` READs of `--file`, each at an offset never read before
+    /// (`--cold-stride` apart, in a scattered order). The two kinds'
+    /// latencies are reported apart. The run ends when every cold offset has
+    /// been asked for (the report says so) or `--seconds` pass.
+    #[arg(long, value_name = "PATH")]
+    pub cold_file: Option<String>,
+    /// Cold READs in flight with `--cold-file`.
+    #[arg(long, default_value_t = 4)]
+    pub cold_depth: usize,
+    /// Distance between cold READs' offsets (suffixes K, M, G); the default,
+    /// JuiceFS's 4 MiB block, makes every cold READ need an object of its own.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub cold_stride: u64,
+    /// Seconds to wait between the measurement of `--socket` and that of
+    /// `--vs-socket`, so that background work the first device started
+    /// (readahead, disk-cache writes, fetches still in flight) is over
+    /// before the second is measured: they may share a store and CPUs.
+    #[arg(long, default_value_t = 0.0)]
+    pub settle: f64,
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which blocks of the file the READs ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    /// Uniformly random blocks, repeats allowed.
+    Random,
+    /// Every block once, in a scattered order.
+    Once,
 }
 
 /// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Latency {
     /// Median.
     pub p50: f64,
@@ -72,7 +129,7 @@ pub struct Latency {
 }
 
 /// What one run measured.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Report {
     /// Tag from the device's configuration space, if offered.
     pub tag: Option<String>,
@@ -83,8 +140,13 @@ pub struct Report {
     /// READs in flight per queue.
     pub depth: usize,
     /// Measured wall time.
+    #[serde(rename = "elapsed_s", serialize_with = "seconds")]
     pub elapsed: Duration,
-    /// READs completed.
+    /// Which blocks were read.
+    pub pattern: Pattern,
+    /// With `--pattern once`: every block was read before `--seconds` passed.
+    pub ran_out: bool,
+    /// READs completed (of `--file`; cold READs are counted in `cold`).
     pub ops: u64,
     /// Bytes read.
     pub bytes: u64,
@@ -96,10 +158,90 @@ pub struct Report {
     pub gb_per_s: f64,
     /// Per-READ latency.
     pub latency: Latency,
+    /// CPU-seconds the `--pid` processes used over the measured interval.
+    pub cpu_seconds: Option<f64>,
+    /// `cpu_seconds` per GB (10^9 bytes) read, cold READs included.
+    pub cpu_s_per_gb: Option<f64>,
+    /// The cold READs of mixed mode (`--cold-file`).
+    pub cold: Option<ColdReport>,
     /// Single-core memcpy throughput at the block size, with `--vs-memcpy`.
     pub memcpy_gb_per_s: Option<f64>,
+    /// The CPU-seconds per GB of that memcpy: one core busy for 1/(GB/s).
+    pub memcpy_cpu_s_per_gb: Option<f64>,
     /// The same measurement against `--vs-socket`.
     pub reference: Option<Box<Report>>,
+}
+
+/// The cold READs of mixed mode.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ColdReport {
+    /// The file read, relative to the export's root.
+    pub file: String,
+    /// Cold READs in flight.
+    pub depth: usize,
+    /// Distance between their offsets.
+    pub stride: u64,
+    /// Cold READs completed.
+    pub ops: u64,
+    /// Bytes they read.
+    pub bytes: u64,
+    /// Their latency.
+    pub latency: Latency,
+    /// Every offset of the file was asked for, which ended the run.
+    pub ran_out: bool,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// Writes one side's READ lines (throughput, CPU, cold READs).
+fn write_side(f: &mut fmt::Formatter<'_>, label: &str, r: &Report) -> fmt::Result {
+    let kind = if r.cold.is_some() { "cached " } else { "" };
+    writeln!(
+        f,
+        "  {label}{:>12.0} IOPS  {:>8.3} GB/s  {kind}latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+        r.iops,
+        r.gb_per_s,
+        r.latency.p50,
+        r.latency.p90,
+        r.latency.p99,
+        r.latency.p999,
+        r.latency.max
+    )?;
+    if r.ran_out {
+        writeln!(
+            f,
+            "  {label}every block read once after {:.2}s (--pattern once)",
+            r.elapsed.as_secs_f64()
+        )?;
+    }
+    if let Some(cold) = &r.cold {
+        writeln!(
+            f,
+            "  {label}cold {} ({} in flight, {} apart): {} READs  latency us: p50 {:.1}  p99 {:.1}  max {:.1}{}",
+            cold.file,
+            cold.depth,
+            cold.stride,
+            cold.ops,
+            cold.latency.p50,
+            cold.latency.p99,
+            cold.latency.max,
+            if cold.ran_out {
+                "  (ran out of cold offsets: that ended the run)"
+            } else {
+                ""
+            }
+        )?;
+    }
+    if let (Some(cpu), Some(per_gb)) = (r.cpu_seconds, r.cpu_s_per_gb) {
+        write!(f, "  {label}daemon CPU {cpu:.3} s  {per_gb:.3} CPU-s/GB")?;
+        match r.memcpy_cpu_s_per_gb {
+            Some(m) => writeln!(f, "  / memcpy's {m:.3} = {:.3}", ratio(per_gb, m))?,
+            None => writeln!(f)?,
+        }
+    }
+    Ok(())
 }
 
 impl fmt::Display for Report {
@@ -140,36 +282,27 @@ impl fmt::Display for Report {
             self.depth,
             self.elapsed.as_secs_f64()
         )?;
-        writeln!(
-            f,
-            "  {:>12.0} IOPS  {:>8.3} GB/s  latency us: p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
-            self.iops,
-            self.gb_per_s,
-            self.latency.p50,
-            self.latency.p90,
-            self.latency.p99,
-            self.latency.p999,
-            self.latency.max
-        )?;
+        write_side(f, "", self)?;
         if let Some(reference) = &self.reference {
+            write_side(f, "reference ", reference)?;
             writeln!(
                 f,
-                "  reference {:>12.0} IOPS  {:>8.3} GB/s  latency us: p50 {:.1}  p99 {:.1}",
-                reference.iops, reference.gb_per_s, reference.latency.p50, reference.latency.p99
-            )?;
-            writeln!(
-                f,
-                "  ours/reference: GB/s {:.3}  p50 latency {:.3}  p99 latency {:.3}",
+                "  ours/reference: GB/s {:.3}  p50 latency {:.3}  p99 latency {:.3}{}",
                 ratio(self.gb_per_s, reference.gb_per_s),
                 ratio(self.latency.p50, reference.latency.p50),
-                ratio(self.latency.p99, reference.latency.p99)
+                ratio(self.latency.p99, reference.latency.p99),
+                match (self.cpu_s_per_gb, reference.cpu_s_per_gb) {
+                    (Some(ours), Some(theirs)) => format!("  CPU-s/GB {:.3}", ratio(ours, theirs)),
+                    _ => String::new(),
+                }
             )?;
         }
         if let Some(memcpy) = self.memcpy_gb_per_s {
             writeln!(
                 f,
-                "  memcpy 1 core {:>8.3} GB/s   virtiofs/memcpy = {:.3}",
+                "  memcpy 1 core {:>8.3} GB/s  {:.3} CPU-s/GB   virtiofs/memcpy = {:.3}",
                 memcpy,
+                1.0 / memcpy.max(f64::MIN_POSITIVE),
                 if memcpy > 0.0 {
                     self.gb_per_s / memcpy
                 } else {
@@ -213,40 +346,72 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
 /// Runs the benchmark described by `args`: the socket, then the reference
 /// socket if given, then memcpy if asked for.
 pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
-    let mut report = measure(&args.socket, args)?;
+    let mut report = measure(&args.socket, &args.pids, args)?;
     if let Some(reference) = &args.vs_socket {
-        report.reference = Some(Box::new(measure(reference, args)?));
+        anyhow::ensure!(
+            args.settle.is_finite() && args.settle >= 0.0,
+            "--settle takes a number of seconds, not {}",
+            args.settle
+        );
+        std::thread::sleep(Duration::from_secs_f64(args.settle));
+        report.reference = Some(Box::new(measure(reference, &args.vs_pids, args)?));
     }
     if args.vs_memcpy {
-        report.memcpy_gb_per_s = Some(memcpy_throughput(
+        let memcpy = memcpy_throughput(
             args.block_size as usize,
             args.depth,
             Duration::from_secs(args.seconds.clamp(1, 5)),
-        ));
+        );
+        let per_gb = (memcpy > 0.0).then(|| 1.0 / memcpy);
+        report.memcpy_gb_per_s = Some(memcpy);
+        report.memcpy_cpu_s_per_gb = per_gb;
+        if let Some(reference) = &mut report.reference {
+            reference.memcpy_cpu_s_per_gb = per_gb;
+        }
     }
     Ok(report)
 }
 
-/// Measures READs against the device at `socket`.
-fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Report> {
+/// Index of the cached stream in [`Slot::stream`]; the cold one is next.
+const CACHED: usize = 0;
+/// Index of mixed mode's cold stream.
+const COLD: usize = 1;
+
+/// Measures READs against the device at `socket`, sampling the CPU time
+/// of `pids` around the measured interval.
+fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyhow::Result<Report> {
     if args.meta {
         return measure_meta(socket, args);
     }
     let block = u32::try_from(args.block_size)
         .map_err(|_| anyhow::anyhow!("--block-size must be below 4 GiB"))?;
     anyhow::ensure!(args.queues >= 1, "--queues must be at least 1");
+    let cold_depth = if args.cold_file.is_some() {
+        anyhow::ensure!(args.cold_depth >= 1, "--cold-depth must be at least 1");
+        args.cold_depth
+    } else {
+        0
+    };
     anyhow::ensure!(
-        args.depth >= 1 && args.depth * 3 <= usize::from(args.queue_size),
-        "--depth must be between 1 and {} (three descriptors per READ)",
+        args.depth >= 1 && (args.depth + cold_depth) * 3 <= usize::from(args.queue_size),
+        "--depth (plus --cold-depth) must be between 1 and {} (three descriptors per READ)",
         usize::from(args.queue_size) / 3
     );
     anyhow::ensure!(
         args.file_size >= args.block_size,
         "--file-size must be at least --block-size"
     );
+    // The warm-up pass reads 1 MiB at a time (or a larger --block-size).
+    let warm_len: u32 = if args.warm_first {
+        block.max(1 << 20)
+    } else {
+        block
+    };
     let setup_io: u32 = block.min(1 << 20);
-    let per_queue =
-        args.depth as u64 * (u64::from(block) + 4096) + u64::from(args.queue_size) * 32 + 3 * 4096;
+    let per_queue = args.depth as u64 * (u64::from(warm_len) + 4096)
+        + cold_depth as u64 * (u64::from(block) + 4096)
+        + u64::from(args.queue_size) * 32
+        + 3 * 4096;
     let memory_size = per_queue * (args.queues as u64 + 1) + 2 * u64::from(setup_io) + (1 << 20);
     let mut device = Device::connect(
         socket,
@@ -272,6 +437,40 @@ fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Repo
         args.file
     );
     let fh = setup.open(nodeid, libc::O_RDONLY as u32)?;
+    let blocks = file_size / args.block_size;
+    let cached = Stream {
+        nodeid,
+        fh,
+        len: block,
+        stride: args.block_size,
+        offsets: match args.pattern {
+            Pattern::Random => Offsets::Random { count: blocks },
+            Pattern::Once => Offsets::once(Permutation::scattered(blocks)),
+        },
+    };
+    let cold = match &args.cold_file {
+        Some(name) => {
+            let entry = setup
+                .lookup(ROOT_ID, name.as_bytes())
+                .map_err(|e| anyhow::anyhow!("--cold-file {name}: {e}"))?;
+            let size = entry.attr.size;
+            anyhow::ensure!(
+                size >= args.block_size,
+                "--cold-file {name} holds {size} bytes, less than one block"
+            );
+            let fh = setup.open(entry.nodeid, libc::O_RDONLY as u32)?;
+            Some(Stream {
+                nodeid: entry.nodeid,
+                fh,
+                len: block,
+                stride: args.cold_stride,
+                offsets: Offsets::once(Permutation::scattered(
+                    (size - args.block_size) / args.cold_stride + 1,
+                )),
+            })
+        }
+        None => None,
+    };
 
     let mem = device.memory().memory().clone();
     let mut workers = Vec::with_capacity(args.queues);
@@ -282,47 +481,167 @@ fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Repo
             _ => device.take_queue(index),
         }
         .ok_or(HarnessError::QueueFull(0))?;
-        let mut slots = Vec::with_capacity(args.depth);
-        for _ in 0..args.depth {
+        let mut slots = Vec::with_capacity(args.depth + cold_depth);
+        let colds = if index == 1 { cold_depth } else { 0 };
+        for n in 0..args.depth + colds {
+            let (stream, len) = if n < args.depth {
+                (CACHED, warm_len)
+            } else {
+                (COLD, block)
+            };
             slots.push(Slot {
                 request: device.alloc(128)?,
                 reply_header: device.alloc(OUT_HEADER_LEN as u64)?,
-                data: device.alloc(u64::from(block))?,
+                data: device.alloc(u64::from(len))?,
+                stream,
                 submitted: Instant::now(),
             });
         }
-        workers.push((queue, slots));
+        workers.push(Worker { queue, slots });
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let plan = Plan {
-        nodeid,
-        fh,
-        block,
-        blocks: file_size / args.block_size,
+    if args.warm_first {
+        // A file smaller than 1 MiB is warmed with --block-size READs.
+        let warm_len = if file_size >= u64::from(warm_len) {
+            warm_len
+        } else {
+            block
+        };
+        let warm_blocks = file_size / u64::from(warm_len);
+        let warm = Stream {
+            len: warm_len,
+            stride: u64::from(warm_len),
+            offsets: Offsets::once(Permutation::in_order(warm_blocks)),
+            ..cached.clone()
+        };
+        let pass = run_phase(&mut workers, &mem, &[warm], None)?;
+        log::info!(
+            "warm-up: read {} MiB in {:.2}s",
+            (pass.latencies_ns[CACHED].len() as u64 * u64::from(warm_len)) >> 20,
+            pass.elapsed.as_secs_f64()
+        );
+    }
+
+    let mut streams = vec![cached];
+    streams.extend(cold);
+    let cpu_before = match pids {
+        [] => None,
+        pids => Some(process_cpu::cpu_seconds(pids)?),
     };
+    let outcome = run_phase(
+        &mut workers,
+        &mem,
+        &streams,
+        Some(Duration::from_secs(args.seconds)),
+    )?;
+    let cpu_seconds = match cpu_before {
+        Some(before) => Some(process_cpu::cpu_seconds(pids)? - before),
+        None => None,
+    };
+    let [mut cached_ns, mut cold_ns] = outcome.latencies_ns;
+    let ops = cached_ns.len() as u64;
+    let bytes = ops * args.block_size;
+    let cold_bytes = cold_ns.len() as u64 * args.block_size;
+    let secs = outcome.elapsed.as_secs_f64();
+    let cold = args.cold_file.as_ref().map(|file| ColdReport {
+        file: file.clone(),
+        depth: cold_depth,
+        stride: args.cold_stride,
+        ops: cold_ns.len() as u64,
+        bytes: cold_bytes,
+        latency: percentiles(&mut cold_ns),
+        ran_out: streams.get(COLD).is_some_and(|s| s.offsets.ran_out()),
+    });
+    Ok(Report {
+        tag,
+        queues: args.queues,
+        block_size: args.block_size,
+        depth: args.depth,
+        elapsed: outcome.elapsed,
+        pattern: args.pattern,
+        ran_out: args.pattern == Pattern::Once && streams[CACHED].offsets.ran_out(),
+        ops,
+        bytes,
+        meta: false,
+        iops: ops as f64 / secs,
+        gb_per_s: bytes as f64 / secs / 1e9,
+        latency: percentiles(&mut cached_ns),
+        cpu_seconds,
+        cpu_s_per_gb: cpu_seconds.and_then(|c| process_cpu::per_gb(c, bytes + cold_bytes)),
+        cold,
+        memcpy_gb_per_s: None,
+        memcpy_cpu_s_per_gb: None,
+        reference: None,
+    })
+}
+
+/// One request queue and the buffers of the READs it keeps in flight.
+#[derive(Debug)]
+struct Worker {
+    queue: SplitQueue,
+    slots: Vec<Slot>,
+}
+
+/// What one phase (warm-up or measurement) measured.
+#[derive(Debug)]
+struct PhaseOutcome {
+    elapsed: Duration,
+    /// Latencies of the cached and the cold READs.
+    latencies_ns: [Vec<u64>; 2],
+}
+
+/// Drives every worker's queue with READs of `streams` until `limit`
+/// passes, every queue runs out of offsets, or the cold stream (if any)
+/// runs out; then waits for the READs in flight.
+fn run_phase(
+    workers: &mut [Worker],
+    mem: &GuestMemoryMmap,
+    streams: &[Stream],
+    limit: Option<Duration>,
+) -> anyhow::Result<PhaseOutcome> {
+    let stop = AtomicBool::new(false);
     let started = Instant::now();
-    let handles: Vec<_> = workers
-        .into_iter()
-        .enumerate()
-        .map(|(i, (queue, slots))| {
-            let mem = mem.clone();
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name(format!("virtiofs-q{}", i + 1))
-                .spawn(move || drive_queue(queue, &mem, slots, plan, i as u64 + 1, &stop))
-        })
-        .collect::<std::io::Result<_>>()?;
-    std::thread::sleep(Duration::from_secs(args.seconds));
-    stop.store(true, Ordering::Relaxed);
-    let mut latencies = Vec::new();
-    let mut ops = 0u64;
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let spawned: std::io::Result<Vec<_>> = workers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, worker)| {
+                let stop = &stop;
+                std::thread::Builder::new()
+                    .name(format!("virtiofs-q{}", i + 1))
+                    .spawn_scoped(scope, move || {
+                        drive_queue(worker, mem, streams, i as u64 + 1, stop)
+                    })
+            })
+            .collect();
+        // The threads already started stop (and the scope joins them).
+        let handles = spawned.inspect_err(|_| stop.store(true, Ordering::Relaxed))?;
+        loop {
+            if stop.load(Ordering::Relaxed) || handles.iter().all(|h| h.is_finished()) {
+                break;
+            }
+            match limit {
+                Some(limit) if started.elapsed() >= limit => break,
+                Some(limit) => std::thread::sleep(
+                    limit
+                        .saturating_sub(started.elapsed())
+                        .min(Duration::from_millis(5)),
+                ),
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        anyhow::Ok(handles.into_iter().map(|h| h.join()).collect())
+    })?;
+    let elapsed = started.elapsed();
+    let mut latencies_ns = [Vec::new(), Vec::new()];
     let mut first_error = None;
-    for handle in handles {
-        match handle.join() {
+    for result in results {
+        match result {
             Ok(Ok(stats)) => {
-                ops += stats.latencies_ns.len() as u64;
-                latencies.extend(stats.latencies_ns);
+                for (all, queue) in latencies_ns.iter_mut().zip(stats.latencies_ns) {
+                    all.extend(queue);
+                }
             }
             Ok(Err(e)) => {
                 first_error.get_or_insert(e);
@@ -330,26 +649,12 @@ fn measure(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Repo
             Err(_) => anyhow::bail!("a queue thread panicked"),
         }
     }
-    let elapsed = started.elapsed();
     if let Some(e) = first_error {
         return Err(e.into());
     }
-    let bytes = ops * args.block_size;
-    let secs = elapsed.as_secs_f64();
-    Ok(Report {
-        tag,
-        queues: args.queues,
-        block_size: args.block_size,
-        depth: args.depth,
+    Ok(PhaseOutcome {
         elapsed,
-        ops,
-        bytes,
-        meta: false,
-        iops: ops as f64 / secs,
-        gb_per_s: bytes as f64 / secs / 1e9,
-        latency: percentiles(&mut latencies),
-        memcpy_gb_per_s: None,
-        reference: None,
+        latencies_ns,
     })
 }
 
@@ -399,13 +704,19 @@ fn measure_meta(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result
         block_size: 0,
         depth: 1,
         elapsed,
+        pattern: args.pattern,
+        ran_out: false,
         ops,
         bytes: 0,
         meta: true,
         iops: ops as f64 / elapsed.as_secs_f64(),
         gb_per_s: 0.0,
         latency: percentiles(&mut latencies),
+        cpu_seconds: None,
+        cpu_s_per_gb: None,
+        cold: None,
         memcpy_gb_per_s: None,
+        memcpy_cpu_s_per_gb: None,
         reference: None,
     })
 }
@@ -446,13 +757,109 @@ pub fn fill_pattern(buf: &mut [u8], offset: u64) {
     }
 }
 
-/// What every queue thread reads.
-#[derive(Debug, Clone, Copy)]
-struct Plan {
+/// READs of one open file: where they go and how long they are.
+#[derive(Debug, Clone)]
+struct Stream {
     nodeid: u64,
     fh: u64,
-    block: u32,
-    blocks: u64,
+    /// Bytes per READ.
+    len: u32,
+    /// Bytes between the offsets: offset = index × stride.
+    stride: u64,
+    offsets: Offsets,
+}
+
+/// Which offset indices a stream's READs take.
+#[derive(Debug, Clone)]
+enum Offsets {
+    /// Uniformly random indices below `count`, repeats allowed.
+    Random { count: u64 },
+    /// Each index of `order` once, handed out to the queues in turn.
+    Once {
+        order: Permutation,
+        next: Arc<AtomicU64>,
+    },
+}
+
+impl Offsets {
+    fn once(order: Permutation) -> Self {
+        Offsets::Once {
+            order,
+            next: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The next index, or `None` once every index of a `Once` was taken.
+    fn next(&self, rng: &mut u64) -> Option<u64> {
+        match self {
+            Offsets::Random { count } => {
+                // xorshift64: cheap, and good enough to spread offsets over the file.
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                Some(*rng % count)
+            }
+            Offsets::Once { order, next } => {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                (i < order.len).then(|| order.at(i))
+            }
+        }
+    }
+
+    /// Whether every index of a `Once` was handed out.
+    fn ran_out(&self) -> bool {
+        match self {
+            Offsets::Random { .. } => false,
+            Offsets::Once { order, next } => next.load(Ordering::Relaxed) >= order.len,
+        }
+    }
+}
+
+/// A permutation of `0..len` that needs no table: i ↦ (i × step + start)
+/// mod len, with `step` coprime to `len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Permutation {
+    len: u64,
+    step: u64,
+    start: u64,
+}
+
+impl Permutation {
+    /// 0, 1, 2, ...: a sequential pass.
+    fn in_order(len: u64) -> Self {
+        Permutation {
+            len,
+            step: 1,
+            start: 0,
+        }
+    }
+
+    /// Consecutive indices about 0.618 × len apart (the golden ratio, made
+    /// coprime to `len`): no two neighbours close, so no readahead helps.
+    fn scattered(len: u64) -> Self {
+        let mut step = ((len as f64 * 0.618_033_988_7) as u64).max(1);
+        while gcd(step, len) != 1 {
+            step += 1;
+        }
+        Permutation {
+            len,
+            step,
+            start: len / 3,
+        }
+    }
+
+    /// The `i`-th index, for `i < len`.
+    fn at(&self, i: u64) -> u64 {
+        ((u128::from(i) * u128::from(self.step) + u128::from(self.start)) % u128::from(self.len))
+            as u64
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// Buffers of one in-flight READ.
@@ -461,42 +868,54 @@ struct Slot {
     request: GuestAddress,
     reply_header: GuestAddress,
     data: GuestAddress,
+    /// Index of the stream the slot reads ([`CACHED`] or [`COLD`]); a slot
+    /// whose stream the phase does not have stays idle.
+    stream: usize,
     submitted: Instant,
 }
 
 #[derive(Debug, Default)]
 struct QueueStats {
-    latencies_ns: Vec<u64>,
+    /// Latencies of the cached and the cold READs.
+    latencies_ns: [Vec<u64>; 2],
 }
 
-/// Keeps `slots.len()` READs in flight on `queue` until `stop` is set.
+/// Keeps the worker's slots' READs in flight until `stop` is set or the
+/// slots' streams run out. When the cold stream runs out it sets `stop`:
+/// mixed mode measures only while cold READs are in flight.
 fn drive_queue(
-    mut queue: SplitQueue,
+    worker: &mut Worker,
     mem: &GuestMemoryMmap,
-    mut slots: Vec<Slot>,
-    plan: Plan,
+    streams: &[Stream],
     seed: u64,
     stop: &AtomicBool,
 ) -> Result<QueueStats> {
+    let Worker { queue, slots } = worker;
     let mut stats = QueueStats::default();
     let mut by_head = vec![usize::MAX; usize::from(queue.size())];
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut unique = seed << 48;
+    let mut in_flight = 0usize;
     for (index, slot) in slots.iter_mut().enumerate() {
+        let Some(stream) = streams.get(slot.stream) else {
+            continue;
+        };
+        let Some(at) = stream.offsets.next(&mut rng) else {
+            continue;
+        };
         submit(
-            &mut queue,
+            queue,
             mem,
             slot,
             index,
             &mut by_head,
-            plan,
-            &mut rng,
+            stream,
+            at,
             &mut unique,
         )?;
+        in_flight += 1;
     }
     queue.publish()?;
-    let mut in_flight = slots.len();
-    let expected = (OUT_HEADER_LEN as u32) + plan.block;
     let mut idle_polls = 0u64;
     let mut last_progress: Option<Instant> = None;
     let mut last_nudge: Option<Instant> = None;
@@ -510,9 +929,9 @@ fn drive_queue(
                 .filter(|&i| i < slots.len())
                 .ok_or(HarnessError::BadUsedHead(u32::from(head)))?;
             let slot = &mut slots[index];
-            stats
-                .latencies_ns
-                .push(slot.submitted.elapsed().as_nanos() as u64);
+            let stream = &streams[slot.stream];
+            stats.latencies_ns[slot.stream].push(slot.submitted.elapsed().as_nanos() as u64);
+            let expected = (OUT_HEADER_LEN as u32) + stream.len;
             if len != expected {
                 let error: i32 = mem.read_obj(GuestAddress(slot.reply_header.0 + 4))?;
                 if error != 0 {
@@ -527,19 +946,27 @@ fn drive_queue(
                 });
             }
             completed += 1;
-            if stopping {
-                in_flight -= 1;
+            let next = if stopping {
+                None
             } else {
-                submit(
-                    &mut queue,
+                let next = stream.offsets.next(&mut rng);
+                if next.is_none() && slot.stream == COLD {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                next
+            };
+            match next {
+                Some(at) => submit(
+                    queue,
                     mem,
                     slot,
                     index,
                     &mut by_head,
-                    plan,
-                    &mut rng,
+                    stream,
+                    at,
                     &mut unique,
-                )?;
+                )?,
+                None => in_flight -= 1,
             }
         }
         if completed > 0 {
@@ -577,6 +1004,7 @@ fn drive_queue(
     Ok(stats)
 }
 
+/// Puts a READ of `stream` at offset index `at` on the queue (unpublished).
 #[allow(clippy::too_many_arguments)]
 fn submit(
     queue: &mut SplitQueue,
@@ -584,21 +1012,17 @@ fn submit(
     slot: &mut Slot,
     index: usize,
     by_head: &mut [usize],
-    plan: Plan,
-    rng: &mut u64,
+    stream: &Stream,
+    at: u64,
     unique: &mut u64,
 ) -> Result<()> {
-    // xorshift64: cheap, and good enough to spread offsets over the file.
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    let offset = (*rng % plan.blocks) * u64::from(plan.block);
+    let offset = at * stream.stride;
     *unique += 1;
     let request = wire::request(
         opcode::READ,
         *unique,
-        plan.nodeid,
-        &wire::read_in(plan.fh, offset, plan.block),
+        stream.nodeid,
+        &wire::read_in(stream.fh, offset, stream.len),
     );
     mem.write_slice(&request, slot.request)?;
     let head = queue.add(
@@ -611,7 +1035,7 @@ fn submit(
         ],
         &[
             (slot.reply_header, OUT_HEADER_LEN as u32),
-            (slot.data, plan.block),
+            (slot.data, stream.len),
         ],
     )?;
     by_head[usize::from(head)] = index;
@@ -675,6 +1099,43 @@ mod tests {
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert!(parse_size("0").is_err());
         assert!(parse_size("ten").is_err());
+    }
+
+    #[test]
+    fn permutations_visit_every_index_once() {
+        for len in [1u64, 2, 3, 10, 64, 255, 256, 1000, 4099] {
+            for order in [Permutation::in_order(len), Permutation::scattered(len)] {
+                let mut seen = vec![false; len as usize];
+                for i in 0..len {
+                    let at = order.at(i);
+                    assert!(at < len);
+                    assert!(!seen[at as usize], "{order:?} repeats {at}");
+                    seen[at as usize] = true;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_scattered_order_keeps_neighbours_apart() {
+        let order = Permutation::scattered(1024);
+        for i in 1..1024 {
+            assert!(order.at(i).abs_diff(order.at(i - 1)) > 1);
+        }
+    }
+
+    #[test]
+    fn once_runs_out_and_random_never_does() {
+        let once = Offsets::once(Permutation::in_order(3));
+        let mut rng = 1;
+        let taken: Vec<_> = std::iter::from_fn(|| once.next(&mut rng)).collect();
+        assert_eq!(taken, [0, 1, 2]);
+        assert!(once.ran_out());
+        let random = Offsets::Random { count: 5 };
+        for _ in 0..100 {
+            assert!(random.next(&mut rng).is_some_and(|i| i < 5));
+        }
+        assert!(!random.ran_out());
     }
 
     #[test]

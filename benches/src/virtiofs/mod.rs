@@ -11,13 +11,18 @@ mod bench;
 mod device;
 mod error;
 mod guest_memory;
+mod process_cpu;
 mod session;
 mod virtqueue;
 pub mod wire;
 
-pub use bench::{Latency, Report, VirtiofsArgs, fill_pattern, memcpy_throughput, parse_size, run};
+pub use bench::{
+    ColdReport, Latency, Pattern, Report, VirtiofsArgs, fill_pattern, memcpy_throughput,
+    parse_size, run,
+};
 pub use device::{Device, DeviceOptions};
 pub use error::{HarnessError, Result};
 pub use guest_memory::{GUEST_BASE, SharedMemory, memfd_region};
+pub use process_cpu::{cpu_seconds, parse_stat_ticks};
 pub use session::{FuseQueue, REQUEST_TIMEOUT};
 pub use virtqueue::{RawDescriptor, SplitQueue};
