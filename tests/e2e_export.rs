@@ -7,48 +7,23 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SLUICE, Volume, Watchdog};
+use common::{Serve, Volume, Watchdog};
 use sluice_benches::virtiofs::wire::ROOT_ID;
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, HarnessError};
 
 /// The trash's first hour directory: the node id a guest would guess.
 const TRASH_HOUR: u64 = 0x7FFF_FFFF_1000_0001;
 
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn serve(vol: &Volume, socket: &Path, read_only: bool) -> Serve {
     serve_with(vol, socket, if read_only { &["--read-only"] } else { &[] })
 }
 
 fn serve_with(vol: &Volume, socket: &Path, extra: &[&str]) -> Serve {
-    let log = fs::File::create(socket.with_extension("log")).unwrap();
-    let mut cmd = Command::new(SLUICE);
-    cmd.args(["serve", &vol.meta_url, "--socket"])
-        .arg(socket)
-        .args(["--export", "vm1", "--no-pin", "--cache-size", "64"])
-        .args(extra);
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("sluice serve starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "sluice serve made no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Serve(child)
+    let mut args = vec!["--export", "vm1", "--no-pin", "--cache-size", "64"];
+    args.extend_from_slice(extra);
+    Serve::start(&vol.meta_url, socket, &args)
 }
 
 fn errno<T: std::fmt::Debug>(r: Result<T, HarnessError>) -> i32 {

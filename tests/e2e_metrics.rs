@@ -9,10 +9,10 @@ mod common;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write as _;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use common::{Mount, SLUICE, Volume, Watchdog, metrics_addr, scrape, text};
+use common::{Mount, SLUICE, Serve, Volume, Watchdog, metrics_addr, scrape, text};
 use sluice_benches::virtiofs::wire::ROOT_ID;
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
 
@@ -215,15 +215,6 @@ fn a_mount_reports_its_traffic() {
     mount.unmount();
 }
 
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn serve_counts_each_queue() {
     let _dog = Watchdog::new("metrics-serve", Duration::from_secs(300));
@@ -234,12 +225,11 @@ fn serve_counts_each_queue() {
     host.unmount();
 
     let socket = vol.dir.path().join("vm.sock");
-    let log = vol.dir.path().join("serve.log");
-    let logf = fs::File::create(&log).unwrap();
-    let child = Command::new(SLUICE)
-        .args(["serve", &vol.meta_url, "--socket"])
-        .arg(&socket)
-        .args([
+    let cache = vol.dir.path().join("cache");
+    let serve = Serve::start(
+        &vol.meta_url,
+        &socket,
+        &[
             "--queues",
             "2",
             "--no-pin",
@@ -249,21 +239,10 @@ fn serve_counts_each_queue() {
             "127.0.0.1:0",
             "--writeback",
             "--cache-dir",
-        ])
-        .arg(vol.dir.path().join("cache"))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(logf.try_clone().unwrap())
-        .stderr(logf)
-        .spawn()
-        .expect("sluice serve starts");
-    let _serve = Serve(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "sluice serve made no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let addr = metrics_addr(&|| fs::read_to_string(&log).unwrap_or_default());
+            cache.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    let addr = metrics_addr(&|| serve.log_text());
 
     let mut device = Device::connect(
         &socket,

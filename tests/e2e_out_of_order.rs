@@ -18,12 +18,11 @@ mod common;
 
 use std::fs;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Mount, SLUICE, Watchdog, sluice_ok};
+use common::{Mount, Serve, Watchdog, sluice_ok};
 use sluice_benches::virtiofs::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN, ROOT_ID, opcode};
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, SplitQueue};
 use sluice_engine::object::s3_test_server::TestS3Server;
@@ -38,39 +37,10 @@ const HOT_READS: usize = 8;
 const HOT_READ: u32 = 4096;
 const COLD_READ: u32 = 128 << 10;
 
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
         .collect()
-}
-
-fn serve(meta: &str, socket: &Path, extra: &[&str]) -> Serve {
-    let log = fs::File::create(socket.with_extension("log")).unwrap();
-    let child = Command::new(SLUICE)
-        .args(["serve", meta, "--socket"])
-        .arg(socket)
-        .args(["--no-pin", "--cache-size", "64", "--once"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("sluice serve starts");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "sluice serve made no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Serve(child)
 }
 
 /// One READ's buffers in guest memory.
@@ -119,7 +89,9 @@ fn add_read(
 /// them, after checking every reply's bytes.
 fn completion_order(meta: &str, dir: &Path, name: &str, extra: &[&str]) -> Vec<bool> {
     let socket = dir.join(format!("{name}.sock"));
-    let _serve = serve(meta, &socket, extra);
+    let mut args = vec!["--no-pin", "--cache-size", "64", "--once"];
+    args.extend_from_slice(extra);
+    let _serve = Serve::start(meta, &socket, &args);
     let mut device = Device::connect(
         &socket,
         DeviceOptions {

@@ -51,6 +51,52 @@ pub fn sluice_ok(args: &[&str]) -> String {
     text(&out)
 }
 
+/// A `sluice serve` daemon, killed when dropped.
+#[derive(Debug)]
+pub struct Serve {
+    child: Child,
+    /// The daemon's stdout + stderr (SOCKET.log).
+    pub log: PathBuf,
+}
+
+impl Serve {
+    /// Starts `sluice serve META_URL --socket SOCKET ARGS...` (logging at
+    /// info to SOCKET.log) and waits until its socket exists.
+    pub fn start(meta_url: &str, socket: &Path, args: &[&str]) -> Serve {
+        let log = socket.with_extension("log");
+        let logf = std::fs::File::create(&log).expect("a log file");
+        let child = Command::new(SLUICE)
+            .args(["serve", meta_url, "--socket"])
+            .arg(socket)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().expect("a log file"))
+            .stderr(logf)
+            .spawn()
+            .expect("sluice serve starts");
+        let serve = Serve { child, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "sluice serve made no socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        serve
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A volume formatted by `sluice format` in a temporary directory.
 #[derive(Debug)]
 pub struct Volume {
