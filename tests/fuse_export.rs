@@ -135,7 +135,7 @@ fn node_ids_never_handed_out_are_refused() {
     let file = fs.lookup(&ctx, inside.inode, b"file").unwrap();
     let out = fs.open(&ctx, file.inode, 0).unwrap();
     let mut buf = [0u8; 64];
-    let n = fs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
+    let n = fs.read_buf(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"guest data");
     // copy_file_range to or from a node outside is refused, and works
     // between nodes inside.
@@ -162,7 +162,7 @@ fn node_ids_never_handed_out_are_refused() {
         .copy_file_range(&ctx, &req(file.inode, copy.inode), out.fh, wfh.fh)
         .unwrap();
     assert_eq!(n, b"guest data".len() as u64);
-    let n = fs.read(&ctx, copy.inode, wfh.fh, 0, &mut buf).unwrap();
+    let n = fs.read_buf(&ctx, copy.inode, wfh.fh, 0, &mut buf).unwrap();
     assert_eq!(&buf[..n], b"guest data");
     fs.release(&ctx, copy.inode, wfh.fh).unwrap();
     fs.release(&ctx, file.inode, out.fh).unwrap();
@@ -449,7 +449,7 @@ fn a_directory_moved_out_by_the_host_is_out_of_reach() {
         }
         // The open handle still reads, as a descriptor would.
         let mut buf = [0u8; 64];
-        let n = fs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
+        let n = fs.read_buf(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"guest data");
         fs.release(&ctx, file.inode, out.fh).unwrap();
         if !read_only {

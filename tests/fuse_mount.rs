@@ -484,7 +484,7 @@ fn data_survives_unmount_and_remount() {
     assert_eq!(file.attr.length, data.len() as u64);
     let out = vfs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
     let mut buf = vec![0u8; data.len()];
-    let n = vfs.read(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
+    let n = vfs.read_buf(&ctx, file.inode, out.fh, 0, &mut buf).unwrap();
     assert_eq!(n, data.len());
     assert!(buf == data);
     vfs.release(&ctx, file.inode, out.fh).unwrap();

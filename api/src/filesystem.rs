@@ -4,7 +4,7 @@
 //! implementation to confine a client to a subtree.
 
 use crate::error::Result;
-use crate::fragment::Fragment;
+use crate::fragment::{BufDest, ReadDest};
 use crate::meta::{Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
 
 /// A file handle a file system hands out; 0 is never a valid handle.
@@ -110,27 +110,34 @@ pub trait Filesystem: Send + Sync {
         umask: u32,
         flags: u32,
     ) -> Result<(Entry, OpenOut)>;
-    /// Reads into `buf` from `offset`; returns fewer bytes only at end of file.
-    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize>;
-    /// Walks the bytes a read of `size` bytes at `offset` returns as
-    /// fragments handed to `put` in order, so a transport can place them
-    /// itself (virtio-fs: straight into guest memory). Returns the bytes
-    /// walked (fewer than `size` only at end of file). The default reads
-    /// into a buffer first; file systems that hold the data in memory
-    /// override it to avoid that copy.
-    fn read_fragments(
+    /// Reads up to `size` bytes at `offset` into `dst`: the transport's
+    /// destination (guest memory, a reply buffer), handed down once. The
+    /// file system pushes the bytes as fragments, in order (a cached
+    /// block's bytes, a local file range, zeros for a hole), so each is
+    /// copied once, into the destination. Returns the bytes pushed, fewer
+    /// than `size` only at end of file. An error leaves whatever was pushed
+    /// undefined: the transport answers the error instead.
+    fn read(
         &self,
         ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
         size: usize,
-        put: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+        dst: &mut dyn ReadDest,
+    ) -> Result<usize>;
+    /// [`Filesystem::read`] into a plain buffer, `buf.len()` bytes (tools
+    /// and tests). Not meant to be overridden.
+    fn read_buf(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        buf: &mut [u8],
     ) -> Result<usize> {
-        let mut buf = vec![0u8; size];
-        let n = self.read(ctx, ino, fh, offset, &mut buf)?.min(size);
-        put(Fragment::Data(&buf[..n]))?;
-        Ok(n)
+        let size = buf.len();
+        self.read(ctx, ino, fh, offset, size, &mut BufDest::new(buf))
     }
     /// Writes `data` at `offset`; returns the bytes taken. With
     /// `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the writer lacks

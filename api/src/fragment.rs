@@ -41,6 +41,70 @@ impl Fragment<'_> {
     }
 }
 
+/// Where a read's bytes go. The transport makes one destination per READ
+/// (a plain buffer, or the request's own buffers in guest memory) and
+/// hands it down once; the file system pushes the read's fragments into it
+/// in order and never calls back up.
+pub trait ReadDest {
+    /// Takes the next fragment. An error ends the read with that error
+    /// ([`Error::WouldBlock`] where placing it would wait).
+    fn put(&mut self, frag: Fragment<'_>) -> Result<()>;
+}
+
+/// A closure is a destination (tests, and the engine's own walks).
+impl<F: FnMut(Fragment<'_>) -> Result<()>> ReadDest for F {
+    fn put(&mut self, frag: Fragment<'_>) -> Result<()> {
+        self(frag)
+    }
+}
+
+/// A plain buffer as a [`ReadDest`]: the one place fragments become bytes
+/// in host memory (the host mount's reply buffer, tools, tests). Guest
+/// memory has its own (`sluice-vhost`'s reply writer), since it is written
+/// with volatile copies.
+#[derive(Debug)]
+pub struct BufDest<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl<'a> BufDest<'a> {
+    /// Fills `buf` from its start.
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        BufDest { buf, at: 0 }
+    }
+
+    /// How many bytes were placed.
+    pub fn filled(&self) -> usize {
+        self.at
+    }
+}
+
+impl ReadDest for BufDest<'_> {
+    fn put(&mut self, frag: Fragment<'_>) -> Result<()> {
+        let (at, total) = (self.at, self.buf.len());
+        let dst = self
+            .buf
+            .get_mut(at..)
+            .and_then(|rest| rest.get_mut(..frag.len()))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "a {}-byte fragment past byte {} of a {}-byte read",
+                    frag.len(),
+                    at,
+                    total
+                ))
+            })?;
+        match frag {
+            Fragment::Zeros(_) => dst.fill(0),
+            Fragment::Data(d) => sluice_simd::copy(dst, d),
+            Fragment::File { file, off, .. } => read_file_exact(file, off, dst)?,
+        }
+        self.at += dst.len();
+        Ok(())
+    }
+}
+
 /// Reads exactly `dst.len()` bytes of `file` at `off` (a local object read
 /// in part); a short object is corrupt. On a thread that must not wait
 /// ([`crate::wait::no_wait`]) it reads only what the page cache holds
@@ -128,6 +192,29 @@ mod tests {
             len: 9,
         };
         assert_eq!(frag.len(), 9);
+    }
+
+    #[test]
+    fn a_buffer_takes_fragments_in_order_and_nothing_past_its_end() {
+        let path = std::env::temp_dir().join(format!("sluice-api-buf-{}", std::process::id()));
+        std::fs::write(&path, b"0123456789").unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut buf = [9u8; 8];
+        let mut dst = BufDest::new(&mut buf);
+        dst.put(Fragment::Data(b"ab")).unwrap();
+        dst.put(Fragment::Zeros(2)).unwrap();
+        dst.put(Fragment::File {
+            file: &f,
+            off: 3,
+            len: 3,
+        })
+        .unwrap();
+        assert_eq!(dst.filled(), 7);
+        let err = dst.put(Fragment::Data(b"xy")).unwrap_err();
+        assert!(matches!(err, Error::Invalid(_)), "{err:?}");
+        assert_eq!(dst.filled(), 7);
+        assert_eq!(&buf, &[b'a', b'b', 0, 0, b'3', b'4', b'5', 9]);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -9,13 +9,15 @@
 //! this crate alone, so a protocol change does not rebuild — and a protocol
 //! crate does not compile — the S3 client, the async runtime or the
 //! metadata engines' drivers. Keep it that way: this crate holds plain
-//! types and one trait, and depends on `libc` and `thiserror` only
+//! types and a few traits, and depends on `libc`, `thiserror` and the
+//! `sluice-simd` copy kernels only
 //! (`DESIGN.md` beside this crate says what belongs here).
 //!
 //! - [`meta`]: inode numbers, attributes, entries, credentials, and the
 //!   arguments of setattr, rename, setxattr and copy_file_range.
 //! - [`error`]: [`Error`], [`Limit`], [`Result`] and `Error::errno`.
-//! - [`fragment`]: [`Fragment`] and [`read_file_exact`].
+//! - [`fragment`]: [`Fragment`], the [`ReadDest`] a read is pushed into,
+//!   [`BufDest`] (a plain buffer) and [`read_file_exact`].
 //! - [`filesystem`]: [`Filesystem`], [`Listed`], [`Fh`], [`OpenOut`].
 //! - [`wait`]: whether the calling thread may wait ([`Error::WouldBlock`]).
 
@@ -27,4 +29,4 @@ pub mod wait;
 
 pub use error::{Error, Limit, Result};
 pub use filesystem::{Fh, Filesystem, Listed, OpenOut};
-pub use fragment::{Fragment, read_file_exact};
+pub use fragment::{BufDest, Fragment, ReadDest, read_file_exact};

@@ -31,7 +31,7 @@ use crate::format::Compression;
 use crate::meta::{CHUNK_SIZE, Ino};
 use crate::volume::Volume;
 
-pub use sluice_api::fragment::{Fragment, read_file_exact};
+pub use sluice_api::fragment::{BufDest, Fragment, ReadDest, read_file_exact};
 
 /// A block fetch in progress that other readers of the block wait for.
 #[derive(Debug, Default)]
@@ -531,20 +531,16 @@ impl Reader {
 
     /// Reads the file bytes `off..off+buf.len()` of `ino` into `buf`.
     pub fn read(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<()> {
-        let mut at = 0usize;
-        self.visit(ino, off, buf.len() as u64, &mut |frag| {
-            at += fill(&mut buf[at..], frag)?;
-            Ok(())
-        })
+        let len = buf.len() as u64;
+        let mut dst = BufDest::new(buf);
+        self.visit(ino, off, len, &mut |frag| dst.put(frag))
     }
 
     /// Reads the visible bytes `off..off+buf.len()` of a resolved chunk.
     pub fn read_pieces(&self, pieces: &[Piece], off: u64, buf: &mut [u8]) -> Result<()> {
-        let mut at = 0usize;
-        self.visit_pieces(pieces, off, buf.len() as u64, &mut |frag| {
-            at += fill(&mut buf[at..], frag)?;
-            Ok(())
-        })
+        let len = buf.len() as u64;
+        let mut dst = BufDest::new(buf);
+        self.visit_pieces(pieces, off, len, &mut |frag| dst.put(frag))
     }
 }
 
@@ -555,23 +551,5 @@ fn reborrow<'a>(
     match f {
         Some(f) => Some(&mut **f),
         None => None,
-    }
-}
-
-/// Puts one fragment at the start of `dst`; returns its length.
-fn fill(dst: &mut [u8], frag: Fragment<'_>) -> Result<usize> {
-    match frag {
-        Fragment::Zeros(n) => {
-            dst[..n].fill(0);
-            Ok(n)
-        }
-        Fragment::Data(d) => {
-            sluice_simd::copy(&mut dst[..d.len()], d);
-            Ok(d.len())
-        }
-        Fragment::File { file, off, len } => {
-            read_file_exact(file, off, &mut dst[..len])?;
-            Ok(len)
-        }
     }
 }

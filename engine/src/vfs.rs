@@ -27,7 +27,7 @@ use crate::meta::{
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
 use crate::readahead::{Readahead, ReadaheadConfig};
-use crate::reader::{Fragment, Reader};
+use crate::reader::{Fragment, ReadDest, Reader};
 use crate::volume::Volume;
 use crate::writer::{BlockUploader, FileWriter};
 
@@ -753,17 +753,17 @@ impl Vfs {
 /// definition of each. Callers outside this module bring the trait into
 /// scope (`use sluice_engine::vfs::Filesystem as _;`).
 impl Filesystem for Vfs {
-    /// Walks the bytes `offset..offset+len` of an open file (bounded by its
-    /// length) as fragments; returns how many bytes were visited. This is
-    /// the read path for destinations other than a plain buffer.
-    fn read_fragments(
+    /// Pushes the bytes `offset..offset+len` of an open file (bounded by
+    /// its length) into `dst` as fragments; returns how many bytes were
+    /// pushed. The one read path, whatever the destination.
+    fn read(
         &self,
         _ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
         len: usize,
-        f: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+        dst: &mut dyn ReadDest,
     ) -> Result<usize> {
         let h = self.handle(fh)?;
         let Handle::File {
@@ -829,7 +829,7 @@ impl Filesystem for Vfs {
         let done = std::cell::Cell::new(0u64);
         let mut counted = |frag: Fragment<'_>| {
             let len = frag.len() as u64;
-            f(frag)?;
+            dst.put(frag)?;
             done.set(done.get() + len);
             Ok(())
         };
@@ -1145,28 +1145,6 @@ impl Filesystem for Vfs {
         )?;
         let out = self.open_out(ino, flags, attr.clone());
         Ok((self.entry(ino, name, attr), out))
-    }
-
-    /// Reads into `buf`; short only at the end of the file.
-    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let mut at = 0usize;
-        self.read_fragments(ctx, ino, fh, offset, buf.len(), &mut |frag| {
-            match frag {
-                Fragment::Zeros(n) => {
-                    buf[at..at + n].fill(0);
-                    at += n;
-                }
-                Fragment::Data(d) => {
-                    sluice_simd::copy(&mut buf[at..at + d.len()], d);
-                    at += d.len();
-                }
-                Fragment::File { file, off, len } => {
-                    crate::reader::read_file_exact(file, off, &mut buf[at..at + len])?;
-                    at += len;
-                }
-            }
-            Ok(())
-        })
     }
 
     /// Buffers a write; it becomes a slice on flush, fsync or release (or

@@ -2,11 +2,13 @@
 //! to the transport's [`ReplySink`].
 //!
 //! The dispatcher holds no transport state, so the `/dev/fuse` session and
-//! the virtio-fs device share it. READ data goes to the transport's
-//! [`ReplySink::send_read`] first: a sink that can place the data itself
-//! (virtio-fs: straight into the guest's buffers) walks the file system's
-//! fragments there; one that cannot (`/dev/fuse`) declines, and the
-//! dispatcher reads into its scratch buffer and sends that. It owns the
+//! the virtio-fs device share it. For READ it asks the transport for a
+//! [`ReadReply`] ([`ReplySink::read_reply`]) — the guest's own buffers for
+//! virtio-fs, the block itself or one gather buffer for `/dev/fuse` — and
+//! hands it to [`Filesystem::read`] once as the read's destination: the
+//! file system pushes the data into it, and the dispatcher finishes the
+//! reply with the result. A sink that places nothing itself (tests) gets
+//! the data read into the dispatcher's scratch buffer. It owns the
 //! protocol's session state (INIT
 //! negotiation, DESTROY) and turns every engine error into an errno through
 //! `sluice_api::Error::errno` — the one errno mapping — and every decode
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Instant;
 
 use sluice_api::Result as EngineResult;
-use sluice_api::fragment::Fragment;
+use sluice_api::fragment::ReadDest;
 use sluice_api::meta::{CopyRange, MAX_COPY_LEN, SetAttr, TimeChange, Timestamp};
 
 use crate::abi::{self, fattr, init_flags};
@@ -35,28 +37,29 @@ pub trait ReplySink {
     /// empty), as one message.
     fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()>;
 
-    /// Answers READ `unique` (of at most `size` bytes) by placing the data
-    /// straight into the reply's own buffers: `fill` walks the data and
-    /// hands each fragment to the callback the sink gives it, and returns
-    /// the bytes walked. Returns `Ok(None)` when this sink does not place
-    /// data itself (the dispatcher then reads into its scratch buffer and
-    /// calls [`ReplySink::send`]), `Ok(Some(Ok(n)))` once the reply is sent,
-    /// and `Ok(Some(Err(e)))` when the read failed: then nothing was sent
-    /// and the dispatcher answers with the error.
-    fn send_read(
-        &mut self,
-        unique: u64,
-        size: usize,
-        fill: &mut ReadFill<'_>,
-    ) -> io::Result<Option<EngineResult<usize>>> {
-        let _ = (unique, size, fill);
+    /// The reply to READ `unique` (of at most `size` bytes), placed in this
+    /// sink's own buffers: the dispatcher hands it to the file system as
+    /// the read's destination, then calls [`ReadReply::finish`]. `None`
+    /// when this sink does not place data itself: the dispatcher then reads
+    /// into its scratch buffer and calls [`ReplySink::send`].
+    fn read_reply(&mut self, unique: u64, size: usize) -> io::Result<Option<&mut dyn ReadReply>> {
+        let _ = (unique, size);
         Ok(None)
     }
 }
 
-/// The walk over a READ's data that [`ReplySink::send_read`] drives.
-pub type ReadFill<'a> =
-    dyn FnMut(&mut dyn FnMut(Fragment<'_>) -> EngineResult<()>) -> EngineResult<usize> + 'a;
+/// A READ reply a [`ReplySink`] places itself (virtio-fs: in the guest's
+/// buffers; `/dev/fuse`: written from the block, or gathered once). The
+/// file system pushes the data into it as a [`ReadDest`]; then the
+/// dispatcher finishes it with the read's result.
+pub trait ReadReply: ReadDest {
+    /// Ends the reply. With `Ok(n)`, sends it with the `n` bytes placed
+    /// and returns `Ok(Ok(n))`. With an error, takes back what was placed
+    /// and returns `Ok(Err(e))`: nothing was sent, and the dispatcher
+    /// answers `e` — unless the reply already went out whole, when it
+    /// returns `Ok(Ok(size))` and the error is only logged.
+    fn finish(&mut self, read: EngineResult<usize>) -> io::Result<EngineResult<usize>>;
+}
 
 /// What the transport should do after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,7 +307,6 @@ impl<F: Filesystem> Dispatcher<F> {
         let mut observed = Observed {
             inner: sink,
             errno: 0,
-            payload: 0,
         };
         let outcome = match Request::decode(msg, &self.limits) {
             Ok(req) => {
@@ -321,9 +323,6 @@ impl<F: Filesystem> Dispatcher<F> {
         if matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
             // Counted when it runs again, where it may wait.
             return outcome;
-        }
-        if opcode == abi::opcode::READ && observed.errno == 0 {
-            self.metrics.read(observed.payload);
         }
         self.metrics.record(opcode, started, observed.errno);
         outcome
@@ -576,17 +575,19 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             Operation::Read { fh, offset, size } => {
                 let size = size as usize;
-                let mut fill = |put: &mut dyn FnMut(Fragment<'_>) -> EngineResult<()>| {
-                    fs.read_fragments(&ctx, ino, fh, offset, size, put)
+                let n = match sink.read_reply(u, size)? {
+                    Some(reply) => {
+                        let read = fs.read(&ctx, ino, fh, offset, size, reply);
+                        reply.finish(read)??
+                    }
+                    None => {
+                        let buf = scratch.read_buf(size);
+                        let n = fs.read_buf(&ctx, ino, fh, offset, buf)?.min(size);
+                        sink.send(&ReplyHead::data(u, n), &buf[..n])?;
+                        n
+                    }
                 };
-                match sink.send_read(u, size, &mut fill)? {
-                    Some(Ok(_)) => return Ok(Outcome::Continue),
-                    Some(Err(e)) => return Err(e.into()),
-                    None => {}
-                }
-                let buf = scratch.read_buf(size);
-                let n = fs.read(&ctx, ino, fh, offset, buf)?.min(size);
-                sink.send(&ReplyHead::data(u, n), &buf[..n])?;
+                self.metrics.read(n);
                 return Ok(Outcome::Continue);
             }
             Operation::Write {
@@ -902,8 +903,16 @@ mod tests {
         ) -> Result<(Entry, OpenOut)> {
             self.refuse(format!("create {p} {n:?} {m:o} {u:o} {f:o}"))
         }
-        fn read(&self, _: &Context, ino: Ino, fh: Fh, off: u64, b: &mut [u8]) -> Result<usize> {
-            self.refuse(format!("read {ino} {fh} {off} {}", b.len()))
+        fn read(
+            &self,
+            _: &Context,
+            ino: Ino,
+            fh: Fh,
+            off: u64,
+            size: usize,
+            _: &mut dyn ReadDest,
+        ) -> Result<usize> {
+            self.refuse(format!("read {ino} {fh} {off} {size}"))
         }
         fn write(
             &self,

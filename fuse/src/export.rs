@@ -46,7 +46,7 @@ use sluice_api::{Error, Limit, Result};
 
 use crate::confine::{Ancestry, RECHECK};
 use crate::log_limit::{LogLimit, suppressed_note};
-use sluice_api::{Fh, Filesystem, Fragment, Listed, OpenOut};
+use sluice_api::{Fh, Filesystem, Listed, OpenOut, ReadDest};
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]
@@ -574,21 +574,17 @@ impl<F: Filesystem> Filesystem for Export<F> {
         Ok((self.hand_out(entry), out))
     }
 
-    fn read(&self, ctx: &Context, ino: Ino, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.inner.read(ctx, self.inode(ino)?, fh, offset, buf)
-    }
-
-    fn read_fragments(
+    fn read(
         &self,
         ctx: &Context,
         ino: Ino,
         fh: Fh,
         offset: u64,
         size: usize,
-        put: &mut dyn FnMut(Fragment<'_>) -> Result<()>,
+        dst: &mut dyn ReadDest,
     ) -> Result<usize> {
         self.inner
-            .read_fragments(ctx, self.inode(ino)?, fh, offset, size, put)
+            .read(ctx, self.inode(ino)?, fh, offset, size, dst)
     }
 
     fn write(

@@ -48,7 +48,7 @@ pub mod request;
 pub mod session;
 
 pub use dev::{DevError, Mount, MountOptions, unmount};
-pub use dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch};
+pub use dispatch::{Config, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};
 pub use export::Export;
 pub use metrics::{OpMetrics, OpSnapshot};
 pub use reply::{ReplyHead, Timeouts};
@@ -56,4 +56,4 @@ pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
 pub use session::{BackgroundSession, Session, Waiting};
 /// The trait the dispatcher calls and the types it speaks in are
 /// `sluice-api`'s; re-exported so transports and tests name one crate.
-pub use sluice_api::{Fh, Filesystem, Fragment, Listed, OpenOut};
+pub use sluice_api::{BufDest, Fh, Filesystem, Fragment, Listed, OpenOut, ReadDest};

@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use sluice_metrics::{Histogram, HistogramSnapshot, Sharded, add, get};
 
-use crate::dispatch::{ReadFill, ReplySink};
+use crate::dispatch::{ReadReply, ReplySink};
 use crate::reply::ReplyHead;
 use crate::request::opcode_name;
-use sluice_api::Result as EngineResult;
 
 /// Opcodes below this are counted one by one; the rest as `UNKNOWN`.
 const OPCODES: usize = 64;
@@ -141,35 +140,22 @@ impl OpMetrics {
     }
 }
 
-/// A reply sink that notes what went out: the errno of the reply and the
-/// READ data length, for [`OpMetrics`].
+/// A reply sink that notes the errno of what went out, for [`OpMetrics`]
+/// (a READ's data length is counted where the read ends).
 pub(crate) struct Observed<'s, S: ReplySink + ?Sized> {
     pub inner: &'s mut S,
     /// The errno of the last reply (0: success or no reply).
     pub errno: i32,
-    /// Payload bytes of the last reply (READ: the data placed).
-    pub payload: usize,
 }
 
 impl<S: ReplySink + ?Sized> ReplySink for Observed<'_, S> {
     fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()> {
         self.errno = -head.header().error;
-        self.payload = payload.len();
         self.inner.send(head, payload)
     }
 
-    fn send_read(
-        &mut self,
-        unique: u64,
-        size: usize,
-        fill: &mut ReadFill<'_>,
-    ) -> io::Result<Option<EngineResult<usize>>> {
-        let r = self.inner.send_read(unique, size, fill)?;
-        if let Some(Ok(n)) = &r {
-            self.errno = 0;
-            self.payload = *n;
-        }
-        Ok(r)
+    fn read_reply(&mut self, unique: u64, size: usize) -> io::Result<Option<&mut dyn ReadReply>> {
+        self.inner.read_reply(unique, size)
     }
 }
 

@@ -32,17 +32,42 @@ use std::thread::JoinHandle;
 
 use crate::dev::{self, DevError, Mount};
 use sluice_api::Result as EngineResult;
-use sluice_api::fragment::{Fragment, read_file_exact};
+use sluice_api::fragment::{BufDest, Fragment, ReadDest};
 
-use crate::dispatch::{Config, Dispatcher, Outcome, ReadFill, ReplySink, Scratch, page_size};
+use crate::dispatch::{Config, Dispatcher, Outcome, ReadReply, ReplySink, Scratch, page_size};
 use crate::reply::ReplyHead;
 use sluice_api::filesystem::Filesystem;
 
 /// Replies written to one `/dev/fuse` file.
 struct DevSink<'a> {
     fd: &'a OwnedFd,
-    /// Gathers the fragments of a READ that is not one piece of a block.
+    /// Gathers the fragments of a READ that is not one piece of a block. It
+    /// never shrinks, so it is zero-filled once, not on every read.
     gather: Vec<u8>,
+    /// The READ being answered.
+    read: DevRead,
+}
+
+/// The state of one READ reply on `/dev/fuse`.
+#[derive(Debug, Default)]
+struct DevRead {
+    unique: u64,
+    size: usize,
+    /// Bytes placed in `gather`.
+    at: usize,
+    /// Whether the whole reply already went out (the first fragment was
+    /// all of it), and how its write ended.
+    sent: Option<io::Result<()>>,
+}
+
+impl<'a> DevSink<'a> {
+    fn new(fd: &'a OwnedFd, gather: Vec<u8>) -> Self {
+        DevSink {
+            fd,
+            gather,
+            read: DevRead::default(),
+        }
+    }
 }
 
 impl ReplySink for DevSink<'_> {
@@ -54,46 +79,63 @@ impl ReplySink for DevSink<'_> {
     /// kernel straight from the block, so the kernel's copy into the
     /// reader's pages is the only one. Other reads (several fragments,
     /// holes, local object ranges) are gathered into one buffer first.
-    fn send_read(
-        &mut self,
-        unique: u64,
-        size: usize,
-        fill: &mut ReadFill<'_>,
-    ) -> io::Result<Option<EngineResult<usize>>> {
-        let fd = self.fd.as_fd();
-        let gather = &mut self.gather;
-        gather.clear();
-        let mut direct: Option<io::Result<()>> = None;
-        let mut first = true;
-        let walked = fill(&mut |frag| {
-            let was_first = std::mem::replace(&mut first, false);
-            match frag {
-                Fragment::Data(d) if was_first && d.len() == size => {
-                    direct = Some(dev::write_reply(fd, &ReplyHead::data(unique, d.len()), d));
-                }
-                Fragment::Data(d) => gather.extend_from_slice(d),
-                Fragment::Zeros(n) => gather.resize(gather.len() + n, 0),
-                Fragment::File { file, off, len } => {
-                    let at = gather.len();
-                    gather.resize(at + len, 0);
-                    read_file_exact(file, off, &mut gather[at..])?;
-                }
-            }
-            Ok(())
-        });
-        match (walked, direct) {
-            (Ok(n), Some(sent)) => sent.map(|()| Some(Ok(n))),
-            // The whole reply is out; the walk failing after it cannot
+    fn read_reply(&mut self, unique: u64, size: usize) -> io::Result<Option<&mut dyn ReadReply>> {
+        if self.gather.len() < size {
+            self.gather.resize(size, 0);
+        }
+        self.read = DevRead {
+            unique,
+            size,
+            at: 0,
+            sent: None,
+        };
+        Ok(Some(self))
+    }
+}
+
+impl ReadDest for DevSink<'_> {
+    fn put(&mut self, frag: Fragment<'_>) -> EngineResult<()> {
+        let r = &mut self.read;
+        if let Fragment::Data(d) = frag
+            && r.at == 0
+            && r.sent.is_none()
+            && d.len() == r.size
+        {
+            let head = ReplyHead::data(r.unique, d.len());
+            r.sent = Some(dev::write_reply(self.fd.as_fd(), &head, d));
+            return Ok(());
+        }
+        if r.sent.is_some() {
+            return Err(sluice_api::Error::Invalid(format!(
+                "a fragment past the {}-byte read {}",
+                r.size, r.unique
+            )));
+        }
+        let len = frag.len();
+        let room = self.gather.get_mut(r.at..r.size).unwrap_or_default();
+        BufDest::new(room).put(frag)?;
+        r.at += len;
+        Ok(())
+    }
+}
+
+impl ReadReply for DevSink<'_> {
+    fn finish(&mut self, read: EngineResult<usize>) -> io::Result<EngineResult<usize>> {
+        let r = std::mem::take(&mut self.read);
+        match (read, r.sent) {
+            (Ok(n), Some(sent)) => sent.map(|()| Ok(n)),
+            // The whole reply is out; the read failing after it cannot
             // take it back.
             (Err(e), Some(sent)) => {
-                log::warn!("read {unique} failed after its data was sent: {e}");
-                sent.map(|()| Some(Ok(size)))
+                log::warn!("read {} failed after its data was sent: {e}", r.unique);
+                sent.map(|()| Ok(r.size))
             }
-            (Err(e), None) => Ok(Some(Err(e))),
+            (Err(e), None) => Ok(Err(e)),
             (Ok(n), None) => {
-                let n = n.min(gather.len());
-                dev::write_reply(fd, &ReplyHead::data(unique, n), &gather[..n])?;
-                Ok(Some(Ok(n)))
+                let n = n.min(r.at);
+                let head = ReplyHead::data(r.unique, n);
+                dev::write_reply(self.fd.as_fd(), &head, &self.gather[..n])?;
+                Ok(Ok(n))
             }
         }
     }
@@ -153,10 +195,7 @@ fn answer_waiting<F: Filesystem>(
     scratch: &mut Scratch,
     gather: &mut Vec<u8>,
 ) {
-    let mut sink = DevSink {
-        fd,
-        gather: std::mem::take(gather),
-    };
+    let mut sink = DevSink::new(fd, std::mem::take(gather));
     let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         dispatcher.handle_message(request, scratch, &mut sink)
     }));
@@ -413,10 +452,7 @@ fn serve<F: Filesystem>(
 ) -> Result<(), DevError> {
     let mut buf = vec![0u8; buf_size.max(crate::abi::MIN_READ_BUFFER)];
     let mut scratch = Scratch::new();
-    let mut sink = DevSink {
-        fd,
-        gather: Vec::new(),
-    };
+    let mut sink = DevSink::new(fd, Vec::new());
     loop {
         let n = match dev::read_request(fd.as_fd(), &mut buf) {
             Ok(n) => n,
@@ -469,5 +505,85 @@ fn serve<F: Filesystem>(
                 _ => return Err(DevError::Write(e)),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::abi::OutHeader;
+    use zerocopy::FromBytes;
+
+    /// A `DevSink` writing to a pipe, and the pipe's read end.
+    fn pipe() -> (OwnedFd, std::io::PipeReader) {
+        let (r, w) = std::io::pipe().unwrap();
+        (OwnedFd::from(w), r)
+    }
+
+    /// One reply off the pipe: its header and data.
+    fn reply(r: &mut std::io::PipeReader) -> (OutHeader, Vec<u8>) {
+        let mut head = [0u8; size_of::<OutHeader>()];
+        r.read_exact(&mut head).unwrap();
+        let h = OutHeader::read_from_bytes(&head[..]).unwrap();
+        let mut data = vec![0u8; h.len as usize - head.len()];
+        r.read_exact(&mut data).unwrap();
+        (h, data)
+    }
+
+    #[test]
+    fn a_read_of_one_block_piece_goes_out_from_the_block() {
+        let (w, mut r) = pipe();
+        let mut sink = DevSink::new(&w, Vec::new());
+        let dst = sink.read_reply(7, 4).unwrap().unwrap();
+        dst.put(Fragment::Data(b"abcd")).unwrap();
+        assert_eq!(dst.finish(Ok(4)).unwrap().unwrap(), 4);
+        // Nothing was gathered: the reply was written from the block.
+        assert!(sink.gather.iter().all(|&b| b == 0));
+        let (h, data) = reply(&mut r);
+        assert_eq!((h.unique, h.error), (7, 0));
+        assert_eq!(data, b"abcd");
+    }
+
+    #[test]
+    fn a_read_of_several_fragments_is_gathered_once() {
+        let (w, mut r) = pipe();
+        let mut sink = DevSink::new(&w, Vec::new());
+        let dst = sink.read_reply(8, 10).unwrap().unwrap();
+        dst.put(Fragment::Data(b"ab")).unwrap();
+        dst.put(Fragment::Zeros(3)).unwrap();
+        dst.put(Fragment::Data(b"cd")).unwrap();
+        // Short: end of file after 7 of the 10 bytes asked for.
+        assert_eq!(dst.finish(Ok(7)).unwrap().unwrap(), 7);
+        let (h, data) = reply(&mut r);
+        assert_eq!(h.unique, 8);
+        assert_eq!(data, b"ab\0\0\0cd");
+        // A fragment past the read is refused, not written past it.
+        let dst = sink.read_reply(9, 2).unwrap().unwrap();
+        assert!(dst.put(Fragment::Zeros(3)).is_err());
+    }
+
+    #[test]
+    fn a_failed_read_sends_nothing_unless_its_data_already_went() {
+        let (w, mut r) = pipe();
+        let mut sink = DevSink::new(&w, Vec::new());
+        let dst = sink.read_reply(10, 4).unwrap().unwrap();
+        dst.put(Fragment::Data(b"ab")).unwrap();
+        let got = dst.finish(Err(sluice_api::Error::WouldBlock)).unwrap();
+        assert!(matches!(got, Err(sluice_api::Error::WouldBlock)));
+        // Then the whole data goes out in one piece, and the read fails
+        // after it: the reply stands (it cannot be taken back).
+        let dst = sink.read_reply(11, 2).unwrap().unwrap();
+        dst.put(Fragment::Data(b"xy")).unwrap();
+        let err = sluice_api::Error::Io(io::Error::other("late"));
+        assert_eq!(dst.finish(Err(err)).unwrap().unwrap(), 2);
+        drop(sink);
+        drop(w);
+        let (h, data) = reply(&mut r);
+        assert_eq!((h.unique, data.as_slice()), (11, &b"xy"[..]));
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "read 10 sent something: {rest:?}");
     }
 }

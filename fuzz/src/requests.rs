@@ -854,7 +854,9 @@ fn digest(host: &Vfs, root: Ino) -> BTreeMap<Vec<u8>, String> {
                         .open(&ctx, e.inode, libc::O_RDONLY as u32)
                         .expect("host open");
                     let mut buf = vec![0u8; 1 << 16];
-                    let n = host.read(&ctx, e.inode, out.fh, 0, &mut buf).unwrap_or(0);
+                    let n = host
+                        .read_buf(&ctx, e.inode, out.fh, 0, &mut buf)
+                        .unwrap_or(0);
                     host.release(&ctx, e.inode, out.fh).unwrap();
                     line.push_str(&format!(" data {:?}", &buf[..n]));
                 }

@@ -5,11 +5,11 @@ use std::cell::RefCell;
 use std::io::{self, Write};
 
 use sluice_fuse::{
-    Dispatcher, Filesystem, Fragment, Outcome, ReadFill, ReplyHead, ReplySink, Scratch,
+    Dispatcher, Filesystem, Fragment, Outcome, ReadDest, ReadReply, ReplyHead, ReplySink, Scratch,
 };
 
 use crate::RequestHandler;
-use crate::descriptor::Writer;
+use crate::descriptor::{Mark, Writer};
 use crate::frame::{OUT_HEADER_LEN, error_reply, out_header};
 
 /// Serves a [`Filesystem`] to the guest: decodes each request with the
@@ -41,12 +41,18 @@ impl<F: Filesystem> FuseHandler<F> {
 
 impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
     fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+        let mut sink = GuestReply {
+            w: reply,
+            read: None,
+        };
         let outcome = SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => self.dispatcher.handle_message(request, &mut scratch, reply),
+            Ok(mut scratch) => self
+                .dispatcher
+                .handle_message(request, &mut scratch, &mut sink),
             // Never nested on one thread; were it, fresh buffers are right.
             Err(_) => self
                 .dispatcher
-                .handle_message(request, &mut Scratch::new(), reply),
+                .handle_message(request, &mut Scratch::new(), &mut sink),
         })?;
         if outcome == Outcome::Destroyed {
             log::info!("the guest ended the FUSE session (DESTROY)");
@@ -61,72 +67,89 @@ impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
     }
 }
 
-impl ReplySink for Writer<'_> {
+/// A reply written into the request's writable descriptors.
+struct GuestReply<'r, 'm> {
+    w: &'r mut Writer<'m>,
+    /// The READ being answered: its id and where its header goes.
+    read: Option<(u64, Mark)>,
+}
+
+impl ReplySink for GuestReply<'_, '_> {
     /// Writes the reply into the guest's buffers. A reply larger than the room
     /// the guest gave is replaced by an `EIO` reply, never written in part.
     fn send(&mut self, head: &ReplyHead, payload: &[u8]) -> io::Result<()> {
         let head_bytes = head.as_bytes();
         let total = head_bytes.len().saturating_add(payload.len());
-        let room = self.available_bytes();
+        let room = self.w.available_bytes();
         if total > room {
             let unique = head.header().unique;
             if room >= OUT_HEADER_LEN {
-                self.write_all(&error_reply(libc::EIO, unique))?;
+                self.w.write_all(&error_reply(libc::EIO, unique))?;
             }
             return Err(io::Error::other(format!(
                 "a {total}-byte reply does not fit the {room} bytes the guest offered"
             )));
         }
-        self.write_all(head_bytes)?;
-        self.write_all(payload)
+        self.w.write_all(head_bytes)?;
+        self.w.write_all(payload)
     }
 
-    /// Places READ data straight into the guest's buffers: each cached block
-    /// range is copied once, by the `simd` kernel, from the engine's cache
-    /// into guest memory; a range of a local object file is read by the
-    /// kernel straight into guest memory (pread into each guest buffer);
-    /// holes are zero-filled there. The header, whose
-    /// length depends on how much was read, is written last, into the room
-    /// kept for it. When the room cannot hold a full-size reply the
-    /// dispatcher's buffered path answers instead (it knows the real length).
-    fn send_read(
-        &mut self,
-        unique: u64,
-        size: usize,
-        fill: &mut ReadFill<'_>,
-    ) -> io::Result<Option<sluice_api::Result<usize>>> {
-        if self.available_bytes() < OUT_HEADER_LEN.saturating_add(size) {
+    /// Places READ data straight into the guest's buffers: each cached
+    /// block range is copied once, by the `simd` kernel, from the engine's
+    /// cache into guest memory; a range of a local object file is read by
+    /// the kernel straight into guest memory (pread into each guest
+    /// buffer, or O_DIRECT / io_uring as `--guest-io` routes it); holes are
+    /// zero-filled there. The header, whose length depends on how much was
+    /// read, is written last, into the room kept for it. When the room
+    /// cannot hold a full-size reply the dispatcher's buffered path answers
+    /// instead (it knows the real length, and `send` answers EIO if even
+    /// that does not fit).
+    fn read_reply(&mut self, unique: u64, size: usize) -> io::Result<Option<&mut dyn ReadReply>> {
+        if self.w.available_bytes() < OUT_HEADER_LEN.saturating_add(size) {
             return Ok(None);
         }
-        let start = self.mark();
-        self.write_zeros(OUT_HEADER_LEN)?;
-        let mut placed = |frag: Fragment<'_>| -> sluice_api::Result<()> {
-            let put = match frag {
-                Fragment::Zeros(n) => self.write_zeros(n),
-                Fragment::Data(d) => self.write_copy(d),
-                Fragment::File { file, off, len } => self.write_from_file(file, off, len),
-            };
-            put.map_err(|e| {
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    // A file range not in the page cache, on a worker that
-                    // must not wait for the disk (`sluice_api::wait`).
-                    return sluice_api::Error::WouldBlock;
-                }
-                sluice_api::Error::Io(io::Error::new(
-                    e.kind(),
-                    format!("writing READ data into guest memory: {e}"),
-                ))
-            })
+        let start = self.w.mark();
+        self.w.write_zeros(OUT_HEADER_LEN)?;
+        self.read = Some((unique, start));
+        Ok(Some(self))
+    }
+}
+
+impl ReadDest for GuestReply<'_, '_> {
+    fn put(&mut self, frag: Fragment<'_>) -> sluice_api::Result<()> {
+        let put = match frag {
+            Fragment::Zeros(n) => self.w.write_zeros(n),
+            Fragment::Data(d) => self.w.write_copy(d),
+            Fragment::File { file, off, len } => self.w.write_from_file(file, off, len),
         };
-        match fill(&mut placed) {
+        put.map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                // A file range not in the page cache, on a worker that
+                // must not wait for the disk (`sluice_api::wait`).
+                return sluice_api::Error::WouldBlock;
+            }
+            sluice_api::Error::Io(io::Error::new(
+                e.kind(),
+                format!("writing READ data into guest memory: {e}"),
+            ))
+        })
+    }
+}
+
+impl ReadReply for GuestReply<'_, '_> {
+    fn finish(&mut self, read: sluice_api::Result<usize>) -> io::Result<sluice_api::Result<usize>> {
+        let Some((unique, start)) = self.read.take() else {
+            return Err(io::Error::other("a READ reply finished twice"));
+        };
+        match read {
             Ok(n) => {
                 let len = u32::try_from(OUT_HEADER_LEN + n).map_err(io::Error::other)?;
-                self.write_at(start, &out_header(len, 0, unique))?;
-                Ok(Some(Ok(n)))
+                self.w.write_at(start, &out_header(len, 0, unique))?;
+                Ok(Ok(n))
             }
             Err(e) => {
-                self.rewind(start);
-                Ok(Some(Err(e)))
+                self.w.rewind(start);
+                Ok(Err(e))
             }
         }
     }

@@ -175,7 +175,7 @@ impl SourceFile for EngineFile {
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.served
             .vfs
-            .read(&self.ctx, self.ino, self.fh, offset, buf)
+            .read_buf(&self.ctx, self.ino, self.fh, offset, buf)
             .map_err(to_io)
     }
 }

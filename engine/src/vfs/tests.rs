@@ -93,7 +93,7 @@ impl TestVol {
 
     fn read(&self, ino: Ino, fh: Fh, off: u64, len: usize) -> Vec<u8> {
         let mut buf = vec![0xAAu8; len];
-        let n = self.vfs.read(&ctx(), ino, fh, off, &mut buf).unwrap();
+        let n = self.vfs.read_buf(&ctx(), ino, fh, off, &mut buf).unwrap();
         buf.truncate(n);
         buf
     }
@@ -192,7 +192,7 @@ fn overwrites_and_read_your_writes() {
     let out = vfs2.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap();
     let mut buf = vec![0u8; model.len()];
     assert_eq!(
-        vfs2.read(&ctx(), ino, out.fh, 0, &mut buf).unwrap(),
+        vfs2.read_buf(&ctx(), ino, out.fh, 0, &mut buf).unwrap(),
         model.len()
     );
     assert_eq!(buf, model);
@@ -858,7 +858,7 @@ fn large_random_file_round_trip() {
     let mut off = 0u64;
     let mut part = vec![0u8; 1 << 20];
     loop {
-        let n = t.vfs.read(&ctx(), ino, out.fh, off, &mut part).unwrap();
+        let n = t.vfs.read_buf(&ctx(), ino, out.fh, off, &mut part).unwrap();
         if n == 0 {
             break;
         }
@@ -950,7 +950,7 @@ fn juicefs_interop() {
         let out = vfs.open(&ctx(), ej.inode, libc::O_RDONLY as u32).unwrap();
         let mut buf = vec![0u8; data.len() + 1];
         assert_eq!(
-            vfs.read(&ctx(), ej.inode, out.fh, 0, &mut buf).unwrap(),
+            vfs.read_buf(&ctx(), ej.inode, out.fh, 0, &mut buf).unwrap(),
             data.len()
         );
         assert_eq!(
@@ -1184,7 +1184,7 @@ fn random_small_reads_fetch_ranges_and_sequential_reads_fetch_blocks() {
     t.vfs.release(&ctx(), ino, fh).unwrap();
     let read = |vfs: &Vfs, fh: Fh, off: u64, len: usize| {
         let mut buf = vec![0u8; len];
-        let n = vfs.read(&ctx(), ino, fh, off, &mut buf).unwrap();
+        let n = vfs.read_buf(&ctx(), ino, fh, off, &mut buf).unwrap();
         buf.truncate(n);
         buf
     };
@@ -1255,7 +1255,7 @@ fn a_full_cache_leaves_random_readers_to_their_credit() {
     let budget = vfs.reader.readahead_room();
     let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
     let mut buf = vec![0u8; 4096];
-    vfs.read(&ctx(), ino, fh, 1_000_000, &mut buf).unwrap();
+    vfs.read_buf(&ctx(), ino, fh, 1_000_000, &mut buf).unwrap();
     assert_eq!(buf, &data[1_000_000..1_004_096]);
     // 4 KiB read earns no block: nothing is queued for it.
     assert_eq!(vfs.reader.readahead_room(), budget);
@@ -1283,7 +1283,7 @@ fn sequential_readers_get_blocks_ahead_and_readahead_can_be_turned_off() {
         // The first MiB in 128 KiB reads.
         for i in 0..8u64 {
             let mut buf = vec![0u8; 128 << 10];
-            vfs.read(&ctx(), ino, fh, i * (128 << 10), &mut buf)
+            vfs.read_buf(&ctx(), ino, fh, i * (128 << 10), &mut buf)
                 .unwrap();
             assert_eq!(buf, &data[(i * (128 << 10)) as usize..][..128 << 10]);
         }
@@ -1782,7 +1782,9 @@ fn a_read_that_would_wait_fails_first_and_runs_once_again() {
         let _g = sluice_api::wait::no_wait();
         let r = t
             .vfs
-            .read_fragments(&ctx(), ino, fh, 0, 4096, &mut |f| collect(f, &mut got));
+            .read(&ctx(), ino, fh, 0, 4096, &mut |f: Fragment<'_>| {
+                collect(f, &mut got)
+            });
         assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
     }
     t.vfs.flush(&ctx(), ino, fh).unwrap();
@@ -1793,7 +1795,9 @@ fn a_read_that_would_wait_fails_first_and_runs_once_again() {
     let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
     let read = |vfs: &Vfs, off: u64, len: usize, got: &mut Vec<u8>| {
         got.clear();
-        vfs.read_fragments(&ctx(), ino, fh, off, len, &mut |f| collect(f, got))
+        vfs.read(&ctx(), ino, fh, off, len, &mut |f: Fragment<'_>| {
+            collect(f, got)
+        })
     };
     {
         // The first read of the file, from its start: a sequential stream

@@ -461,7 +461,7 @@ mod volume {
         let mut done = 0;
         while done < data.len() {
             let n = vfs
-                .read(&ctx, e.inode, out.fh, done as u64, &mut data[done..])
+                .read_buf(&ctx, e.inode, out.fh, done as u64, &mut data[done..])
                 .unwrap();
             assert!(n > 0, "{name}: short read at {done}");
             done += n;
@@ -575,7 +575,7 @@ mod volume {
         // The read must commit the writes first; it cannot, so it fails
         // rather than return bytes older than the writes.
         let mut buf = vec![0u8; 4096];
-        let err = vfs.read(&ctx, ino, r, 0, &mut buf).unwrap_err();
+        let err = vfs.read_buf(&ctx, ino, r, 0, &mut buf).unwrap_err();
         assert_eq!(err.errno(), libc::EIO, "{err}");
         server.faults().clear();
         // The writer's fsync stores the kept writes and reports the failure.
@@ -600,7 +600,7 @@ mod volume {
         let mut done = 0;
         while done < back.len() {
             done += vfs
-                .read(&ctx, ino, late, done as u64, &mut back[done..])
+                .read_buf(&ctx, ino, late, done as u64, &mut back[done..])
                 .unwrap();
         }
         assert!(back == bytes, "the kept writes read back whole");

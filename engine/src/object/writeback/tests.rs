@@ -326,7 +326,7 @@ fn a_vfs_reads_staged_blocks_and_uploads_them_at_destroy() {
 
     let fh = vfs.open(&ctx, a.inode, libc::O_RDONLY as u32).unwrap();
     let mut got = vec![0u8; data.len() + 10];
-    let n = vfs.read(&ctx, a.inode, fh.fh, 0, &mut got).unwrap();
+    let n = vfs.read_buf(&ctx, a.inode, fh.fh, 0, &mut got).unwrap();
     assert!(
         n == data.len() && got[..n] == data[..],
         "read back from staging"
