@@ -13,6 +13,12 @@
 //!
 //! The host mount gets the same treatment: with one thread serving
 //! `/dev/fuse`, a read of a cached file finishes while a cold read waits.
+//!
+//! A metadata round trip is parked too: on a Redis volume whose server is
+//! stopped (SIGSTOP), a GETATTR waits while the requests behind it on the
+//! queue come back; they are FLUSHes of a file with nothing buffered, which
+//! need no metadata (a READ's chunk list is cached for only a second, so a
+//! READ could itself reach the stopped server).
 
 mod common;
 
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Mount, Serve, Watchdog, sluice_ok};
+use common::{Mount, RedisServer, Serve, Watchdog, sluice_ok};
 use sluice_benches::virtiofs::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN, ROOT_ID, opcode};
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, SplitQueue};
 use sluice_engine::object::s3_test_server::TestS3Server;
@@ -313,5 +319,135 @@ fn the_host_mount_answers_cached_reads_while_a_cold_read_waits() {
     assert!(
         !cold_done_when_hot_returns(&s3, &meta, dir.path(), "a", &[]),
         "the cached read waited for the cold one"
+    );
+}
+
+/// Puts a request with `args` (answered with `reply_len` bytes) on the
+/// queue; returns its head.
+fn add_request(
+    queue: &mut SplitQueue,
+    device: &mut Device,
+    mem: &GuestMemoryMmap,
+    request: &[u8],
+    reply_len: u32,
+) -> u16 {
+    let at = device.alloc(request.len() as u64).unwrap();
+    let reply = device.alloc(u64::from(reply_len)).unwrap();
+    mem.write_slice(request, at).unwrap();
+    queue
+        .add(&[(at, request.len() as u32)], &[(reply, reply_len)])
+        .unwrap()
+}
+
+/// Serves a Redis volume with `extra`; with the Redis server stopped, puts
+/// one GETATTR and then [`HOT_READS`] FLUSHes on one queue at once. With
+/// `resume_after_flushes`, lets the server go on only once every FLUSH came
+/// back (so they came back while the GETATTR waited); otherwise right after
+/// publishing. Returns whether each returned chain was the GETATTR, in the
+/// order the device returned them.
+fn metadata_completion_order(
+    redis: &RedisServer,
+    meta: &str,
+    dir: &Path,
+    name: &str,
+    extra: &[&str],
+    resume_after_flushes: bool,
+) -> Vec<bool> {
+    let socket = dir.join(format!("{name}.sock"));
+    let mut args = vec!["--no-pin", "--once"];
+    args.extend_from_slice(extra);
+    let _serve = Serve::start(meta, &socket, &args);
+    let mut device = Device::connect(
+        &socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 64,
+            memory_size: 16 << 20,
+        },
+    )
+    .expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    let hot = q.lookup(ROOT_ID, b"hot").expect("LOOKUP hot").nodeid;
+    let fh = q.open(hot, libc::O_RDONLY as u32).expect("OPEN hot");
+    let mem = q.memory().clone();
+    let mut queue = q.into_queue();
+    let getattr = wire::request(opcode::GETATTR, 2000, hot, &wire::getattr_in());
+    let reply_len = (OUT_HEADER_LEN + 16 + wire::ATTR_LEN) as u32;
+    let getattr_head = add_request(&mut queue, &mut device, &mem, &getattr, reply_len);
+    for i in 0..HOT_READS {
+        let flush = wire::request(opcode::FLUSH, 2001 + i as u64, hot, &wire::flush_in(fh));
+        add_request(&mut queue, &mut device, &mem, &flush, OUT_HEADER_LEN as u32);
+    }
+    redis.freeze();
+    queue.publish().unwrap();
+    if !resume_after_flushes {
+        redis.resume();
+    }
+    let mut order = Vec::new();
+    while order.len() < 1 + HOT_READS {
+        let (head, len) = queue
+            .wait_used(Duration::from_secs(60))
+            .expect("a request comes back");
+        let is_getattr = head == getattr_head;
+        let want = if is_getattr {
+            reply_len
+        } else {
+            OUT_HEADER_LEN as u32
+        };
+        assert_eq!(len, want, "a whole reply");
+        order.push(is_getattr);
+        if resume_after_flushes && order.len() == HOT_READS {
+            redis.resume();
+        }
+    }
+    redis.resume();
+    order
+}
+
+#[test]
+fn requests_are_not_held_up_by_a_metadata_round_trip_on_the_same_queue() {
+    let _dog = Watchdog::new("out_of_order_metadata", Duration::from_secs(600));
+    let Some(redis) = RedisServer::start("out_of_order_metadata") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let meta = redis.url(1);
+    let bucket = dir.path().join("bucket");
+    sluice_ok(&[
+        "format",
+        &meta,
+        "ooo-meta",
+        "--bucket",
+        bucket.to_str().unwrap(),
+    ]);
+    let mnt = dir.path().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mount = Mount::start(&meta, &mnt, &dir.path().join("mount.log"), &[]);
+    fs::write(mnt.join("hot"), pattern(1, HOT_LEN)).unwrap();
+    mount.unmount();
+
+    // The FLUSHes come back while the server is stopped, before the
+    // GETATTR: were the worker waiting on the GETATTR, none would, and
+    // the wait for them would time out.
+    let order = metadata_completion_order(&redis, &meta, dir.path(), "meta-ooo", &[], true);
+    assert_eq!(
+        order.last(),
+        Some(&true),
+        "the GETATTR must come back after every FLUSH: {order:?}"
+    );
+    // Every request answered on the worker, in ring order.
+    let order = metadata_completion_order(
+        &redis,
+        &meta,
+        dir.path(),
+        "meta-in-order",
+        &["--max-waiting", "0"],
+        false,
+    );
+    assert_eq!(
+        order.first(),
+        Some(&true),
+        "with --max-waiting 0 the GETATTR is answered first: {order:?}"
     );
 }

@@ -44,6 +44,15 @@ pub trait Filesystem: Send + Sync {
     /// Called once when the session ends (FUSE_DESTROY or unmount): flush
     /// everything and close.
     fn destroy(&self);
+    /// Whether metadata operations wait on another machine (a remote
+    /// metadata engine: a network round trip each). A transport's worker
+    /// that must not wait ([`crate::wait`]) then hands every operation that
+    /// changes metadata to a waiter up front, and a read-only one it tried
+    /// fails with [`crate::Error::WouldBlock`] before its round trip; with
+    /// local metadata the worker runs them itself.
+    fn metadata_is_remote(&self) -> bool {
+        false
+    }
     /// Looks up `name` in directory `parent`.
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry>;
     /// The kernel dropped `nlookup` references to `ino`.

@@ -604,6 +604,11 @@ impl Vfs {
         if self.cfg.atime == AtimeMode::NoAtime || self.cfg.read_only {
             return;
         }
+        // The update is part of the read, and it ignores failures: it must
+        // not fail for want of waiting (a remote metadata engine fails
+        // calls on a thread that must not wait), so it waits, even on a
+        // transport's worker. The default (`noatime`) never gets here.
+        let _waits = sluice_api::wait::allow_wait();
         let now = crate::meta::Timestamp::now();
         let due = match self.cfg.atime {
             AtimeMode::StrictAtime => true,
@@ -878,6 +883,11 @@ impl Filesystem for Vfs {
     /// At FUSE_INIT; nothing to do (the session is registered by `new`).
     fn init(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether the metadata engine is another machine (Redis).
+    fn metadata_is_remote(&self) -> bool {
+        self.vol.meta.remote()
     }
 
     /// Flushes every open file, stops background work, waits (bounded) for

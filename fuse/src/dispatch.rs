@@ -371,19 +371,14 @@ impl<F: Filesystem> Dispatcher<F> {
             }
         }
         // A transport's worker that must not wait (`sluice_api::wait`)
-        // tries READ and FLUSH — operations whose first run changes nothing
-        // a second run would repeat, and which usually need no waiting (a
-        // cached block; a close with nothing buffered) — and hands on up
-        // front what always waits on storage; everything else runs here,
-        // waiting as it must.
+        // tries, hands on or runs the request, by `no_wait_rule`.
         let _allowed = match sluice_api::wait::mode() {
-            sluice_api::wait::Mode::NoWait if waits_on_storage(req.header.opcode) => {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            sluice_api::wait::Mode::NoWait
-                if !matches!(req.header.opcode, abi::opcode::READ | abi::opcode::FLUSH) =>
-            {
-                Some(sluice_api::wait::allow_wait())
+            sluice_api::wait::Mode::NoWait => {
+                match no_wait_rule(req.header.opcode, self.fs.metadata_is_remote()) {
+                    NoWaitRule::HandOn => return Err(io::ErrorKind::WouldBlock.into()),
+                    NoWaitRule::Try => None,
+                    NoWaitRule::Run => Some(sluice_api::wait::allow_wait()),
+                }
             }
             _ => None,
         };
@@ -755,13 +750,46 @@ enum Failure {
     WouldBlock,
 }
 
-/// Operations that always wait on storage (syncs) or whose first run
-/// would change something before it could wait (RELEASE drops its
-/// handle): a transport's worker that must not wait hands them on without
-/// trying.
-pub(crate) fn waits_on_storage(opcode: u32) -> bool {
+/// What a transport's worker that must not wait (`sluice_api::wait`) does
+/// with an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoWaitRule {
+    /// Run it without waiting: where it would wait it fails with
+    /// `WouldBlock` having changed nothing a second run would repeat, and
+    /// is handed on then. READ and FLUSH (usually a cached block, a close
+    /// with nothing buffered) and the operations that only read metadata
+    /// (a remote metadata engine fails them before its round trip; local
+    /// metadata answers at once).
+    Try,
+    /// Hand it on without trying: it always waits on storage (the syncs),
+    /// its first run would change something before it could wait (RELEASE
+    /// drops its handle), or it changes metadata kept on another machine.
+    HandOn,
+    /// Run it here, waiting if it must: its metadata is local (SQLite), or
+    /// it stays on the worker — WRITE (into the file's buffer; a full
+    /// buffer's commit waits), DESTROY, and operations with no reply.
+    Run,
+}
+
+/// The [`NoWaitRule`] for `opcode`; `remote_metadata`: the file system's
+/// metadata is on another machine (`Filesystem::metadata_is_remote`).
+pub(crate) fn no_wait_rule(opcode: u32, remote_metadata: bool) -> NoWaitRule {
     use abi::opcode as op;
-    matches!(opcode, op::FSYNC | op::FSYNCDIR | op::RELEASE | op::SYNCFS)
+    match opcode {
+        op::FSYNC | op::FSYNCDIR | op::RELEASE | op::SYNCFS => NoWaitRule::HandOn,
+        op::READ
+        | op::FLUSH
+        | op::LOOKUP
+        | op::GETATTR
+        | op::READLINK
+        | op::STATFS
+        | op::GETXATTR
+        | op::LISTXATTR
+        | op::ACCESS => NoWaitRule::Try,
+        op::WRITE | op::DESTROY | op::INIT => NoWaitRule::Run,
+        _ if remote_metadata && crate::request::expects_reply(opcode) => NoWaitRule::HandOn,
+        _ => NoWaitRule::Run,
+    }
 }
 
 impl From<sluice_api::Error> for Failure {
@@ -811,6 +839,8 @@ mod tests {
         errno: i32,
         calls: Mutex<Vec<String>>,
         destroyed: AtomicUsize,
+        /// What `metadata_is_remote` says.
+        remote: bool,
     }
 
     impl Refusing {
@@ -843,6 +873,9 @@ mod tests {
         }
         fn forget(&self, ino: Ino, n: u64) {
             self.calls.lock().unwrap().push(format!("forget {ino} {n}"));
+        }
+        fn metadata_is_remote(&self) -> bool {
+            self.remote
         }
         fn getattr(&self, _: &Context, ino: Ino) -> Result<Attr> {
             self.refuse(format!("getattr {ino}"))
@@ -1020,6 +1053,51 @@ mod tests {
             .unwrap();
         assert_eq!(header(&out.0[0]).error, 0);
         d
+    }
+
+    #[test]
+    fn a_worker_that_must_not_wait_tries_hands_on_or_runs_each_operation() {
+        let fsync = abi::FsyncIn {
+            fh: 6,
+            fsync_flags: 0,
+            padding: 0,
+        };
+        let mkdir = abi::MkdirIn {
+            mode: 0o755,
+            umask: 0o22,
+        };
+        let getattr = message(opcode::GETATTR, 1, 1, &[&[0u8; 16]]);
+        let mkdir = message(opcode::MKDIR, 2, 1, &[mkdir.as_bytes(), b"d\0"]);
+        let fsync = message(opcode::FSYNC, 3, 5, &[fsync.as_bytes()]);
+        for remote in [false, true] {
+            let fs = Refusing {
+                remote,
+                ..Refusing::with_errno(libc::EACCES)
+            };
+            let d = Dispatcher::new(fs, Config::default());
+            let mut out = Collect::default();
+            d.handle_message(&init_msg(7, 38, u32::MAX), &mut Scratch::new(), &mut out)
+                .unwrap();
+            let _g = sluice_api::wait::no_wait();
+            let mut out = Collect::default();
+            let handed_on = |m: &[u8], out: &mut Collect| {
+                let r = d.handle_message(m, &mut Scratch::new(), out);
+                matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            };
+            // A sync always waits: handed on, never tried.
+            assert!(handed_on(&fsync, &mut out));
+            // Reading metadata is tried (the file system is called).
+            assert!(!handed_on(&getattr, &mut out));
+            // Changing it: run here when the metadata is local, handed on
+            // untried when it is on another machine.
+            assert_eq!(handed_on(&mkdir, &mut out), remote);
+            let calls = d.filesystem().calls();
+            assert_eq!(calls.len(), if remote { 1 } else { 2 }, "{calls:?}");
+            assert!(calls[0].starts_with("getattr"), "{calls:?}");
+            assert!(calls.iter().all(|c| !c.starts_with("fsync")), "{calls:?}");
+            // Nothing was answered for what was handed on.
+            assert_eq!(out.0.len(), if remote { 1 } else { 2 });
+        }
     }
 
     /// Runs one message; returns the replies and the outcome.

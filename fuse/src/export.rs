@@ -404,6 +404,10 @@ impl<F: Filesystem> Filesystem for Export<F> {
         self.inner.destroy()
     }
 
+    fn metadata_is_remote(&self) -> bool {
+        self.inner.metadata_is_remote()
+    }
+
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
         if name == b"." || name == b".." {
             return self.lookup_dot(ctx, parent, name);

@@ -19,8 +19,9 @@
 //! the memory cache, a file range not in the page cache, a commit, a sync)
 //! is copied and handed to a waiter thread, which runs it again and writes
 //! its reply to `/dev/fuse` itself; the kernel matches replies to requests
-//! by their id, in any order. (Metadata operations still run, and wait, on
-//! the worker.) At most [`Waiting::max_waiting`] requests wait at once;
+//! by their id, in any order. Metadata operations are handed on too when
+//! the metadata engine is another machine (Redis); with local metadata
+//! (SQLite) they run on the worker. At most [`Waiting::max_waiting`] requests wait at once;
 //! past that a worker answers the request itself, waiting — the
 //! back-pressure. DESTROY waits until the waiters are idle.
 

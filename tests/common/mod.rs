@@ -484,6 +484,23 @@ impl RedisServer {
         self.child = spawn_redis(self.port, self.dir.path(), true, self.password.as_deref());
     }
 
+    /// Stops the server (SIGSTOP) until [`RedisServer::resume`]: every
+    /// request to it waits, as on a slow or far metadata server.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        // SAFETY: a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {sig}");
+    }
+
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port

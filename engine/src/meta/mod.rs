@@ -165,6 +165,16 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// The engine's name for logs ("sqlite3", "redis").
     fn name(&self) -> &'static str;
 
+    /// Whether a call waits on another machine — a network round trip
+    /// (Redis) — rather than on local storage (SQLite). A transport's
+    /// worker that must not wait hands the operations that reach such an
+    /// engine to a waiter (`sluice_api::wait`; `Filesystem::metadata_is_remote`);
+    /// a remote engine also fails a call made on such a worker with
+    /// `Error::WouldBlock` before it sends anything.
+    fn remote(&self) -> bool {
+        false
+    }
+
     /// Writes the volume settings into an empty store and creates the root
     /// (and the trash directory). If a volume exists, succeeds only when it is
     /// the same volume (same name and UUID) and updates the settings that may

@@ -592,6 +592,10 @@ impl Meta for RedisMeta {
         "redis"
     }
 
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn init(&self, format: &Format) -> Result<()> {
         self.inner.init(format)
     }

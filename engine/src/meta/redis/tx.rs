@@ -143,11 +143,14 @@ impl Pool {
     }
 
     /// Runs `f` on a connection, retrying on connection loss; `f` must be
-    /// safe to run twice (reads, idempotent writes).
+    /// safe to run twice (reads, idempotent writes). On a thread that must
+    /// not wait (`sluice_api::wait`) it fails with `Error::WouldBlock`
+    /// before it talks to the server: a round trip waits.
     pub(super) fn with_conn<T>(
         &self,
         mut f: impl FnMut(&mut Connection) -> std::result::Result<T, RedisError>,
     ) -> Result<T> {
+        sluice_api::wait::may_wait()?;
         let mut tries = 0;
         loop {
             let r = self.take().and_then(|mut c| {
@@ -441,6 +444,8 @@ enum Attempt<T> {
 impl Pool {
     /// Runs `f` as one transaction (`writing`) or one series of reads,
     /// restarting it on conflicts and on connection loss before commit.
+    /// Fails with `Error::WouldBlock` before anything is sent on a thread
+    /// that must not wait, as [`Pool::with_conn`] does.
     pub(super) fn transact<T>(
         &self,
         keys: &Keys,
@@ -450,6 +455,7 @@ impl Pool {
         quotas: &Quotas,
         mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
     ) -> Result<(T, PostCommit)> {
+        sluice_api::wait::may_wait()?;
         let (mut conflicts, mut reconnects) = (0u32, 0u32);
         let started = std::time::Instant::now();
         loop {
