@@ -89,6 +89,19 @@ fn add_read(
         .unwrap()
 }
 
+/// The harness's device on `socket`: one request queue of 64.
+fn connect(socket: &Path) -> Device {
+    Device::connect(
+        socket,
+        DeviceOptions {
+            request_queues: 1,
+            queue_size: 64,
+            memory_size: 16 << 20,
+        },
+    )
+    .expect("connect")
+}
+
 /// Serves the volume with `extra`, warms the hot file, then puts one cold
 /// READ and [`HOT_READS`] hot READs on one queue at once. Returns whether
 /// each returned chain was the cold READ, in the order the device returned
@@ -98,15 +111,7 @@ fn completion_order(meta: &str, dir: &Path, name: &str, extra: &[&str]) -> Vec<b
     let mut args = vec!["--no-pin", "--cache-size", "64", "--once"];
     args.extend_from_slice(extra);
     let _serve = Serve::start(meta, &socket, &args);
-    let mut device = Device::connect(
-        &socket,
-        DeviceOptions {
-            request_queues: 1,
-            queue_size: 64,
-            memory_size: 16 << 20,
-        },
-    )
-    .expect("connect");
+    let mut device = connect(&socket);
     let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
     q.init().expect("INIT");
     let hot = q.lookup(ROOT_ID, b"hot").expect("LOOKUP hot").nodeid;
@@ -357,15 +362,7 @@ fn metadata_completion_order(
     let mut args = vec!["--no-pin", "--once"];
     args.extend_from_slice(extra);
     let _serve = Serve::start(meta, &socket, &args);
-    let mut device = Device::connect(
-        &socket,
-        DeviceOptions {
-            request_queues: 1,
-            queue_size: 64,
-            memory_size: 16 << 20,
-        },
-    )
-    .expect("connect");
+    let mut device = connect(&socket);
     let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
     q.init().expect("INIT");
     let hot = q.lookup(ROOT_ID, b"hot").expect("LOOKUP hot").nodeid;

@@ -4,6 +4,7 @@
 //! for the host mount, guest memory for virtio-fs — with one copy.
 
 use crate::error::{Error, Result};
+use std::os::fd::AsRawFd;
 
 /// One stretch of the bytes a read returns.
 #[derive(Debug)]
@@ -111,49 +112,78 @@ impl ReadDest for BufDest<'_> {
 /// (RWF_NOWAIT) and fails with [`Error::WouldBlock`] where the disk would
 /// be read.
 pub fn read_file_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    if crate::wait::mode() == crate::wait::Mode::NoWait {
-        return read_cached_exact(file, off, dst);
-    }
-    file.read_exact_at(dst, off)
-        .map_err(|e| short_or_io(e, off, dst.len()))
+    let len = dst.len();
+    // SAFETY: the pointer and length are those of `dst`, a live buffer
+    // borrowed exclusively for this call and not touched while it runs.
+    unsafe { pread_exact(file, dst.as_mut_ptr(), len, off) }.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::WouldBlock
+        } else {
+            short_or_io(e, off, len)
+        }
+    })
 }
 
-/// [`read_file_exact`] from the page cache only.
-fn read_cached_exact(file: &std::fs::File, off: u64, dst: &mut [u8]) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::FileExt;
+/// Reads exactly `len` bytes of `file` at `offset` into `dst`. On a thread
+/// that must not wait ([`crate::wait::no_wait`], a queue worker) only
+/// from the page cache (RWF_NOWAIT): bytes that need the disk are a
+/// `WouldBlock` error, and the request goes to a waiter. Volatile-safe:
+/// the kernel writes `dst`, so it may be guest memory.
+///
+/// # Safety
+///
+/// `dst` must be valid for `len` bytes of writes, with no Rust reference to
+/// those bytes alive.
+pub unsafe fn pread_exact(
+    file: &std::fs::File,
+    dst: *mut u8,
+    len: usize,
+    offset: u64,
+) -> std::io::Result<()> {
+    // A thread that must not wait (a queue worker) reads only what the
+    // page cache holds; the rest is read by a waiter.
+    let mut no_wait = crate::wait::mode() == crate::wait::Mode::NoWait;
     let mut got = 0;
-    while got < dst.len() {
-        let rest = &mut dst[got..];
-        let at = off
+    while got < len {
+        let at = offset
             .checked_add(got as u64)
             .and_then(|at| libc::off_t::try_from(at).ok())
-            .ok_or_else(|| Error::Invalid(format!("file offset {off} + {got}")))?;
-        let iov = libc::iovec {
-            iov_base: rest.as_mut_ptr().cast(),
-            iov_len: rest.len(),
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let r = if no_wait {
+            let iov = libc::iovec {
+                // SAFETY: as below, `dst + got` is inside the buffer.
+                iov_base: unsafe { dst.add(got).cast() },
+                iov_len: len - got,
+            };
+            // SAFETY: the one iovec describes `dst + got .. dst + len`, valid
+            // for writes (this function's contract); preadv2 writes at most
+            // that many bytes there.
+            unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) }
+        } else {
+            // SAFETY: `dst + got .. dst + len` is valid for writes (this
+            // function's contract); pread writes at most `len - got` bytes
+            // there.
+            unsafe { libc::pread(file.as_raw_fd(), dst.add(got).cast(), len - got, at) }
         };
-        // SAFETY: the iovec describes `rest`, a live, exclusively borrowed
-        // buffer; preadv2 writes at most its length into it.
-        let r = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) };
         match r {
             0 => {
-                let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-                return Err(short_or_io(e, off, dst.len()));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the object is shorter than the slice says",
+                ));
             }
             r if r < 0 => {
                 let e = std::io::Error::last_os_error();
                 match e.raw_os_error() {
                     Some(libc::EINTR) => {}
-                    Some(libc::EAGAIN) => return Err(Error::WouldBlock),
-                    // No RWF_NOWAIT on this file system: read, waiting.
-                    Some(libc::EOPNOTSUPP) => {
-                        return file
-                            .read_exact_at(&mut dst[got..], at as u64)
-                            .map_err(|e| short_or_io(e, off, dst.len()));
+                    // Not in the page cache (RWF_NOWAIT): the read would
+                    // wait for the disk.
+                    Some(libc::EAGAIN) if no_wait => {
+                        return Err(std::io::ErrorKind::WouldBlock.into());
                     }
-                    _ => return Err(Error::Io(e)),
+                    // A file system without RWF_NOWAIT: read as before.
+                    Some(libc::EOPNOTSUPP) if no_wait => no_wait = false,
+                    _ => return Err(e),
                 }
             }
             r => got += r as usize,

@@ -762,72 +762,9 @@ impl<'f> DirectReader<'f> {
     }
 }
 
-/// Reads exactly `len` bytes of `file` at `offset` into `dst`. On a thread
-/// that must not wait (`sluice_api::wait::no_wait`, a queue worker) only
-/// from the page cache (RWF_NOWAIT): bytes that need the disk are a
-/// `WouldBlock` error, and the request goes to a waiter.
-///
-/// # Safety
-///
-/// `dst` must be valid for `len` bytes of writes, with no Rust reference to
-/// those bytes alive.
-pub(crate) unsafe fn pread_exact(
-    file: &File,
-    dst: *mut u8,
-    len: usize,
-    offset: u64,
-) -> io::Result<()> {
-    // A thread that must not wait (a queue worker) reads only what the
-    // page cache holds; the rest is read by a waiter (`crate::waiting`).
-    let mut no_wait = sluice_api::wait::mode() == sluice_api::wait::Mode::NoWait;
-    let mut got = 0;
-    while got < len {
-        let at = offset
-            .checked_add(got as u64)
-            .and_then(|at| libc::off_t::try_from(at).ok())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let r = if no_wait {
-            let iov = libc::iovec {
-                // SAFETY: as below, `dst + got` is inside the buffer.
-                iov_base: unsafe { dst.add(got).cast() },
-                iov_len: len - got,
-            };
-            // SAFETY: the one iovec describes `dst + got .. dst + len`, valid
-            // for writes (this function's contract); preadv2 writes at most
-            // that many bytes there.
-            unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, at, libc::RWF_NOWAIT) }
-        } else {
-            // SAFETY: `dst + got .. dst + len` is valid for writes (this
-            // function's contract); pread writes at most `len - got` bytes
-            // there.
-            unsafe { libc::pread(file.as_raw_fd(), dst.add(got).cast(), len - got, at) }
-        };
-        match r {
-            0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the object is shorter than the slice says",
-                ));
-            }
-            r if r < 0 => {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => {}
-                    // Not in the page cache (RWF_NOWAIT): the read would
-                    // wait for the disk.
-                    Some(libc::EAGAIN) if no_wait => {
-                        return Err(io::ErrorKind::WouldBlock.into());
-                    }
-                    // A file system without RWF_NOWAIT: read as before.
-                    Some(libc::EOPNOTSUPP) if no_wait => no_wait = false,
-                    _ => return Err(e),
-                }
-            }
-            r => got += r as usize,
-        }
-    }
-    Ok(())
-}
+/// The one exact-read loop with the no-wait rule (RWF_NOWAIT on a thread
+/// that must not wait), shared with the engine's reads into host memory.
+pub(crate) use sluice_api::fragment::pread_exact;
 
 #[cfg(test)]
 mod tests {
