@@ -12,6 +12,8 @@
 //! - [`log_limit`]: rate limits for warnings a client can cause.
 //! - [`dev`] and [`session`]: mounting through `/dev/fuse` and serving the
 //!   mount with several worker threads.
+//! - [`waiters`]: the pool of waiter threads both transports hand the
+//!   requests that would wait to (`sluice_api::wait`).
 //!
 //! # Why our own codec
 //!
@@ -46,6 +48,7 @@ pub mod metrics;
 pub mod reply;
 pub mod request;
 pub mod session;
+pub mod waiters;
 
 pub use dev::{DevError, Mount, MountOptions, unmount};
 pub use dispatch::{Config, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};

@@ -25,6 +25,7 @@
 //! past that a worker answers the request itself, waiting — the
 //! back-pressure. DESTROY waits until the waiters are idle.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -161,10 +162,6 @@ impl Default for Waiting {
     }
 }
 
-/// A request handed to a waiter: its bytes and the `/dev/fuse` file its
-/// reply goes to.
-type Job = (Vec<u8>, Arc<OwnedFd>);
-
 /// Requests handed on and not yet answered, with the condition DESTROY
 /// waits on.
 #[derive(Debug, Default)]
@@ -221,69 +218,79 @@ fn answer_waiting<F: Filesystem>(
     }
 }
 
-/// The session's waiter threads.
-#[derive(Debug)]
-struct Waiters {
-    jobs: crossbeam_channel::Sender<Job>,
-    threads: Vec<JoinHandle<()>>,
+thread_local! {
+    /// A waiter thread's reply buffers (its READ gather and scratch).
+    static WAITER_BUFS: RefCell<(Scratch, Vec<u8>)> = RefCell::new((Scratch::new(), Vec::new()));
+}
+
+/// The session's waiter threads (a [`crate::waiters::Waiters`] pool) and
+/// the bound on the requests handed to them.
+struct HandOn<F> {
+    pool: crate::waiters::Waiters,
+    dispatcher: Arc<Dispatcher<F>>,
     waiting: Arc<Count>,
     max_waiting: usize,
 }
 
-impl Waiters {
-    fn start<F: Filesystem + 'static>(
+impl<F> std::fmt::Debug for HandOn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandOn")
+            .field("pool", &self.pool)
+            .field("max_waiting", &self.max_waiting)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: Filesystem + 'static> HandOn<F> {
+    fn start(
         dispatcher: &Arc<Dispatcher<F>>,
         settings: Waiting,
-    ) -> Result<Option<Waiters>, DevError> {
+    ) -> Result<Option<HandOn<F>>, DevError> {
         if settings.max_waiting == 0 || settings.waiters == 0 {
             return Ok(None);
         }
-        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let waiting = Arc::new(Count::default());
-        let mut threads = Vec::with_capacity(settings.waiters);
-        for i in 0..settings.waiters {
-            let rx = rx.clone();
-            let dispatcher = Arc::clone(dispatcher);
-            let waiting = Arc::clone(&waiting);
-            let t = std::thread::Builder::new()
-                .name(format!("sluice-wait-{i}"))
-                .spawn(move || {
-                    // Everything a waiter runs is a second attempt.
-                    let _retry = sluice_api::wait::retry();
-                    let mut scratch = Scratch::new();
-                    let mut gather = Vec::new();
-                    for (request, fd) in rx {
-                        answer_waiting(&dispatcher, &request, &fd, &mut scratch, &mut gather);
-                        waiting.done();
-                    }
-                })
-                .map_err(DevError::Spawn)?;
-            threads.push(t);
-        }
-        Ok(Some(Waiters {
-            jobs: tx,
-            threads,
-            waiting,
+        let pool = crate::waiters::Waiters::start("sluice-wait", settings.waiters)
+            .map_err(DevError::Spawn)?;
+        Ok(Some(HandOn {
+            pool,
+            dispatcher: Arc::clone(dispatcher),
+            waiting: Arc::new(Count::default()),
             max_waiting: settings.max_waiting,
         }))
     }
 
-    /// Hands a request on; gives it back when as many requests as allowed
-    /// wait already.
-    fn submit(&self, job: Job) -> Result<(), Job> {
+    /// Hands `request` (answered on `fd`) to a waiter; returns `false` when
+    /// as many requests as allowed wait already.
+    fn submit(&self, request: &[u8], fd: &Arc<OwnedFd>) -> bool {
         {
             let mut n = self.waiting.lock();
             if *n >= self.max_waiting {
-                return Err(job);
+                return false;
             }
             *n += 1;
         }
-        self.jobs.send(job).map_err(|e| {
+        let (request, fd) = (request.to_vec(), Arc::clone(fd));
+        let (dispatcher, waiting) = (Arc::clone(&self.dispatcher), Arc::clone(&self.waiting));
+        // The kernel waits for every request it sent: a job answers even
+        // while the pool shuts down (the session is ending; a reply to a
+        // connection that is gone fails harmlessly).
+        let job: crate::waiters::Job = Box::new(move |_closing| {
+            WAITER_BUFS.with(|bufs| {
+                let mut bufs = bufs.borrow_mut();
+                let (scratch, gather) = &mut *bufs;
+                answer_waiting(&dispatcher, &request, &fd, scratch, gather);
+            });
+            waiting.done();
+        });
+        if self.pool.submit(job).is_err() {
             self.waiting.done();
-            e.into_inner()
-        })
+            return false;
+        }
+        true
     }
+}
 
+impl<F> HandOn<F> {
     /// Waits until no request is with a waiter (DESTROY must not overtake
     /// a RELEASE handed on before it).
     fn wait_idle(&self) {
@@ -295,12 +302,7 @@ impl Waiters {
 
     /// Lets the waiters answer what they hold and ends them.
     fn join(self) {
-        drop(self.jobs);
-        for t in self.threads {
-            if t.join().is_err() {
-                log::warn!("a FUSE waiter thread panicked");
-            }
-        }
+        self.pool.shut_down();
     }
 }
 
@@ -320,7 +322,7 @@ pub struct BackgroundSession<F> {
     path: PathBuf,
     workers: Vec<JoinHandle<Result<(), DevError>>>,
     /// Shared with the workers, which end first.
-    waiters: Option<Arc<Waiters>>,
+    waiters: Option<Arc<HandOn<F>>>,
 }
 
 impl<F: Filesystem + 'static> Session<F> {
@@ -358,7 +360,7 @@ impl<F: Filesystem + 'static> Session<F> {
     fn start(
         &self,
         workers: usize,
-        waiters: Option<&Arc<Waiters>>,
+        waiters: Option<&Arc<HandOn<F>>>,
     ) -> Result<Vec<JoinHandle<Result<(), DevError>>>, DevError> {
         let mut handles = Vec::new();
         // One page beyond max_write holds the header and WRITE arguments
@@ -395,7 +397,7 @@ impl<F: Filesystem + 'static> Session<F> {
 
     /// Serves the mount in the background with `workers` threads.
     pub fn spawn(self, workers: usize) -> Result<BackgroundSession<F>, DevError> {
-        let waiters = Waiters::start(&self.dispatcher, self.waiting)?.map(Arc::new);
+        let waiters = HandOn::start(&self.dispatcher, self.waiting)?.map(Arc::new);
         let workers = self.start(workers, waiters.as_ref())?;
         Ok(BackgroundSession {
             dispatcher: self.dispatcher,
@@ -445,11 +447,11 @@ impl<F: Filesystem> BackgroundSession<F> {
 }
 
 /// One worker's loop.
-fn serve<F: Filesystem>(
+fn serve<F: Filesystem + 'static>(
     fd: &Arc<OwnedFd>,
     dispatcher: &Dispatcher<F>,
     buf_size: usize,
-    waiters: Option<&Waiters>,
+    waiters: Option<&HandOn<F>>,
 ) -> Result<(), DevError> {
     let mut buf = vec![0u8; buf_size.max(crate::abi::MIN_READ_BUFFER)];
     let mut scratch = Scratch::new();
@@ -483,13 +485,12 @@ fn serve<F: Filesystem>(
                 };
                 match tried {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        match waiters.submit((buf[..n].to_vec(), Arc::clone(fd))) {
-                            Ok(()) => Ok(Outcome::Continue),
+                        if waiters.submit(&buf[..n], fd) {
+                            Ok(Outcome::Continue)
+                        } else {
                             // As many wait as may: answer it here, waiting.
-                            Err(_) => {
-                                let _retry = sluice_api::wait::retry();
-                                dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink)
-                            }
+                            let _retry = sluice_api::wait::retry();
+                            dispatcher.handle_message(&buf[..n], &mut scratch, &mut sink)
                         }
                     }
                     other => other,

@@ -358,7 +358,7 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             .collect::<io::Result<Vec<_>>>()
             .map_err(Error::Waiters)?;
         let waiters = if config.max_waiting > 0 {
-            Some(Waiters::start(config.waiters).map_err(Error::Waiters)?)
+            Some(Waiters::start("vfs-wait", config.waiters).map_err(Error::Waiters)?)
         } else {
             None
         };

@@ -19,9 +19,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use log::warn;
@@ -133,83 +131,20 @@ impl Parked {
     }
 }
 
-/// A request to run again where waiting is allowed. It gets whether the
-/// connection is closing (then it only gives its chain up).
-pub(crate) type Job = Box<dyn FnOnce(bool) + Send>;
-
-/// The device's waiter threads.
-#[derive(Debug)]
-pub(crate) struct Waiters {
-    jobs: Mutex<Option<crossbeam_channel::Sender<Job>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    closing: Arc<AtomicBool>,
-}
-
-impl Waiters {
-    /// Starts `count` waiter threads.
-    pub fn start(count: usize) -> io::Result<Waiters> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let closing = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::with_capacity(count);
-        for i in 0..count {
-            let rx = rx.clone();
-            let closing = closing.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("vfs-wait-{i}"))
-                .spawn(move || {
-                    // Everything a waiter runs is a second attempt.
-                    let _retry = sluice_api::wait::retry();
-                    for job in rx {
-                        job(closing.load(Ordering::Acquire));
-                    }
-                })?;
-            threads.push(t);
-        }
-        Ok(Waiters {
-            jobs: Mutex::new(Some(tx)),
-            threads: Mutex::new(threads),
-            closing,
-        })
-    }
-
-    /// Hands `job` to a waiter; gives it back when none runs any more.
-    pub fn submit(&self, job: Job) -> Result<(), Job> {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        match &*jobs {
-            Some(tx) => tx.send(job).map_err(|e| e.into_inner()),
-            None => Err(job),
-        }
-    }
-
-    /// Ends the waiters: jobs not started give their chains up, the running
-    /// ones finish; returns once every thread has ended, so no request
-    /// writes into guest memory after this.
-    pub fn shut_down(&self) {
-        self.closing.store(true, Ordering::Release);
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
-        for t in threads {
-            if t.join().is_err() {
-                warn!("a virtio-fs waiter thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for Waiters {
-    fn drop(&mut self) {
-        self.shut_down();
-    }
-}
+/// The device's waiter threads: the pool the host mount uses too. A job
+/// told the connection is closing only gives its chain up.
+pub(crate) use sluice_fuse::waiters::{Job, Waiters};
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
     fn completions_wake_the_worker_and_drain_waits_for_running_chains() {
         let parked = Arc::new(Parked::new().unwrap());
-        let waiters = Waiters::start(2).unwrap();
+        let waiters = Waiters::start("vfs-wait", 2).unwrap();
         let now = Instant::now();
         for head in 0..4u16 {
             parked.hand_on();
@@ -246,40 +181,5 @@ mod tests {
             waiters.submit(job).is_err(),
             "no waiter runs after shut_down"
         );
-    }
-
-    #[test]
-    fn jobs_queued_at_shutdown_are_told_the_connection_is_closing() {
-        let parked = Arc::new(Parked::new().unwrap());
-        let waiters = Waiters::start(1).unwrap();
-        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-        parked.hand_on();
-        let p = parked.clone();
-        let first: Job = Box::new(move |_| {
-            gate_rx.recv().unwrap();
-            p.complete(None);
-        });
-        assert!(waiters.submit(first).is_ok());
-        let told = Arc::new(AtomicBool::new(false));
-        let t = told.clone();
-        parked.hand_on();
-        let p = parked.clone();
-        let second: Job = Box::new(move |closing| {
-            t.store(closing, Ordering::Release);
-            p.complete(None);
-        });
-        assert!(waiters.submit(second).is_ok());
-        // The first job finishes only once shut_down has begun.
-        let closing = waiters.closing.clone();
-        let releaser = std::thread::spawn(move || {
-            while !closing.load(Ordering::Acquire) {
-                std::thread::yield_now();
-            }
-            gate_tx.send(()).unwrap();
-        });
-        waiters.shut_down();
-        releaser.join().unwrap();
-        assert!(told.load(Ordering::Acquire));
-        assert_eq!(parked.outstanding(), 0);
     }
 }

@@ -713,7 +713,7 @@ mod tests {
             stats: vec![QueueStats::default()].into(),
             all: vec![parked.clone()],
             parked,
-            waiters: Waiters::start(2).unwrap(),
+            waiters: Waiters::start("vfs-wait", 2).unwrap(),
         }
     }
 
