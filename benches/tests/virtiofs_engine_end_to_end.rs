@@ -285,6 +285,7 @@ fn bench_drives_the_sluice_device() {
         cold_stride: 4 << 20,
         settle: 0.0,
         json: false,
+        write: false,
     })
     .expect("bench");
     assert!(report.ops > 0);
@@ -315,7 +316,50 @@ fn bench_args(served: &Served, file: &str, block_size: u64) -> VirtiofsArgs {
         cold_stride: 4 << 20,
         settle: 0.0,
         json: false,
+        write: false,
     }
+}
+
+#[test]
+fn bench_write_fills_a_file_per_queue_in_order() {
+    let served = serve();
+    let block = 256u64 << 10;
+    let depth = 4;
+    let report = run(&VirtiofsArgs {
+        write: true,
+        queues: REQUEST_QUEUES,
+        file_size: 4 << 20,
+        pids: vec![std::process::id()],
+        ..bench_args(&served, "w.dat", block)
+    })
+    .expect("bench --write");
+    assert!(report.write && report.ran_out, "{report}");
+    assert_eq!(report.ops, 2 * 16, "two files of 4 MiB in 256 KiB WRITEs");
+    assert!(report.cpu_s_per_gb.is_some());
+    assert!(format!("{report}").starts_with("virtiofs write"));
+    // Every block of each file holds the data of one of the WRITE slots.
+    let slots: Vec<Vec<u8>> = (0..depth)
+        .map(|n: u64| {
+            let mut p = vec![0u8; block as usize];
+            fill_pattern(&mut p, n << 32);
+            p
+        })
+        .collect();
+    let mut device = connect(&served);
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    for name in ["w.dat.w1", "w.dat.w2"] {
+        let entry = q.lookup(1, name.as_bytes()).expect("LOOKUP");
+        assert_eq!(entry.attr.size, 4 << 20, "{name}");
+        let fh = q.open(entry.nodeid, libc::O_RDONLY as u32).expect("OPEN");
+        for at in (0..4u64 << 20).step_by(block as usize) {
+            let got = q.read(entry.nodeid, fh, at, block as u32).expect("READ");
+            assert!(slots.contains(&got), "{name} at {at}: not a slot's data");
+        }
+        q.release(entry.nodeid, fh).expect("RELEASE");
+    }
+    drop(device);
+    stop(served);
 }
 
 #[test]

@@ -189,6 +189,7 @@ fn bench_runs_against_virtiofsd() {
         cold_stride: 4 << 20,
         settle: 0.0,
         json: false,
+        write: false,
     })
     .expect("bench run");
     let reference = report.reference.as_ref().expect("reference measured");

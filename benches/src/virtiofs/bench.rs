@@ -101,6 +101,15 @@ pub struct VirtiofsArgs {
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Measure WRITEs instead of READs: each queue writes `--block-size`
+    /// WRITEs (`--depth` in flight, data in a descriptor of its own, as the
+    /// Linux driver sends it) in order into a file of its own (`--file`
+    /// with `.wN` appended, created, or truncated if it exists), at most
+    /// `--file-size` bytes each, for at most `--seconds`. With `--pid`,
+    /// the daemon CPU per GB written shows what a WRITE costs (its copies,
+    /// the commit and upload of its blocks within the interval).
+    #[arg(long, conflicts_with_all = ["meta", "cold_file", "warm_first"])]
+    pub write: bool,
 }
 
 /// Which blocks of the file the READs ask for.
@@ -152,6 +161,8 @@ pub struct Report {
     pub bytes: u64,
     /// Whether LOOKUP/GETATTR were measured (`--meta`) rather than READs.
     pub meta: bool,
+    /// Whether WRITEs were measured (`--write`) rather than READs.
+    pub write: bool,
     /// READs per second.
     pub iops: f64,
     /// Read throughput in GB/s (10^9 bytes).
@@ -275,7 +286,8 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "virtiofs read  tag={}  queues={}  block={}  depth={}  time={:.2}s",
+            "virtiofs {}  tag={}  queues={}  block={}  depth={}  time={:.2}s",
+            if self.write { "write" } else { "read" },
             self.tag.as_deref().unwrap_or("-"),
             self.queues,
             self.block_size,
@@ -374,6 +386,11 @@ pub fn run(args: &VirtiofsArgs) -> anyhow::Result<Report> {
 
 /// Index of the cached stream in [`Slot::stream`]; the cold one is next.
 const CACHED: usize = 0;
+/// `fuse_write_out`.
+const WRITE_OUT_LEN: usize = 8;
+/// Room for a reply's header and fixed part (READ: the header; WRITE: the
+/// header and `fuse_write_out`).
+const REPLY_ROOM: u64 = 64;
 /// Index of mixed mode's cold stream.
 const COLD: usize = 1;
 
@@ -382,6 +399,9 @@ const COLD: usize = 1;
 fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyhow::Result<Report> {
     if args.meta {
         return measure_meta(socket, args);
+    }
+    if args.write {
+        return measure_writes(socket, pids, args);
     }
     let block = u32::try_from(args.block_size)
         .map_err(|_| anyhow::anyhow!("--block-size must be below 4 GiB"))?;
@@ -441,6 +461,7 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
     let cached = Stream {
         nodeid,
         fh,
+        write: false,
         len: block,
         stride: args.block_size,
         offsets: match args.pattern {
@@ -462,6 +483,7 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
             Some(Stream {
                 nodeid: entry.nodeid,
                 fh,
+                write: false,
                 len: block,
                 stride: args.cold_stride,
                 offsets: Offsets::once(Permutation::scattered(
@@ -491,7 +513,7 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
             };
             slots.push(Slot {
                 request: device.alloc(128)?,
-                reply_header: device.alloc(OUT_HEADER_LEN as u64)?,
+                reply_header: device.alloc(REPLY_ROOM)?,
                 data: device.alloc(u64::from(len))?,
                 stream,
                 submitted: Instant::now(),
@@ -563,6 +585,7 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
         ops,
         bytes,
         meta: false,
+        write: args.write,
         iops: ops as f64 / secs,
         gb_per_s: bytes as f64 / secs / 1e9,
         latency: percentiles(&mut cached_ns),
@@ -658,6 +681,172 @@ fn run_phase(
     })
 }
 
+/// Measures WRITEs (`--write`): each queue writes its own file in order.
+fn measure_writes(
+    socket: &std::path::Path,
+    pids: &[u32],
+    args: &VirtiofsArgs,
+) -> anyhow::Result<Report> {
+    let block = u32::try_from(args.block_size)
+        .map_err(|_| anyhow::anyhow!("--block-size must be below 4 GiB"))?;
+    anyhow::ensure!(args.queues >= 1, "--queues must be at least 1");
+    anyhow::ensure!(
+        args.depth >= 1 && args.depth * 3 <= usize::from(args.queue_size),
+        "--depth must be between 1 and {} (three descriptors per WRITE)",
+        usize::from(args.queue_size) / 3
+    );
+    anyhow::ensure!(
+        args.file_size >= args.block_size,
+        "--file-size must be at least --block-size"
+    );
+    let per_queue =
+        args.depth as u64 * (u64::from(block) + 4096) + u64::from(args.queue_size) * 32 + 3 * 4096;
+    let memory_size = per_queue * (args.queues as u64 + 1) + (1 << 20);
+    let mut device = Device::connect(
+        socket,
+        DeviceOptions {
+            request_queues: args.queues,
+            queue_size: args.queue_size,
+            memory_size: usize::try_from(memory_size)?,
+        },
+    )?;
+    let tag = device.tag().map(str::to_owned);
+    let mut setup = FuseQueue::new(&mut device, 1, 64 << 10)?;
+    let init = setup.init()?;
+    anyhow::ensure!(
+        init.max_write >= block,
+        "the device takes WRITEs of at most {} bytes, less than --block-size",
+        init.max_write
+    );
+    let mut streams = Vec::with_capacity(args.queues);
+    for q in 1..=args.queues {
+        let name = format!("{}.w{q}", args.file);
+        let (entry, fh) = setup.create(
+            ROOT_ID,
+            name.as_bytes(),
+            (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC) as u32,
+            libc::S_IFREG | 0o644,
+        )?;
+        streams.push(Stream {
+            nodeid: entry.nodeid,
+            fh,
+            write: true,
+            len: block,
+            stride: args.block_size,
+            offsets: Offsets::once(Permutation::in_order(args.file_size / args.block_size)),
+        });
+    }
+    let mem = device.memory().memory().clone();
+    let mut workers = Vec::with_capacity(args.queues);
+    let mut first = Some(setup.into_queue());
+    for index in 1..=args.queues {
+        let queue = match index {
+            1 => first.take(),
+            _ => device.take_queue(index),
+        }
+        .ok_or(HarnessError::QueueFull(0))?;
+        let mut slots = Vec::with_capacity(args.depth);
+        let mut pattern = vec![0u8; block as usize];
+        for n in 0..args.depth {
+            let data = device.alloc(u64::from(block))?;
+            fill_pattern(&mut pattern, (n as u64) << 32);
+            mem.write_slice(&pattern, data)?;
+            slots.push(Slot {
+                request: device.alloc(128)?,
+                reply_header: device.alloc(REPLY_ROOM)?,
+                data,
+                stream: CACHED,
+                submitted: Instant::now(),
+            });
+        }
+        workers.push(Worker { queue, slots });
+    }
+    let cpu_before = match pids {
+        [] => None,
+        pids => Some(process_cpu::cpu_seconds(pids)?),
+    };
+    let (mut latencies, elapsed) = run_write_phase(
+        &mut workers,
+        &mem,
+        &streams,
+        Duration::from_secs(args.seconds),
+    )?;
+    let cpu_seconds = match cpu_before {
+        Some(before) => Some(process_cpu::cpu_seconds(pids)? - before),
+        None => None,
+    };
+    let ops = latencies.len() as u64;
+    let bytes = ops * args.block_size;
+    let secs = elapsed.as_secs_f64();
+    Ok(Report {
+        tag,
+        queues: args.queues,
+        block_size: args.block_size,
+        depth: args.depth,
+        elapsed,
+        pattern: Pattern::Once,
+        ran_out: streams.iter().all(|s| s.offsets.ran_out()),
+        ops,
+        bytes,
+        meta: false,
+        write: true,
+        iops: ops as f64 / secs,
+        gb_per_s: bytes as f64 / secs / 1e9,
+        latency: percentiles(&mut latencies),
+        cpu_seconds,
+        cpu_s_per_gb: cpu_seconds.and_then(|c| process_cpu::per_gb(c, bytes)),
+        cold: None,
+        memcpy_gb_per_s: None,
+        memcpy_cpu_s_per_gb: None,
+        reference: None,
+    })
+}
+
+/// [`run_phase`] for `--write`: worker `i` drives stream `i` alone (each
+/// queue its own file). Returns the WRITEs' latencies and the time taken.
+fn run_write_phase(
+    workers: &mut [Worker],
+    mem: &GuestMemoryMmap,
+    streams: &[Stream],
+    limit: Duration,
+) -> anyhow::Result<(Vec<u64>, Duration)> {
+    let mut all = Vec::new();
+    let started = Instant::now();
+    let stop = AtomicBool::new(false);
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter_mut()
+            .zip(streams.chunks(1))
+            .enumerate()
+            .map(|(i, (worker, own))| {
+                let stop = &stop;
+                scope.spawn(move || drive_queue(worker, mem, own, i as u64 + 1, stop))
+            })
+            .collect();
+        while started.elapsed() < limit && !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(
+                limit
+                    .saturating_sub(started.elapsed())
+                    .min(Duration::from_millis(5)),
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    let elapsed = started.elapsed();
+    for result in results {
+        match result {
+            Ok(Ok(stats)) => {
+                let [writes, _] = stats.latencies_ns;
+                all.extend(writes);
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => anyhow::bail!("a queue thread panicked"),
+        }
+    }
+    Ok((all, elapsed))
+}
+
 /// Measures LOOKUP (each component of `--file`) and GETATTR (the file),
 /// one request at a time on one queue, for `--seconds`.
 fn measure_meta(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result<Report> {
@@ -709,6 +898,7 @@ fn measure_meta(socket: &std::path::Path, args: &VirtiofsArgs) -> anyhow::Result
         ops,
         bytes: 0,
         meta: true,
+        write: false,
         iops: ops as f64 / elapsed.as_secs_f64(),
         gb_per_s: 0.0,
         latency: percentiles(&mut latencies),
@@ -762,7 +952,9 @@ pub fn fill_pattern(buf: &mut [u8], offset: u64) {
 struct Stream {
     nodeid: u64,
     fh: u64,
-    /// Bytes per READ.
+    /// WRITEs (of the pattern) rather than READs.
+    write: bool,
+    /// Bytes per READ or WRITE.
     len: u32,
     /// Bytes between the offsets: offset = index × stride.
     stride: u64,
@@ -931,19 +1123,33 @@ fn drive_queue(
             let slot = &mut slots[index];
             let stream = &streams[slot.stream];
             stats.latencies_ns[slot.stream].push(slot.submitted.elapsed().as_nanos() as u64);
-            let expected = (OUT_HEADER_LEN as u32) + stream.len;
+            let (op, expected) = if stream.write {
+                (opcode::WRITE, (OUT_HEADER_LEN + WRITE_OUT_LEN) as u32)
+            } else {
+                (opcode::READ, (OUT_HEADER_LEN as u32) + stream.len)
+            };
+            let error: i32 = mem.read_obj(GuestAddress(slot.reply_header.0 + 4))?;
+            if error != 0 {
+                return Err(HarnessError::Errno {
+                    opcode: op,
+                    errno: error.wrapping_neg(),
+                });
+            }
             if len != expected {
-                let error: i32 = mem.read_obj(GuestAddress(slot.reply_header.0 + 4))?;
-                if error != 0 {
-                    return Err(HarnessError::Errno {
-                        opcode: opcode::READ,
-                        errno: error.wrapping_neg(),
-                    });
-                }
                 return Err(HarnessError::BadReply {
-                    opcode: opcode::READ,
+                    opcode: op,
                     why: format!("{len} bytes instead of {expected}"),
                 });
+            }
+            if stream.write {
+                let took: u32 =
+                    mem.read_obj(GuestAddress(slot.reply_header.0 + OUT_HEADER_LEN as u64))?;
+                if took != stream.len {
+                    return Err(HarnessError::BadReply {
+                        opcode: op,
+                        why: format!("wrote {took} of {} bytes", stream.len),
+                    });
+                }
             }
             completed += 1;
             let next = if stopping {
@@ -1018,6 +1224,32 @@ fn submit(
 ) -> Result<()> {
     let offset = at * stream.stride;
     *unique += 1;
+    if stream.write {
+        // The header and `fuse_write_in` in one buffer, the data (filled
+        // with the pattern when the slot was made) in another.
+        let mut request = wire::request(
+            opcode::WRITE,
+            *unique,
+            stream.nodeid,
+            &wire::write_in_header(stream.fh, offset, stream.len),
+        );
+        let total = u32::try_from(request.len())
+            .ok()
+            .and_then(|n| n.checked_add(stream.len))
+            .ok_or(HarnessError::OutOfGuestMemory(u64::from(stream.len)))?;
+        request[..4].copy_from_slice(&total.to_le_bytes());
+        mem.write_slice(&request, slot.request)?;
+        let head = queue.add(
+            &[
+                (slot.request, request.len() as u32),
+                (slot.data, stream.len),
+            ],
+            &[(slot.reply_header, (OUT_HEADER_LEN + WRITE_OUT_LEN) as u32)],
+        )?;
+        by_head[usize::from(head)] = index;
+        slot.submitted = Instant::now();
+        return Ok(());
+    }
     let request = wire::request(
         opcode::READ,
         *unique,
