@@ -60,7 +60,7 @@ fn populated_on(vfs: Vfs) -> (Vfs, Ino, Ino) {
             libc::O_RDWR as u32,
         )
         .unwrap();
-    vfs.write(&ctx, secret.inode, out.fh, 0, b"host only", false)
+    vfs.write_buf(&ctx, secret.inode, out.fh, 0, b"host only", false)
         .unwrap();
     vfs.release(&ctx, secret.inode, out.fh).unwrap();
     let data = vfs.mkdir(&ctx, ROOT_INO, b"data", 0o755, 0).unwrap();
@@ -68,7 +68,7 @@ fn populated_on(vfs: Vfs) -> (Vfs, Ino, Ino) {
     let (file, out) = vfs
         .create(&ctx, inside.inode, b"file", 0o644, 0, libc::O_RDWR as u32)
         .unwrap();
-    vfs.write(&ctx, file.inode, out.fh, 0, b"guest data", false)
+    vfs.write_buf(&ctx, file.inode, out.fh, 0, b"guest data", false)
         .unwrap();
     vfs.release(&ctx, file.inode, out.fh).unwrap();
     (vfs, data.inode, secret.inode)
@@ -225,7 +225,9 @@ fn read_only_refuses_every_change() {
         sluice_engine::meta::XattrMode::Any,
     ));
     let out = fs.open(&ctx, file.inode, libc::O_RDONLY as u32).unwrap();
-    ro(fs.write(&ctx, file.inode, out.fh, 0, b"x", false).map(drop));
+    ro(fs
+        .write_buf(&ctx, file.inode, out.fh, 0, b"x", false)
+        .map(drop));
     let req = CopyRange {
         fin: file.inode,
         off_in: 0,

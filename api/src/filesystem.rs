@@ -6,6 +6,7 @@
 use crate::error::Result;
 use crate::fragment::{BufDest, ReadDest};
 use crate::meta::{Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode};
+use crate::source::{SliceSource, WriteSource};
 
 /// A file handle a file system hands out; 0 is never a valid handle.
 pub type Fh = u64;
@@ -148,7 +149,10 @@ pub trait Filesystem: Send + Sync {
         let size = buf.len();
         self.read(ctx, ino, fh, offset, size, &mut BufDest::new(buf))
     }
-    /// Writes `data` at `offset`; returns the bytes taken. With
+    /// Writes the bytes of `data` (its [`WriteSource::len`]) at `offset`,
+    /// taking them from it in order, straight into wherever the file
+    /// system keeps them (virtio-fs: one copy from guest memory); returns
+    /// the bytes written. Bytes not taken stay in `data`. With
     /// `kill_suidgid` (FUSE_WRITE_KILL_SUIDGID: the writer lacks
     /// CAP_FSETID) the write first drops setuid/setgid as Linux's
     /// `file_remove_privs` does.
@@ -158,9 +162,29 @@ pub trait Filesystem: Send + Sync {
         ino: Ino,
         fh: Fh,
         offset: u64,
-        data: &[u8],
+        data: &mut dyn WriteSource,
         kill_suidgid: bool,
     ) -> Result<usize>;
+    /// [`Filesystem::write`] of the bytes of one buffer (`/dev/fuse`
+    /// messages, tests and tools).
+    fn write_buf(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        self.write(
+            ctx,
+            ino,
+            fh,
+            offset,
+            &mut SliceSource::new(data),
+            kill_suidgid,
+        )
+    }
     /// `close(2)` of one file descriptor: commit buffered writes.
     fn flush(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
     /// The last reference to the open file is gone: flush and close.

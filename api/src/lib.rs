@@ -1,7 +1,7 @@
 //! The API between the sluice engine and its transports: the types a file
 //! system operation speaks in, the error type with its one errno mapping,
-//! the fragments a read is walked as, and the [`Filesystem`] trait the FUSE
-//! dispatcher calls.
+//! the fragments a read is walked as, the source a write's bytes are taken
+//! from, and the [`Filesystem`] trait the FUSE dispatcher calls.
 //!
 //! `sluice-engine` implements [`Filesystem`] on its `Vfs` and re-exports
 //! every item here under its old path (`sluice_engine::meta::Attr`,
@@ -18,6 +18,8 @@
 //! - [`error`]: [`Error`], [`Limit`], [`Result`] and `Error::errno`.
 //! - [`fragment`]: [`Fragment`], the [`ReadDest`] a read is pushed into,
 //!   [`BufDest`] (a plain buffer) and [`read_file_exact`].
+//! - [`source`]: the bytes of a write, taken in order: [`WriteSource`]
+//!   and [`SliceSource`].
 //! - [`filesystem`]: [`Filesystem`], [`Listed`], [`Fh`], [`OpenOut`].
 //! - [`wait`]: whether the calling thread may wait ([`Error::WouldBlock`]).
 
@@ -25,8 +27,10 @@ pub mod error;
 pub mod filesystem;
 pub mod fragment;
 pub mod meta;
+pub mod source;
 pub mod wait;
 
 pub use error::{Error, Limit, Result};
 pub use filesystem::{Fh, Filesystem, Listed, OpenOut};
 pub use fragment::{BufDest, Fragment, ReadDest, read_file_exact};
+pub use source::{SliceSource, WriteSource};

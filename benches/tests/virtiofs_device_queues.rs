@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sluice_benches::virtiofs::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN};
 use sluice_benches::virtiofs::{Device, DeviceOptions, REQUEST_TIMEOUT};
-use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, Writer, frame};
+use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, WriteSource, Writer, frame};
 use vm_memory::{Bytes, GuestAddress};
 
 /// Echoes each request's argument bytes back after a success header, and
@@ -20,7 +20,13 @@ struct EchoHandler {
 }
 
 impl RequestHandler for EchoHandler {
-    fn handle(&self, queue: u16, request: &[u8], reply: &mut Writer<'_>) -> std::io::Result<()> {
+    fn handle(
+        &self,
+        queue: u16,
+        request: &[u8],
+        _data: &mut dyn WriteSource,
+        reply: &mut Writer<'_>,
+    ) -> std::io::Result<()> {
         self.per_queue[usize::from(queue)].fetch_add(1, Ordering::SeqCst);
         let header = frame::InHeader::parse(request).expect("device checked the header");
         let args = &request[IN_HEADER_LEN..];

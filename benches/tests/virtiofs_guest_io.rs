@@ -14,7 +14,8 @@ use std::thread::JoinHandle;
 use sluice_benches::virtiofs::wire::{self, OUT_HEADER_LEN};
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, GUEST_BASE, RawDescriptor};
 use sluice_vhost::{
-    DeviceConfig, GuestIoMode, QueueStats, RequestHandler, VirtioFsDevice, Writer, frame,
+    DeviceConfig, GuestIoMode, QueueStats, RequestHandler, VirtioFsDevice, WriteSource, Writer,
+    frame,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryRegion, MemoryRegionAddress};
 
@@ -29,7 +30,13 @@ struct ObjectHandler {
 }
 
 impl RequestHandler for ObjectHandler {
-    fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> std::io::Result<()> {
+    fn handle(
+        &self,
+        _queue: u16,
+        request: &[u8],
+        _data: &mut dyn WriteSource,
+        reply: &mut Writer<'_>,
+    ) -> std::io::Result<()> {
         let header = frame::InHeader::parse(request).expect("device checked the header");
         let args = &request[frame::IN_HEADER_LEN..];
         let offset = u64::from_le_bytes(args[..8].try_into().expect("offset"));

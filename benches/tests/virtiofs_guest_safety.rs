@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use sluice_benches::virtiofs::wire::{self, IN_HEADER_LEN, OUT_HEADER_LEN, Reply};
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, GUEST_BASE, RawDescriptor};
-use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, Writer, frame};
+use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, WriteSource, Writer, frame};
 use vm_memory::{Bytes, GuestAddress};
 
 /// Records every request that reaches it and answers ENOSYS, so a test can
@@ -22,7 +22,13 @@ struct RecordingHandler {
 }
 
 impl RequestHandler for RecordingHandler {
-    fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> std::io::Result<()> {
+    fn handle(
+        &self,
+        _queue: u16,
+        request: &[u8],
+        _data: &mut dyn WriteSource,
+        reply: &mut Writer<'_>,
+    ) -> std::io::Result<()> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let header = frame::InHeader::parse(request).expect("device checked the header");
         if reply.available_bytes() == 0 {

@@ -8,13 +8,19 @@ use std::io::Write;
 use std::sync::Arc;
 
 use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, HarnessError};
-use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, Writer, frame};
+use sluice_vhost::{DeviceConfig, RequestHandler, VirtioFsDevice, WriteSource, Writer, frame};
 
 /// Answers every request with ENOSYS.
 struct Enosys;
 
 impl RequestHandler for Enosys {
-    fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> std::io::Result<()> {
+    fn handle(
+        &self,
+        _queue: u16,
+        request: &[u8],
+        _data: &mut dyn WriteSource,
+        reply: &mut Writer<'_>,
+    ) -> std::io::Result<()> {
         let header = frame::InHeader::parse(request).expect("device checked the header");
         reply.write_all(&frame::error_reply(libc::ENOSYS, header.unique))
     }

@@ -34,6 +34,7 @@ use crate::writer::{BlockUploader, FileWriter};
 /// The handle and open types, the trait `Vfs` implements and its listing
 /// mode are the API crate's; here under their old names.
 pub use sluice_api::filesystem::{Fh, Filesystem, Listed, OpenOut};
+use sluice_api::source::WriteSource;
 
 /// Tunables of a [`Vfs`].
 #[derive(Debug, Clone)]
@@ -1166,7 +1167,7 @@ impl Filesystem for Vfs {
         ino: Ino,
         fh: Fh,
         offset: u64,
-        data: &[u8],
+        data: &mut dyn WriteSource,
         kill_suidgid: bool,
     ) -> Result<usize> {
         if kill_suidgid {
@@ -1176,16 +1177,17 @@ impl Filesystem for Vfs {
         if !writable {
             return Err(Error::BadHandle);
         }
+        let len = data.len();
+        // The one copy: from the source into the file's slice buffers.
         let buffered = file.writer.write(offset, data)?;
-        file.length
-            .fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        file.length.fetch_max(offset + len as u64, Ordering::AcqRel);
         if self.buffered.load(Ordering::Acquire) > self.cfg.total_buffer_bytes {
             // Memory is short: write this file's buffer back before going on.
             self.flush_file(ino, &file)?;
         } else if buffered >= self.cfg.buffer_bytes {
             self.after_commit(ino, file.writer.flush_behind(&self.vol, ino))?;
         }
-        Ok(data.len())
+        Ok(len)
     }
 
     /// Commits the file's buffered writes (at each close of a descriptor);

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
+use sluice_api::source::WriteSource;
 
 use crate::block_cache::BlockCache;
 use crate::block_key::{block_count, block_key, block_len};
@@ -275,17 +276,30 @@ impl Pending {
         u64::from(self.pos) + self.len as u64
     }
 
-    /// Writes `data` at slice offset `start` (at most the slice's length, and
-    /// past its sealed blocks), growing the slice as needed.
-    /// Whole-block buffers come from `spares` when it has one (warm memory).
-    fn put(&mut self, bs: usize, mut start: usize, mut data: &[u8], spares: Option<&BlockCache>) {
+    /// Writes the next `len` bytes of `data` at slice offset `start` (at
+    /// most the slice's length, and past its sealed blocks), growing the
+    /// slice as needed: each byte is copied once, from the source into its
+    /// block's buffer. Whole-block buffers come from `spares` when it has
+    /// one (warm memory). When the source fails, the bytes taken before
+    /// stay written (the slice's length covers them) and the error is
+    /// returned.
+    fn put(
+        &mut self,
+        bs: usize,
+        mut start: usize,
+        len: usize,
+        data: &mut dyn WriteSource,
+        spares: Option<&BlockCache>,
+    ) -> Result<()> {
         debug_assert!(start <= self.len && start >= self.sealed * bs);
-        while !data.is_empty() {
+        let end = start + len;
+        let mut taken = Ok(());
+        while start < end {
             let (i, o) = (start / bs, start % bs);
             if i == self.blocks.len() {
                 // A big write fills whole blocks: give the buffer its full
                 // size at once rather than growing it by copies.
-                let buf = if data.len() >= BIG_WRITE {
+                let buf = if end - start >= BIG_WRITE {
                     spares
                         .and_then(BlockCache::take_buffer)
                         .filter(|b| b.capacity() >= bs)
@@ -296,14 +310,23 @@ impl Pending {
                 self.blocks.push(buf);
             }
             let b = &mut self.blocks[i];
-            let n = (bs - o).min(data.len());
+            let n = (bs - o).min(end - start);
             let overlap = b.len().saturating_sub(o).min(n);
-            sluice_simd::copy(&mut b[o..o + overlap], &data[..overlap]);
-            b.extend_from_slice(&data[overlap..n]);
+            taken = data
+                .take(&mut b[o..o + overlap])
+                .and_then(|()| data.take_append(b, n - overlap));
+            if taken.is_err() {
+                // What reached the block counts; nothing past it does.
+                start = (i * bs + b.len()).max(start);
+                if b.is_empty() && i + 1 == self.blocks.len() {
+                    self.blocks.pop();
+                }
+                break;
+            }
             start += n;
-            data = &data[n..];
         }
         self.len = self.len.max(start);
+        taken
     }
 
     /// Hands every full block not yet sealed to the uploader.
@@ -593,10 +616,13 @@ impl FileWriter {
         }
     }
 
-    /// Buffers `data` at file offset `off`; returns the bytes now buffered.
-    /// Blocks it fills start uploading (which may fail here only for want
-    /// of a slice id; an upload's own failure reaches the commit).
-    pub fn write(&self, off: u64, data: &[u8]) -> Result<usize> {
+    /// Buffers the bytes of `data` at file offset `off`, taking them from
+    /// it straight into the slice buffers (one copy); returns the bytes now
+    /// buffered. Blocks it fills start uploading (which may fail here only
+    /// for want of a slice id; an upload's own failure reaches the commit).
+    /// When the source or a slice id fails part way, what was taken before
+    /// stays buffered and counted, and the error is returned.
+    pub fn write(&self, off: u64, data: &mut dyn WriteSource) -> Result<usize> {
         let end = off
             .checked_add(data.len() as u64)
             .filter(|e| *e / CHUNK_SIZE <= u64::from(u32::MAX))
@@ -607,24 +633,52 @@ impl FileWriter {
             .map_or(DEFAULT_BLOCK, |u| u.vol.block_size as usize);
         let mut b = self.buf.lock();
         let mut at = off;
-        let mut rest = data;
-        while !rest.is_empty() {
+        let mut written = Ok(());
+        while at < end {
             let indx = (at / CHUNK_SIZE) as u32;
             let coff = at % CHUNK_SIZE;
-            let n = ((CHUNK_SIZE - coff) as usize).min(rest.len());
-            let (part, tail) = rest.split_at(n);
+            let n = ((CHUNK_SIZE - coff) as usize).min((end - at) as usize);
             let spares = self.uploader.as_ref().and_then(|u| u.cache.as_deref());
-            let p = add(b.chunks.entry(indx).or_default(), bs, coff, part, spares);
-            if let Some(up) = &self.uploader {
-                p.seal_full(&up.vol, up, bs)?;
+            let slices = b.chunks.entry(indx).or_default();
+            let sealed = match add(slices, bs, coff, n, data, spares) {
+                Ok(p) => {
+                    let sealed = match &self.uploader {
+                        Some(up) => p.seal_full(&up.vol, up, bs),
+                        None => Ok(()),
+                    };
+                    // Counted in the buffer and the budget alike: a commit
+                    // gives back what the buffer counts. (A source that
+                    // failed part way counts nothing; what it left in a
+                    // slice is committed uncounted.)
+                    b.bytes += n;
+                    self.budget.fetch_add(n, Ordering::AcqRel);
+                    sealed
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sealed {
+                // The chunk's slices reach as far as the bytes taken.
+                let reached = b
+                    .chunks
+                    .get(&indx)
+                    .and_then(|v| v.iter().map(Pending::end).max());
+                if let Some(reached) = reached {
+                    b.end = b.end.max(u64::from(indx) * CHUNK_SIZE + reached);
+                } else {
+                    b.chunks.remove(&indx);
+                }
+                written = Err(e);
+                break;
             }
-            b.bytes += n;
             at += n as u64;
-            rest = tail;
         }
-        b.end = b.end.max(end);
-        self.budget.fetch_add(data.len(), Ordering::AcqRel);
-        Ok(b.bytes)
+        if written.is_ok() {
+            b.end = b.end.max(end);
+        } else if at > off {
+            // The parts before the one that failed.
+            b.end = b.end.max(at);
+        }
+        written.map(|()| b.bytes)
     }
 
     /// The file end the buffered writes reach (0 when nothing is buffered).
@@ -800,10 +854,11 @@ fn add<'a>(
     slices: &'a mut Vec<Pending>,
     bs: usize,
     coff: u64,
-    data: &[u8],
+    len: usize,
+    data: &mut dyn WriteSource,
     spares: Option<&BlockCache>,
-) -> &'a mut Pending {
-    let (a, b) = (coff, coff + data.len() as u64);
+) -> Result<&'a mut Pending> {
+    let (a, b) = (coff, coff + len as u64);
     // Newest first: the first slice the write overlaps or touches decides.
     let mut into = None;
     for (i, p) in slices.iter().enumerate().rev() {
@@ -823,8 +878,14 @@ fn add<'a>(
         slices.len() - 1
     });
     let p = &mut slices[i];
-    p.put(bs, (a - u64::from(p.pos)) as usize, data, spares);
-    p
+    if let Err(e) = p.put(bs, (a - u64::from(p.pos)) as usize, len, data, spares) {
+        // A new slice that took nothing is no slice.
+        if slices[i].len == 0 {
+            slices.remove(i);
+        }
+        return Err(e);
+    }
+    Ok(&mut slices[i])
 }
 
 #[cfg(test)]
@@ -839,26 +900,94 @@ mod tests {
             .collect()
     }
 
+    /// A test's write of one buffer.
+    trait WriteBuf {
+        fn write_buf(&self, off: u64, data: &[u8]) -> Result<usize>;
+    }
+
+    impl WriteBuf for FileWriter {
+        fn write_buf(&self, off: u64, data: &[u8]) -> Result<usize> {
+            self.write(off, &mut sluice_api::SliceSource::new(data))
+        }
+    }
+
     #[test]
     fn contiguous_writes_merge_and_overlaps_stack() {
         let w = FileWriter::new();
-        w.write(0, b"aaaa").unwrap();
-        w.write(4, b"bb").unwrap();
-        w.write(2, b"CC").unwrap(); // inside the newest slice: in place
+        w.write_buf(0, b"aaaa").unwrap();
+        w.write_buf(4, b"bb").unwrap();
+        w.write_buf(2, b"CC").unwrap(); // inside the newest slice: in place
         assert_eq!(layout(&w), [(0, 0, b"aaCCbb".to_vec())]);
-        w.write(100, b"zz").unwrap(); // elsewhere: a new slice
-        w.write(5, b"XYZ").unwrap(); // overlaps older slice 0 only: extends it
+        w.write_buf(100, b"zz").unwrap(); // elsewhere: a new slice
+        w.write_buf(5, b"XYZ").unwrap(); // overlaps older slice 0 only: extends it
         assert_eq!(
             layout(&w),
             [(0, 0, b"aaCCbXYZ".to_vec()), (0, 100, b"zz".to_vec())]
         );
-        w.write(99, b"12345").unwrap(); // starts before the newest: new slice
+        w.write_buf(99, b"12345").unwrap(); // starts before the newest: new slice
         assert_eq!(layout(&w).len(), 3);
         assert_eq!(w.end(), 104);
         // A write across a chunk boundary splits.
-        w.write(CHUNK_SIZE - 2, b"abcd").unwrap();
+        w.write_buf(CHUNK_SIZE - 2, b"abcd").unwrap();
         let l = layout(&w);
         assert_eq!(l[3], (0, (CHUNK_SIZE - 2) as u32, b"ab".to_vec()));
         assert_eq!(l[4], (1, 0, b"cd".to_vec()));
+    }
+
+    /// Write data that cannot be read past `fail_at` (guest memory gone).
+    struct Failing {
+        data: Vec<u8>,
+        at: usize,
+        fail_at: usize,
+    }
+
+    impl WriteSource for Failing {
+        fn len(&self) -> usize {
+            self.data.len() - self.at
+        }
+        fn take(&mut self, dst: &mut [u8]) -> Result<()> {
+            sluice_api::source::check_len(self.len(), dst.len())?;
+            let ok = dst.len().min(self.fail_at.saturating_sub(self.at));
+            dst[..ok].copy_from_slice(&self.data[self.at..self.at + ok]);
+            self.at += ok;
+            if ok < dst.len() {
+                return Err(Error::Io(std::io::Error::other("gone")));
+            }
+            Ok(())
+        }
+    }
+
+    /// A source that fails part way leaves the buffer whole: what reached
+    /// a slice stays (torn where it overwrote), no slice is made of
+    /// nothing, and the buffer's count and the budget still agree.
+    #[test]
+    fn a_source_that_fails_part_way_leaves_the_buffer_whole() {
+        let w = FileWriter::new();
+        w.write_buf(0, b"0123456789").unwrap();
+        let fail = |off: u64, fail_at: usize| {
+            let mut src = Failing {
+                data: b"abcdefghij".to_vec(),
+                at: 0,
+                fail_at,
+            };
+            assert!(w.write(off, &mut src).is_err());
+        };
+        fail(100, 0); // a new slice
+        fail(10, 4); // appended to the slice
+        assert_eq!(layout(&w), [(0, 0, b"0123456789".to_vec())]);
+        fail(2, 2); // over the slice's bytes: torn
+        assert_eq!(layout(&w), [(0, 0, b"01ab456789".to_vec())]);
+        assert_eq!(w.end(), 10);
+        assert_eq!(w.buf.lock().bytes, w.budget.load(Ordering::Acquire));
+        // A source split into pieces lands as one buffer would.
+        let mut src = Failing {
+            data: b"abcdefghij".to_vec(),
+            at: 0,
+            fail_at: usize::MAX,
+        };
+        w.write(5, &mut src).unwrap();
+        assert!(src.is_empty());
+        assert_eq!(layout(&w), [(0, 0, b"01ab4abcdefghij".to_vec())]);
+        assert_eq!(w.end(), 15);
     }
 }

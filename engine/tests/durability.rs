@@ -163,7 +163,7 @@ fn objects_are_synced_before_the_commit_that_names_them() {
     };
     // A small file, fsync'ed.
     let (small, fh) = create("small");
-    vfs.write(&ctx, small, fh, 0, b"hello", false)
+    vfs.write_buf(&ctx, small, fh, 0, b"hello", false)
         .expect("write");
     vfs.fsync(&ctx, small, fh, false).expect("fsync");
     vfs.release(&ctx, small, fh).expect("close");
@@ -171,7 +171,7 @@ fn objects_are_synced_before_the_commit_that_names_them() {
     let (big, fh) = create("big");
     let data: Vec<u8> = (0..(7u32 << 19)).map(|i| (i % 251) as u8).collect();
     for (i, part) in data.chunks(256 << 10).enumerate() {
-        vfs.write(&ctx, big, fh, (i as u64) * (256 << 10), part, false)
+        vfs.write_buf(&ctx, big, fh, (i as u64) * (256 << 10), part, false)
             .expect("write");
     }
     vfs.release(&ctx, big, fh).expect("close");
@@ -179,7 +179,7 @@ fn objects_are_synced_before_the_commit_that_names_them() {
     // of 16 slices or more is compacted in the background).
     let (frag, fh) = create("frag");
     for i in (0..20u64).rev() {
-        vfs.write(&ctx, frag, fh, i * 8192, &[i as u8; 4096], false)
+        vfs.write_buf(&ctx, frag, fh, i * 8192, &[i as u8; 4096], false)
             .expect("write");
     }
     vfs.flush(&ctx, frag, fh).expect("flush");

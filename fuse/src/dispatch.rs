@@ -27,8 +27,9 @@ use crate::abi::{self, fattr, init_flags};
 use crate::log_limit::{LogLimit, suppressed_note};
 use crate::metrics::{Observed, OpMetrics};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
-use crate::request::{BadRequest, Limits, Operation, Request, opcode_name};
+use crate::request::{BadRequest, Limits, Operation, Request, WriteData, opcode_name};
 use sluice_api::filesystem::Filesystem;
+use sluice_api::source::{Limited, WriteSource};
 
 /// Where replies go. The transport implements it: `writev` on `/dev/fuse`,
 /// the request's writable descriptors for virtio-fs.
@@ -300,20 +301,51 @@ impl<F: Filesystem> Dispatcher<F> {
         scratch: &mut Scratch,
         sink: &mut impl ReplySink,
     ) -> io::Result<Outcome> {
+        let decoded = Request::decode(msg, &self.limits);
+        self.handle_decoded(msg, decoded, None, scratch, sink)
+    }
+
+    /// [`Dispatcher::handle_message`] of a message whose header and
+    /// arguments are `head` and whose remaining bytes — a WRITE's data —
+    /// the transport kept apart in `data` (virtio-fs: the data stays in
+    /// the guest's descriptors). The file system takes a WRITE's data from
+    /// `data` straight into its write buffer, so it is copied once; the
+    /// message is decoded ([`Request::decode_split`]) before any of it is
+    /// taken. With `data` empty this is `handle_message(head)`.
+    pub fn handle_split(
+        &self,
+        head: &[u8],
+        data: &mut dyn WriteSource,
+        scratch: &mut Scratch,
+        sink: &mut impl ReplySink,
+    ) -> io::Result<Outcome> {
+        let decoded = Request::decode_split(head, data.len(), &self.limits);
+        self.handle_decoded(head, decoded, Some(data), scratch, sink)
+    }
+
+    /// Handles what decoding `head` came to, counting it.
+    fn handle_decoded(
+        &self,
+        head: &[u8],
+        decoded: Result<Request<'_>, BadRequest>,
+        apart: Option<&mut dyn WriteSource>,
+        scratch: &mut Scratch,
+        sink: &mut impl ReplySink,
+    ) -> io::Result<Outcome> {
         let started = Instant::now();
-        let opcode = msg
+        let opcode = head
             .get(4..8)
             .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         let mut observed = Observed {
             inner: sink,
             errno: 0,
         };
-        let outcome = match Request::decode(msg, &self.limits) {
+        let outcome = match decoded {
             Ok(req) => {
                 if let Operation::Write { data, .. } = req.op {
                     self.metrics.written(data.len());
                 }
-                self.handle(&req, scratch, &mut observed)
+                self.handle_with(&req, apart, scratch, &mut observed)
             }
             Err(bad) => {
                 self.reject(&bad, &mut observed)?;
@@ -338,9 +370,23 @@ impl<F: Filesystem> Dispatcher<F> {
     }
 
     /// Handles one decoded request, sending its reply (if it takes one).
+    /// A WRITE whose data was kept apart ([`WriteData::Apart`]) needs that
+    /// data: [`Dispatcher::handle_split`].
     pub fn handle(
         &self,
         req: &Request<'_>,
+        scratch: &mut Scratch,
+        sink: &mut impl ReplySink,
+    ) -> io::Result<Outcome> {
+        self.handle_with(req, None, scratch, sink)
+    }
+
+    /// [`Dispatcher::handle`], with the WRITE data the transport kept
+    /// apart, if it did.
+    fn handle_with(
+        &self,
+        req: &Request<'_>,
+        apart: Option<&mut dyn WriteSource>,
         scratch: &mut Scratch,
         sink: &mut impl ReplySink,
     ) -> io::Result<Outcome> {
@@ -382,7 +428,7 @@ impl<F: Filesystem> Dispatcher<F> {
             }
             _ => None,
         };
-        match self.run(req, scratch, sink) {
+        match self.run(req, apart, scratch, sink) {
             Ok(outcome) => Ok(outcome),
             Err(Failure::Errno(errno)) => {
                 sink.send(&ReplyHead::error(unique, errno), &[])?;
@@ -458,6 +504,7 @@ impl<F: Filesystem> Dispatcher<F> {
     fn run(
         &self,
         req: &Request<'_>,
+        apart: Option<&mut dyn WriteSource>,
         scratch: &mut Scratch,
         sink: &mut impl ReplySink,
     ) -> Result<Outcome, Failure> {
@@ -592,9 +639,24 @@ impl<F: Filesystem> Dispatcher<F> {
                 write_flags,
             } => {
                 let kill = write_flags & abi::WRITE_KILL_SUIDGID != 0;
-                let n = fs.write(&ctx, ino, fh, offset, data, kill)?.min(data.len());
+                let n = match (data, apart) {
+                    (WriteData::Inline(bytes), _) => {
+                        fs.write_buf(&ctx, ino, fh, offset, bytes, kill)?
+                    }
+                    // The data, not the request extensions after it.
+                    (WriteData::Apart(len), Some(src)) if src.len() != len => {
+                        let mut src = Limited::new(src, len);
+                        fs.write(&ctx, ino, fh, offset, &mut src, kill)?
+                    }
+                    (WriteData::Apart(_), Some(src)) => {
+                        fs.write(&ctx, ino, fh, offset, src, kill)?
+                    }
+                    // Decoded apart, handed in without its data: a
+                    // transport's bug, not the client's.
+                    (WriteData::Apart(_), None) => return Err(Failure::Errno(libc::EIO)),
+                };
                 // n ≤ data.len() ≤ max_write, which is a u32.
-                ReplyHead::write(u, n as u32)
+                ReplyHead::write(u, n.min(data.len()) as u32)
             }
             Operation::Statfs => ReplyHead::statfs(u, &reply::statfs_out(&fs.statfs(&ctx, ino)?)),
             Operation::Flush { fh } => {
@@ -829,6 +891,7 @@ mod tests {
     use crate::abi::{OutHeader, opcode};
     use crate::request::tests::message;
     use sluice_api::filesystem::{Fh, OpenOut};
+    use sluice_api::source::SliceSource;
 
     /// A file system that refuses every call with one errno and records the
     /// arguments it was called with, so the tests can check what the
@@ -953,10 +1016,12 @@ mod tests {
             ino: Ino,
             fh: Fh,
             off: u64,
-            d: &[u8],
+            d: &mut dyn WriteSource,
             kill: bool,
         ) -> Result<usize> {
-            self.refuse(format!("write {ino} {fh} {off} {d:?} {kill}"))
+            let mut bytes = vec![0u8; d.len()];
+            d.take(&mut bytes)?;
+            self.refuse(format!("write {ino} {fh} {off} {bytes:?} {kill}"))
         }
         fn flush(&self, _: &Context, ino: Ino, fh: Fh) -> Result<()> {
             self.refuse(format!("flush {ino} {fh}"))
@@ -1276,6 +1341,63 @@ mod tests {
                 "fsyncdir 1 6 true".to_owned(),
             ]
         );
+    }
+
+    /// A WRITE whose data the transport kept apart (virtio-fs) reaches the
+    /// file system as a source with exactly the data — not request
+    /// extensions after it — and is counted; decoded apart but handed in
+    /// without its data it is EIO, not a client error.
+    #[test]
+    fn a_write_with_its_data_apart_reaches_the_file_system() {
+        let d = started(libc::EACCES);
+        let w = abi::WriteIn {
+            fh: 4,
+            offset: 8,
+            size: 2,
+            ..Default::default()
+        };
+        let whole = message(opcode::WRITE, 4, 5, &[w.as_bytes(), b"hi"]);
+        let head = &whole[..whole.len() - 2];
+        let mut out = Collect::default();
+        let mut data = SliceSource::new(b"hi");
+        d.handle_split(head, &mut data, &mut Scratch::new(), &mut out)
+            .unwrap();
+        assert_eq!(errno_of(&out.0), libc::EACCES);
+        assert!(data.is_empty(), "the file system took the data");
+        // One extension record after the data: not written.
+        let mut ext = whole.clone();
+        ext[0..4].copy_from_slice(&(whole.len() as u32 + 8).to_le_bytes());
+        ext[36..38].copy_from_slice(&1u16.to_le_bytes());
+        let mut out = Collect::default();
+        let mut data = SliceSource::new(b"HIextensio");
+        d.handle_split(&ext[..head.len()], &mut data, &mut Scratch::new(), &mut out)
+            .unwrap();
+        assert_eq!(errno_of(&out.0), libc::EACCES);
+        assert_eq!(data.rest(), b"extensio");
+        // A size that disagrees with the data: EINVAL, nothing taken.
+        let mut out = Collect::default();
+        let mut data = SliceSource::new(b"hi!");
+        let mut lie = whole.clone();
+        lie[0..4].copy_from_slice(&(whole.len() as u32 + 1).to_le_bytes());
+        d.handle_split(&lie[..head.len()], &mut data, &mut Scratch::new(), &mut out)
+            .unwrap();
+        assert_eq!(errno_of(&out.0), libc::EINVAL);
+        assert_eq!(data.len(), 3);
+        // Decoded apart, handled without the data.
+        let req = Request::decode_split(head, 2, d.limits()).unwrap();
+        let mut out = Collect::default();
+        d.handle(&req, &mut Scratch::new(), &mut out).unwrap();
+        assert_eq!(errno_of(&out.0), libc::EIO);
+        assert_eq!(
+            d.filesystem().calls(),
+            vec![
+                "write 5 4 8 [104, 105] false".to_owned(),
+                "write 5 4 8 [72, 73] false".to_owned(),
+            ]
+        );
+        let written = d.metrics().snapshot().written_size;
+        assert_eq!(written.counts.iter().sum::<u64>(), 2, "the two decoded");
+        assert_eq!(written.sum, 4);
     }
 
     /// COPY_FILE_RANGE reaches the file system with the header's node as

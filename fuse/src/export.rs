@@ -46,7 +46,7 @@ use sluice_api::{Error, Limit, Result};
 
 use crate::confine::{Ancestry, RECHECK};
 use crate::log_limit::{LogLimit, suppressed_note};
-use sluice_api::{Fh, Filesystem, Listed, OpenOut, ReadDest};
+use sluice_api::{Fh, Filesystem, Listed, OpenOut, ReadDest, WriteSource};
 
 /// A [`Filesystem`] that shows `inner` from the directory `root` down.
 #[derive(Debug)]
@@ -597,7 +597,7 @@ impl<F: Filesystem> Filesystem for Export<F> {
         ino: Ino,
         fh: Fh,
         offset: u64,
-        data: &[u8],
+        data: &mut dyn WriteSource,
         kill_suidgid: bool,
     ) -> Result<usize> {
         self.writable()?;

@@ -23,9 +23,10 @@
 //! that combination: `fuse-backend-rs` 0.14 pins `vm-memory =0.17.1`, so its
 //! types cannot be shared with `vhost-user-backend` 0.24 (built on
 //! `vm-memory` 0.18), and its reply path owns the data buffers. Here the
-//! decoder works on any byte slice (a WRITE's data may come as a separate
-//! slice), and a reply is a small header block plus payload slices the
-//! transport sends from wherever they already are.
+//! decoder works on any byte slice (a WRITE's data may stay with the
+//! transport, for the file system to take straight from guest memory), and
+//! a reply is a small header block plus payload slices the transport sends
+//! from wherever they already are.
 //!
 //! # Mounting
 //!
@@ -55,8 +56,10 @@ pub use dispatch::{Config, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};
 pub use export::Export;
 pub use metrics::{OpMetrics, OpSnapshot};
 pub use reply::{ReplyHead, Timeouts};
-pub use request::{BadRequest, DecodeError, Limits, Operation, Request};
+pub use request::{BadRequest, DecodeError, Limits, Operation, Request, WriteData};
 pub use session::{BackgroundSession, Session, Waiting};
+/// The source a WRITE's data is taken from.
+pub use sluice_api::source::{SliceSource, WriteSource};
 /// The trait the dispatcher calls and the types it speaks in are
 /// `sluice-api`'s; re-exported so transports and tests name one crate.
 pub use sluice_api::{BufDest, Fh, Filesystem, Fragment, Listed, OpenOut, ReadDest};

@@ -2,10 +2,11 @@
 //!
 //! The decoder works on a contiguous `&[u8]` holding the header and the
 //! arguments. A WRITE's data may either follow in the same slice (the
-//! `/dev/fuse` case: one `read(2)` returns the whole message) or arrive as a
-//! separate slice (the virtio-fs case: the guest puts the data in its own
-//! descriptors, which the transport gathers wherever it likes), see
-//! [`Request::decode_split`].
+//! `/dev/fuse` case: one `read(2)` returns the whole message) or stay with
+//! the transport (the virtio-fs case: the data stays in the guest's
+//! descriptors, and the file system takes it from there through a
+//! `sluice_api::WriteSource`), see [`Request::decode_split`] and
+//! [`WriteData`].
 //!
 //! Every length is checked before it is used: the header's length against
 //! the bytes that arrived, each argument against its struct, names against
@@ -393,7 +394,7 @@ pub enum Operation<'a> {
         /// `FUSE_WRITE_*` flags.
         write_flags: u32,
         /// The data (exactly the declared size, ≤ `max_write`).
-        data: &'a [u8],
+        data: WriteData<'a>,
     },
     /// FUSE_STATFS.
     Statfs,
@@ -532,6 +533,33 @@ pub enum Operation<'a> {
     Unsupported(u32),
 }
 
+/// Where a WRITE's data is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteData<'a> {
+    /// In the message, after the `fuse_write_in` (`/dev/fuse`).
+    Inline(&'a [u8]),
+    /// This many bytes the transport kept apart (virtio-fs: in the guest's
+    /// descriptors, after the `fuse_write_in`); it hands them to the
+    /// dispatcher as a `sluice_api::WriteSource`
+    /// ([`crate::Dispatcher::handle_split`]).
+    Apart(usize),
+}
+
+impl WriteData<'_> {
+    /// How many bytes the write carries.
+    pub fn len(&self) -> usize {
+        match self {
+            WriteData::Inline(d) => d.len(),
+            WriteData::Apart(n) => *n,
+        }
+    }
+
+    /// Whether the write carries no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// A decoded FUSE request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request<'a> {
@@ -616,18 +644,21 @@ fn check_name(op: &'static str, name: &[u8], rule: NameRule) -> Result<(), Decod
 impl<'a> Request<'a> {
     /// Decodes a whole message held in one slice (the `/dev/fuse` case).
     pub fn decode(msg: &'a [u8], limits: &Limits) -> Result<Request<'a>, BadRequest> {
-        Request::decode_split(msg, &[], limits)
+        Request::decode_split(msg, 0, limits)
     }
 
-    /// Decodes a message whose header and arguments are in `head` and whose
-    /// WRITE data, if the transport keeps it apart, is `payload` (the
-    /// virtio-fs case). `payload` must be empty for every other opcode, and
-    /// for a WRITE given a non-empty `payload`, `head` must end right after
-    /// the `fuse_write_in`. The header's length must equal
-    /// `head.len() + payload.len()`.
+    /// Decodes a message whose header and arguments are in `head` and
+    /// whose last `payload_len` bytes the transport kept apart (the
+    /// virtio-fs case: a WRITE's data left in the guest's descriptors).
+    /// The header's length must equal `head.len() + payload_len`. With
+    /// `payload_len` 0 this is [`Request::decode`]. Otherwise the opcode
+    /// must be WRITE and `head` must end right after the `fuse_write_in`;
+    /// the data is [`WriteData::Apart`]: the payload less any request
+    /// extensions at its end, which must be the declared size. Nothing of
+    /// the payload is read here.
     pub fn decode_split(
         head: &'a [u8],
-        payload: &'a [u8],
+        payload_len: usize,
         limits: &Limits,
     ) -> Result<Request<'a>, BadRequest> {
         let (header, rest) = InHeader::read_from_prefix(head).map_err(|_| BadRequest {
@@ -638,7 +669,7 @@ impl<'a> Request<'a> {
             header: Some(header),
             error,
         };
-        let actual = head.len().saturating_add(payload.len());
+        let actual = head.len().saturating_add(payload_len);
         if header.len as usize != actual {
             return Err(fail(DecodeError::LengthMismatch {
                 declared: header.len,
@@ -646,25 +677,26 @@ impl<'a> Request<'a> {
             }));
         }
         // Extensions (security context, supplementary groups) follow the
-        // arguments. None are negotiated, but a kernel that sends some
-        // anyway must not have them read as arguments.
+        // arguments — and a WRITE's data. None are negotiated, but a kernel
+        // that sends some anyway must not have them read as arguments.
         let ext_len = usize::from(header.total_extlen) * 8;
-        let rest = if payload.is_empty() {
+        let (rest, payload) = if payload_len == 0 {
             let keep = rest
                 .len()
                 .checked_sub(ext_len)
                 .ok_or(fail(DecodeError::BadExtensions(ext_len)))?;
-            &rest[..keep]
-        } else if ext_len != 0 {
-            return Err(fail(DecodeError::BadExtensions(ext_len)));
+            (&rest[..keep], None)
         } else {
-            rest
+            if header.opcode != opcode::WRITE {
+                return Err(fail(DecodeError::UnexpectedPayload(opcode_name(
+                    header.opcode,
+                ))));
+            }
+            let data = payload_len
+                .checked_sub(ext_len)
+                .ok_or(fail(DecodeError::BadExtensions(ext_len)))?;
+            (rest, Some(data))
         };
-        if !payload.is_empty() && header.opcode != opcode::WRITE {
-            return Err(fail(DecodeError::UnexpectedPayload(opcode_name(
-                header.opcode,
-            ))));
-        }
         let args = Args {
             op: opcode_name(header.opcode),
             bytes: rest,
@@ -697,10 +729,12 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Decodes the arguments of opcode `code`; `payload` is the length of a
+/// WRITE's data the transport kept apart, if it did.
 fn decode_op<'a>(
     code: u32,
     mut a: Args<'a>,
-    payload: &'a [u8],
+    payload: Option<usize>,
     limits: &Limits,
 ) -> Result<Operation<'a>, DecodeError> {
     use NameRule::{Entry, Lookup};
@@ -856,17 +890,18 @@ fn decode_op<'a>(
                     max: limits.max_write,
                 });
             }
-            let data = if payload.is_empty() {
-                a.bytes
-            } else if a.bytes.is_empty() {
-                payload
-            } else {
-                // Data split between the two slices cannot be handed out
-                // as one slice; the transport must keep it apart.
-                return Err(DecodeError::WriteLength {
-                    declared: w.size,
-                    actual: a.bytes.len() + payload.len(),
-                });
+            let data = match payload {
+                None => WriteData::Inline(a.bytes),
+                Some(n) if a.bytes.is_empty() => WriteData::Apart(n),
+                Some(n) => {
+                    // Data split between the head and the payload cannot
+                    // be handed out as one source; the transport keeps all
+                    // of it apart.
+                    return Err(DecodeError::WriteLength {
+                        declared: w.size,
+                        actual: a.bytes.len().saturating_add(n),
+                    });
+                }
             };
             if data.len() != w.size as usize {
                 return Err(DecodeError::WriteLength {
@@ -1146,23 +1181,46 @@ pub(crate) mod tests {
             ..Default::default()
         };
         let m = message(opcode::WRITE, 1, 2, &[w.as_bytes(), b"hello"]);
-        let want = Operation::Write {
+        let want = |data| Operation::Write {
             fh: 3,
             offset: 4096,
             write_flags: 0,
-            data: b"hello",
+            data,
         };
-        assert_eq!(decode(&m).unwrap().op, want);
+        assert_eq!(decode(&m).unwrap().op, want(WriteData::Inline(b"hello")));
+        let limits = Limits::default();
+        // With nothing kept apart, decode_split is decode.
+        assert_eq!(Request::decode_split(&m, 0, &limits), decode(&m));
 
-        // Split: header says 85 bytes, head holds 80, payload 5.
+        // Split: header says 85 bytes, head holds 80, 5 stay apart.
         let head = &m[..80];
-        let r = Request::decode_split(head, b"hello", &Limits::default()).unwrap();
-        assert_eq!(r.op, want);
+        let r = Request::decode_split(head, 5, &limits).unwrap();
+        assert_eq!(r.op, want(WriteData::Apart(5)));
+        // The header's length must count what stayed apart.
+        let e = Request::decode_split(head, 4, &limits).unwrap_err();
+        assert!(matches!(e.error, DecodeError::LengthMismatch { .. }));
+        // Data partly in the head, partly apart.
+        let e = Request::decode_split(&m[..82], 3, &limits).unwrap_err();
+        assert_eq!(
+            e.error,
+            DecodeError::WriteLength {
+                declared: 5,
+                actual: 5
+            }
+        );
+        // Request extensions after the data are not data.
+        let mut x = m.clone();
+        x[0..4].copy_from_slice(&(m.len() as u32 + 8).to_le_bytes());
+        x[36..38].copy_from_slice(&1u16.to_le_bytes());
+        let r = Request::decode_split(&x[..80], 13, &limits).unwrap();
+        assert_eq!(r.op, want(WriteData::Apart(5)));
+        let e = Request::decode_split(&x[..80], 5 + 3, &limits).unwrap_err();
+        assert!(matches!(e.error, DecodeError::LengthMismatch { .. }));
         // Payload given for a non-WRITE opcode.
         let g = message(opcode::GETATTR, 1, 1, &[&[0u8; 16]]);
         let mut h = g.clone();
         h[0..4].copy_from_slice(&(g.len() as u32 + 3).to_ne_bytes());
-        let e = Request::decode_split(&h, b"abc", &Limits::default()).unwrap_err();
+        let e = Request::decode_split(&h, 3, &limits).unwrap_err();
         assert_eq!(e.error, DecodeError::UnexpectedPayload("GETATTR"));
     }
 

@@ -6,16 +6,22 @@
 //! to, as QEMU would. Each input is a few chains: descriptors that point
 //! into the request or reply buffer at any offset and length, below or past
 //! guest memory, loop, dangle, or lead to an indirect table (built from the
-//! same descriptions), with arbitrary request bytes. Device-writable
+//! same descriptions), with arbitrary request bytes. Some chains carry a
+//! WRITE to a file of the export cut into readable descriptors anywhere
+//! (inside the header, inside `fuse_write_in`, in small pieces of data),
+//! its lengths honest or lying: a lie is refused with EINVAL, and an honest
+//! write that succeeds reads back byte for byte. Device-writable
 //! buffers only ever start in the request or reply buffer or outside guest
 //! memory: the driver's own rings lie below both buffers, and a device
 //! that wrote into them because the driver told it to would break the
 //! driver, not the device.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use arbitrary::{Arbitrary, Unstructured};
+use sluice_benches::virtiofs::wire::{self, OUT_HEADER_LEN};
 use sluice_benches::virtiofs::{
     Device, DeviceOptions, FuseQueue, GUEST_BASE, HarnessError, RawDescriptor,
 };
@@ -23,6 +29,7 @@ use sluice_engine::format::Compression;
 use sluice_engine::meta::{Context, ROOT_INO, open_meta};
 use sluice_engine::vfs::{Filesystem as _, Vfs, VfsConfig};
 use sluice_engine::volume::{format_volume, open_volume};
+use sluice_fuse::abi::opcode;
 use sluice_fuse::{Config, Dispatcher, Export};
 use sluice_vhost::{DeviceConfig, FuseHandler, VirtioFsDevice};
 use vm_memory::{Bytes, GuestAddress};
@@ -72,6 +79,36 @@ enum Request {
     Raw(Vec<u8>),
     /// A well-formed header with this opcode and node, then any body.
     Framed(u32, u64, Vec<u8>),
+    /// A WRITE to the rig's open file, cut into readable descriptors (the
+    /// chain's own descriptors are not used).
+    Write(SplitWrite),
+}
+
+/// A WRITE whose header, arguments and data the driver cuts into pieces.
+#[derive(Debug, Arbitrary)]
+struct SplitWrite {
+    offset: u16,
+    data: Vec<u8>,
+    /// The lengths of the readable descriptors the request is cut into,
+    /// in order (zero-length ones too); what is left goes in one more.
+    cuts: Vec<u8>,
+    /// Added to the header's `len` and to `fuse_write_in.size` (none, or
+    /// zeros: the truth).
+    lie: Option<(i8, i8)>,
+}
+
+/// At most this much data in a split WRITE (its pieces and the gaps
+/// between them stay below the indirect table's area).
+const SPLIT_DATA: usize = 16 << 10;
+/// At most this many readable descriptors in a split WRITE.
+const SPLIT_PIECES: usize = 40;
+
+/// Honest split WRITEs whose data was read back.
+static SPLIT_WRITES_CHECKED: AtomicU64 = AtomicU64::new(0);
+
+/// How many honest split WRITEs were read back and compared so far.
+pub fn split_writes_checked() -> u64 {
+    SPLIT_WRITES_CHECKED.load(Ordering::Relaxed)
 }
 
 #[derive(Debug, Arbitrary)]
@@ -89,6 +126,8 @@ struct Rig {
     _device: Device,
     q: FuseQueue,
     unique: u64,
+    /// A file of the export, open for writing: (node, handle).
+    file: (u64, u64),
 }
 
 /// The device and its driver; a new pair after the guest ended its session.
@@ -148,12 +187,16 @@ fn new_rig() -> Rig {
         .expect("connect");
         let mut q = FuseQueue::new(&mut driver, 1, MAX_IO).expect("queue");
         q.init().expect("INIT");
+        let (entry, fh) = q
+            .create(1, b"written", libc::O_RDWR as u32, 0o644)
+            .expect("create the file split writes go to");
         Rig {
             _dir: dir,
             server: Some(server),
             _device: driver,
             q,
             unique: 1 << 40,
+            file: (entry.nodeid, fh),
         }
     }
 }
@@ -218,6 +261,68 @@ fn raw(
     (desc, room)
 }
 
+/// Sends `w` as a WRITE to the rig's file, cut into readable descriptors
+/// placed apart in the request buffer; checks the answer.
+fn split_write(rig: &mut Rig, unique: u64, w: &SplitWrite) {
+    let (node, fh) = rig.file;
+    let data = &w.data[..w.data.len().min(SPLIT_DATA)];
+    let (len_lie, size_lie) = w.lie.unwrap_or_default();
+    let size = (data.len() as u32).wrapping_add_signed(i32::from(size_lie));
+    let offset = u64::from(w.offset);
+    let args = wire::write_in_header(fh, offset, size);
+    let mut request = message(opcode::WRITE, unique, node, 0, &[&args, data]);
+    let len = (request.len() as u32).wrapping_add_signed(i32::from(len_lie));
+    request[0..4].copy_from_slice(&len.to_le_bytes());
+    let q = &mut rig.q;
+    let (req, _) = q.request_buffer();
+    let (rep, _) = q.reply_buffer();
+    let mut descs = Vec::new();
+    let mut at = req.0;
+    let mut rest = &request[..];
+    let cuts = w.cuts.iter().take(SPLIT_PIECES).map(|&c| usize::from(c));
+    for cut in cuts.chain(std::iter::once(usize::MAX)) {
+        let (piece, tail) = rest.split_at(cut.min(rest.len()));
+        q.memory()
+            .write_slice(piece, GuestAddress(at))
+            .expect("write a piece");
+        descs.push(RawDescriptor::buffer(
+            GuestAddress(at),
+            piece.len() as u32,
+            false,
+        ));
+        // A gap, so that no two pieces touch.
+        at += piece.len() as u64 + 16;
+        rest = tail;
+    }
+    descs.push(RawDescriptor::buffer(rep, 256, true));
+    let written = q
+        .send_chain(&descs)
+        .unwrap_or_else(|e| panic!("the device did not return a split WRITE {w:?}: {e}"));
+    assert!(written <= 256, "{written} bytes written into 256");
+    let reply = q.read_reply(written).expect("read the reply");
+    assert!(written as usize >= OUT_HEADER_LEN, "a WRITE is answered");
+    let error = i32::from_le_bytes(reply[4..8].try_into().expect("4 bytes"));
+    if (len_lie, size_lie) != (0, 0) {
+        assert_eq!(error, -libc::EINVAL, "a WRITE whose lengths lie: {w:?}");
+        return;
+    }
+    if error != 0 {
+        // The file's handle may be gone (a fuzzed RELEASE), the session
+        // ended (DESTROY), the volume full.
+        return;
+    }
+    let done = wire::parse_write_out(&reply[OUT_HEADER_LEN..]).expect("fuse_write_out");
+    assert_eq!(
+        done as usize,
+        data.len(),
+        "a whole WRITE was answered short"
+    );
+    if let Ok(back) = q.read(node, fh, offset, data.len() as u32) {
+        assert!(back == data, "a split WRITE read back differently: {w:?}");
+        SPLIT_WRITES_CHECKED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Runs one input; panics when an invariant breaks.
 pub fn run(data: &[u8]) {
     let mut slot = rig().lock().unwrap_or_else(|e| e.into_inner());
@@ -235,6 +340,10 @@ pub fn run(data: &[u8]) {
         let request = match &chain.request {
             Request::Raw(b) => b.clone(),
             Request::Framed(op, node, body) => message(*op, unique, *node, 0, &[body]),
+            Request::Write(w) => {
+                split_write(rig, unique, w);
+                continue;
+            }
         };
         let request = &request[..request.len().min(TABLE_AT as usize)];
         let q = &mut rig.q;

@@ -227,7 +227,8 @@ fn world() -> &'static Mutex<World> {
             let (e, out) = host
                 .create(&ctx, other.inode, name, 0o644, 0, libc::O_RDWR as u32)
                 .unwrap();
-            host.write(&ctx, e.inode, out.fh, 0, SECRET, false).unwrap();
+            host.write_buf(&ctx, e.inode, out.fh, 0, SECRET, false)
+                .unwrap();
             host.setxattr(
                 &ctx,
                 e.inode,
@@ -902,7 +903,7 @@ pub fn run(data: &[u8]) {
         .unwrap();
     world
         .host
-        .write(&ctx, file.inode, out.fh, 0, b"guest data", false)
+        .write_buf(&ctx, file.inode, out.fh, 0, b"guest data", false)
         .unwrap();
     world.host.release(&ctx, file.inode, out.fh).unwrap();
     world.host.mkdir(&ctx, root, b"held", 0o777, 0).unwrap();

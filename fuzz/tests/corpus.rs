@@ -44,4 +44,7 @@ fn descriptor_chains_never_stop_the_device() {
     for input in seeds.iter().cloned().chain(generated(21, 200, 600)) {
         sluice_fuzz::chains::run(&input);
     }
+    let checked = sluice_fuzz::chains::split_writes_checked();
+    eprintln!("{checked} split WRITEs read back");
+    assert!(checked > 0, "no honest split WRITE was read back");
 }

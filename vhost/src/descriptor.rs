@@ -10,9 +10,10 @@
 use std::io;
 use std::ops::Deref;
 
+use sluice_api::source::WriteSource;
 use virtio_queue::DescriptorChain;
 use vm_memory::bitmap::Bitmap;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use crate::guest_io::{self, GuestIoMode, GuestIoRoute};
 
@@ -146,6 +147,26 @@ impl ChainBuffers {
         }
     }
 
+    /// Readable and writable buffers at the given (guest address, length)
+    /// pairs, which the caller promises lie inside guest memory.
+    #[cfg(test)]
+    pub(crate) fn for_test(readable: &[(u64, usize)], writable: &[(u64, usize)]) -> Self {
+        let regions = |list: &[(u64, usize)]| -> Vec<GuestRegion> {
+            list.iter()
+                .map(|&(addr, len)| GuestRegion {
+                    addr: GuestAddress(addr),
+                    len,
+                })
+                .collect()
+        };
+        ChainBuffers {
+            readable: regions(readable),
+            writable: regions(writable),
+            readable_len: readable.iter().map(|r| r.1).sum(),
+            writable_len: writable.iter().map(|r| r.1).sum(),
+        }
+    }
+
     /// Total bytes the device may read (the request).
     pub fn readable_len(&self) -> usize {
         self.readable_len
@@ -233,6 +254,121 @@ impl Reader<'_> {
         }
         Ok(())
     }
+
+    /// Moves past the next `len` bytes without reading them (at most
+    /// [`Reader::available_bytes`]): a waiter running a request again
+    /// skips the request bytes the worker gathered to reach a WRITE's data.
+    pub fn skip(&mut self, len: usize) {
+        let mut left = len.min(self.available);
+        self.bytes_read += left;
+        self.available -= left;
+        while left > 0 {
+            let Some(region) = self.regions.get(self.index) else {
+                break;
+            };
+            let n = (region.len - self.offset).min(left);
+            left -= n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+    }
+
+    /// Walks the next `len` bytes (at most what is left) region by region,
+    /// calling `piece(guest address, n)` for each piece; stops at the first
+    /// error, having moved past the pieces that succeeded.
+    fn pieces(
+        &mut self,
+        len: usize,
+        mut piece: impl FnMut(GuestAddress, usize) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if len > self.available {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut done = 0;
+        while done < len {
+            let Some(region) = self.regions.get(self.index) else {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            };
+            let n = (region.len - self.offset).min(len - done);
+            // `offset < region.len` and the region was checked to be inside
+            // guest memory, so this addition cannot overflow.
+            piece(GuestAddress(region.addr.0 + self.offset as u64), n)?;
+            done += n;
+            self.bytes_read += n;
+            self.available -= n;
+            self.offset += n;
+            if self.offset == region.len {
+                self.index += 1;
+                self.offset = 0;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The reader is the source of a WRITE's data: the file system takes it
+/// straight from the guest's descriptors into its write buffer, one copy.
+/// Guest memory may change under us (the guest owns it): every byte is
+/// read once, with `vm-memory`'s volatile slice copies, and a racing guest
+/// only tears the data it is writing — the request's header and
+/// arguments were read into host memory before.
+impl WriteSource for Reader<'_> {
+    fn len(&self) -> usize {
+        self.available
+    }
+
+    fn take(&mut self, dst: &mut [u8]) -> sluice_api::Result<()> {
+        sluice_api::source::check_len(self.available, dst.len())?;
+        self.read_exact_into(dst).map_err(guest_read_error)
+    }
+
+    fn take_append(&mut self, dst: &mut Vec<u8>, n: usize) -> sluice_api::Result<()> {
+        sluice_api::source::check_len(self.available, n)?;
+        let start = dst.len();
+        dst.reserve(n);
+        let mem = self.mem;
+        let appended = self.pieces(n, |addr, len| {
+            let at = dst.len();
+            match mem.get_slice(addr, len) {
+                Ok(guest) => {
+                    let spare = &mut dst.spare_capacity_mut()[..len];
+                    // SAFETY: `spare` is `len` bytes of `dst`'s spare
+                    // capacity (reserved above: `len` ≤ `n`, less what
+                    // the pieces before took), exclusively borrowed and
+                    // never read while this volatile slice exists, which
+                    // lives only for the copy.
+                    let room = unsafe { VolatileSlice::new(spare.as_mut_ptr().cast(), len) };
+                    guest.copy_to_volatile_slice(room);
+                    // SAFETY: the copy initialised the `len` bytes after
+                    // `at` (both slices are `len` bytes long).
+                    unsafe { dst.set_len(at + len) };
+                    Ok(())
+                }
+                // A descriptor straddling two memory regions: the
+                // bounds-checked copy, which walks them.
+                Err(_) => {
+                    dst.resize(at + len, 0);
+                    mem.read_slice(&mut dst[at..], addr)
+                        .map_err(io::Error::other)
+                }
+            }
+        });
+        if let Err(e) = appended {
+            dst.truncate(start);
+            return Err(guest_read_error(e));
+        }
+        Ok(())
+    }
+}
+
+fn guest_read_error(e: io::Error) -> sluice_api::Error {
+    sluice_api::Error::Io(io::Error::new(
+        e.kind(),
+        format!("reading WRITE data from guest memory: {e}"),
+    ))
 }
 
 impl io::Read for Reader<'_> {

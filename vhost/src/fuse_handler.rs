@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 use std::io::{self, Write};
 
+use sluice_fuse::WriteSource;
 use sluice_fuse::{
     Dispatcher, Filesystem, Fragment, Outcome, ReadDest, ReadReply, ReplyHead, ReplySink, Scratch,
 };
@@ -40,7 +41,16 @@ impl<F: Filesystem> FuseHandler<F> {
 }
 
 impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
-    fn handle(&self, _queue: u16, request: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+    /// Decodes `request` with a WRITE's data left in `data` (guest memory)
+    /// and dispatches it: the file system takes the data from the guest's
+    /// descriptors straight into its write buffer.
+    fn handle(
+        &self,
+        _queue: u16,
+        request: &[u8],
+        data: &mut dyn WriteSource,
+        reply: &mut Writer<'_>,
+    ) -> io::Result<()> {
         let mut sink = GuestReply {
             w: reply,
             read: None,
@@ -48,11 +58,11 @@ impl<F: Filesystem + 'static> RequestHandler for FuseHandler<F> {
         let outcome = SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut scratch) => self
                 .dispatcher
-                .handle_message(request, &mut scratch, &mut sink),
+                .handle_split(request, data, &mut scratch, &mut sink),
             // Never nested on one thread; were it, fresh buffers are right.
             Err(_) => self
                 .dispatcher
-                .handle_message(request, &mut Scratch::new(), &mut sink),
+                .handle_split(request, data, &mut Scratch::new(), &mut sink),
         })?;
         if outcome == Outcome::Destroyed {
             log::info!("the guest ended the FUSE session (DESTROY)");

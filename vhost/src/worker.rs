@@ -115,12 +115,17 @@ impl QueueStats {
     }
 }
 
+/// The bytes of a WRITE the worker reads into host memory: the header and
+/// the `fuse_write_in`. The data after them stays in guest memory.
+const WRITE_HEAD_LEN: usize = IN_HEADER_LEN + std::mem::size_of::<sluice_fuse::abi::WriteIn>();
+
 /// What a worker keeps between batches.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerState {
     /// Whether this worker thread has applied its CPU pinning.
     pub pinned: bool,
-    /// Reused buffer the request bytes are gathered into.
+    /// Reused buffer the request bytes are gathered into (of a WRITE, the
+    /// header and arguments: its data stays in guest memory).
     request: Vec<u8>,
     /// Reused list of the chains of the batch being answered, and of those
     /// the waiters finished since the last batch.
@@ -322,8 +327,10 @@ fn process_batch<H: RequestHandler + ?Sized>(
             }
             Answer::Wait => {
                 // A copy of the request's bytes (a READ's or FSYNC's are
-                // a hundred or so): the worker keeps its grown buffer, and
-                // a parked chain holds no more than its request.
+                // a hundred or so; a WRITE's data is not among them — the
+                // waiter reads it again from the chain): the worker keeps
+                // its buffer, and a parked chain holds no more than its
+                // request.
                 let request = state.request.clone();
                 if let Some(done) = hand_on(ctx, &mem, head, buffers, request, popped) {
                     state.completed.push(done);
@@ -463,8 +470,12 @@ fn answer<H: RequestHandler + ?Sized>(
 ) -> u32 {
     // A fresh writer: whatever the first attempt placed is overwritten.
     let mut reply = buffers.routed_writer(route);
+    // A WRITE's data is read again from the chain, which is not the
+    // guest's until it is answered: past the bytes the worker gathered.
+    let mut data = buffers.reader(route.table);
+    data.skip(request.len());
     let unique = InHeader::parse(request).map_or(0, |h| h.unique);
-    match handler.handle(queue, request, &mut reply) {
+    match handler.handle(queue, request, &mut data, &mut reply) {
         Ok(()) => used_len(&reply),
         Err(e) => {
             debug!("queue {queue}: handler failed on a request that waited: {e}");
@@ -478,7 +489,9 @@ fn answer<H: RequestHandler + ?Sized>(
 }
 
 /// Answers one chain: the number of bytes written into it, or that its
-/// request has to wait (its bytes are left in `request`).
+/// request has to wait (the bytes gathered are left in `request`: a
+/// WRITE's header and arguments, without its data, which a waiter reads
+/// again from the chain).
 #[allow(clippy::too_many_arguments)]
 fn handle_chain<H: RequestHandler + ?Sized>(
     queue: u16,
@@ -526,13 +539,29 @@ fn frame_and_handle<H: RequestHandler + ?Sized>(
     let readable = buffers.readable_len();
     // Read at most the header when the request is oversized or malformed: the
     // unique id is all an error reply needs.
-    let gather = if problem.is_some() || readable > limits.max_request_size {
-        readable.min(IN_HEADER_LEN)
-    } else {
+    let framed = problem.is_none() && readable <= limits.max_request_size;
+    let gather = if framed {
         readable
+    } else {
+        readable.min(IN_HEADER_LEN)
     };
-    request.resize(gather, 0);
-    if let Err(e) = io::Read::read_exact(&mut reader, request) {
+    // The header first: a WRITE's data is not gathered but left in the
+    // guest's descriptors, for the file system to take straight into its
+    // write buffer (`reader` is its source). Every byte is read from guest
+    // memory once: what is decoded is host memory.
+    request.resize(gather.min(IN_HEADER_LEN), 0);
+    let mut gathered = io::Read::read_exact(&mut reader, request);
+    if gathered.is_ok() && gather > IN_HEADER_LEN {
+        let head = match InHeader::parse(request) {
+            Some(h) if framed && h.opcode == sluice_fuse::abi::opcode::WRITE => {
+                gather.min(WRITE_HEAD_LEN)
+            }
+            _ => gather,
+        };
+        request.resize(head, 0);
+        gathered = io::Read::read_exact(&mut reader, &mut request[IN_HEADER_LEN..]);
+    }
+    if let Err(e) = gathered {
         guest_fault(format_args!(
             "queue {queue}: cannot read the request from guest memory: {e}"
         ));
@@ -573,7 +602,8 @@ fn frame_and_handle<H: RequestHandler + ?Sized>(
     if header.opcode == sluice_fuse::abi::opcode::DESTROY {
         before_destroy();
     }
-    if let Err(e) = handler.handle(queue, request, &mut reply) {
+    // What is left to read is a WRITE's data (nothing, for other requests).
+    if let Err(e) = handler.handle(queue, request, &mut reader, &mut reply) {
         if e.kind() == io::ErrorKind::WouldBlock {
             return None;
         }
@@ -622,6 +652,7 @@ fn used_len(reply: &Writer<'_>) -> u32 {
 /// that always has to wait under `no_wait`: the regressions a review found.
 #[cfg(test)]
 mod tests {
+    use sluice_api::source::WriteSource;
     use vhost_user_backend::VringRwLock;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
@@ -634,14 +665,28 @@ mod tests {
     /// Where the used ring's `avail_event` lives.
     const AVAIL_EVENT: u64 = USED + 4 + 8 * QSIZE as u64;
 
-    /// Answers with an empty reply, but only where it may wait.
-    struct Slow;
+    /// Answers with an empty reply, but only where it may wait; keeps the
+    /// data it was handed.
+    #[derive(Default)]
+    struct Slow {
+        taken: std::sync::Mutex<Vec<Vec<u8>>>,
+    }
 
     impl RequestHandler for Slow {
-        fn handle(&self, _q: u16, req: &[u8], reply: &mut Writer<'_>) -> io::Result<()> {
+        fn handle(
+            &self,
+            _q: u16,
+            req: &[u8],
+            data: &mut dyn WriteSource,
+            reply: &mut Writer<'_>,
+        ) -> io::Result<()> {
             if sluice_api::wait::mode() == sluice_api::wait::Mode::NoWait {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
+            let mut bytes = Vec::new();
+            data.take_append(&mut bytes, data.len())
+                .map_err(io::Error::other)?;
+            self.taken.lock().unwrap().push(bytes);
             let h = InHeader::parse(req).expect("a header");
             reply.write_all(&crate::frame::out_header(16, 0, h.unique))
         }
@@ -709,7 +754,7 @@ mod tests {
             mmap,
             mem,
             vring,
-            handler: Arc::new(Slow),
+            handler: Arc::new(Slow::default()),
             stats: vec![QueueStats::default()].into(),
             all: vec![parked.clone()],
             parked,
@@ -768,6 +813,65 @@ mod tests {
         );
     }
 
+    /// A WRITE handed on to a waiter carries its data: the waiter reads it
+    /// again from the chain's descriptors, past the header and arguments
+    /// the worker gathered. (The dispatcher never hands a WRITE on today —
+    /// it runs WRITE on the worker, waiting — but a handler may.)
+    #[test]
+    fn a_write_handed_on_carries_its_data() {
+        let r = rig();
+        let ctx = r.ctx(4);
+        let mut state = WorkerState::default();
+        let data: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let mut msg = Vec::new();
+        let len = (80 + data.len()) as u32;
+        msg.extend_from_slice(&len.to_le_bytes());
+        msg.extend_from_slice(&sluice_fuse::abi::opcode::WRITE.to_le_bytes());
+        msg.extend_from_slice(&9u64.to_le_bytes());
+        msg.extend_from_slice(&[0u8; 24]);
+        msg.extend_from_slice(&[0u8; 16]); // fh, offset
+        msg.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        msg.extend_from_slice(&[0u8; 20]);
+        msg.extend_from_slice(&data);
+        // Three readable pieces, cut inside `fuse_write_in` and inside the
+        // data, then the reply's room.
+        let pieces = [
+            (0x3000u64, 0..50),
+            (0x5000, 50..1000),
+            (0x9000, 1000..msg.len()),
+        ];
+        let desc = |n: u16, addr: u64, len: usize, flags: u16, next: u16| {
+            let mut e = [0u8; 16];
+            e[0..8].copy_from_slice(&addr.to_le_bytes());
+            e[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+            e[12..14].copy_from_slice(&flags.to_le_bytes());
+            e[14..16].copy_from_slice(&next.to_le_bytes());
+            r.mmap
+                .write_slice(&e, GuestAddress(DESC + 16 * u64::from(n)))
+                .unwrap();
+        };
+        for (n, (addr, range)) in pieces.iter().enumerate() {
+            r.mmap
+                .write_slice(&msg[range.clone()], GuestAddress(*addr))
+                .unwrap();
+            desc(n as u16, *addr, range.len(), 1, n as u16 + 1);
+        }
+        desc(3, 0xc000, 256, 2, 0);
+        r.mmap.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
+        r.mmap.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
+        process_queue(&ctx, &mut state).unwrap();
+        while readable(r.parked.event_fd(), 2000) {
+            process_queue(&ctx, &mut state).unwrap();
+        }
+        let used: u16 = r.mmap.read_obj(GuestAddress(USED + 2)).unwrap();
+        assert_eq!(used, 1, "answered");
+        assert_eq!(sluice_metrics::get(&r.stats[0].handed_on), 1);
+        assert!(state.request.len() <= 80, "the worker gathered the data");
+        let taken = r.handler.taken.lock().unwrap();
+        assert_eq!(taken.len(), 1);
+        assert!(taken[0] == data, "the waiter's data differs");
+    }
+
     /// After GET_VRING_BASE (the ring not ready, the waiters' chains
     /// returned) a late completion wake-up must not write into the ring's
     /// old memory, which the guest may have reused.
@@ -790,5 +894,399 @@ mod tests {
         let after: u16 = r.mmap.read_obj(GuestAddress(AVAIL_EVENT)).unwrap();
         assert_eq!(after, 0xabcd, "the worker wrote into a stopped ring");
         assert!(!readable(r.parked.event_fd(), 0), "the wake-up was cleared");
+    }
+}
+
+/// WRITE decoded in place: the worker reads a WRITE's header and
+/// `fuse_write_in` into host memory and the file system takes the data
+/// from the guest's descriptors, however they split it.
+#[cfg(test)]
+mod write_tests {
+    use std::sync::Mutex;
+
+    use sluice_api::meta::{
+        Attr, Context, CopyRange, Entry, Ino, RenameFlags, SetAttr, StatFs, XattrMode,
+    };
+    use sluice_api::source::WriteSource;
+    use sluice_api::{Error, Fh, Filesystem, Listed, OpenOut, Result};
+    use sluice_fuse::{Config, Dispatcher};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+    use crate::FuseHandler;
+
+    /// Where the request pieces go, and the reply.
+    const PIECES: u64 = 0x1_0000;
+    const REPLY: u64 = 0xf_0000;
+    const MAX_WRITE: u32 = 8192;
+
+    /// One write a file system was given: node, handle, offset, the
+    /// bytes, kill_suidgid.
+    type Written = (Ino, Fh, u64, Vec<u8>, bool);
+
+    /// A file system that keeps every write it is given and refuses the
+    /// rest.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Mutex<Vec<Written>>,
+    }
+
+    fn no<T>() -> Result<T> {
+        Err(Error::NotSupported("a test file system".into()))
+    }
+
+    impl Filesystem for Recorder {
+        fn init(&self) -> Result<()> {
+            Ok(())
+        }
+        fn destroy(&self) {}
+        fn lookup(&self, _: &Context, _: Ino, _: &[u8]) -> Result<Entry> {
+            no()
+        }
+        fn forget(&self, _: Ino, _: u64) {}
+        fn getattr(&self, _: &Context, _: Ino) -> Result<Attr> {
+            no()
+        }
+        fn setattr(
+            &self,
+            _: &Context,
+            _: Ino,
+            _: Option<Fh>,
+            _: &SetAttr,
+            _: Option<u64>,
+        ) -> Result<Attr> {
+            no()
+        }
+        fn readlink(&self, _: &Context, _: Ino) -> Result<Vec<u8>> {
+            no()
+        }
+        fn mknod(&self, _: &Context, _: Ino, _: &[u8], _: u32, _: u32, _: u32) -> Result<Entry> {
+            no()
+        }
+        fn mkdir(&self, _: &Context, _: Ino, _: &[u8], _: u32, _: u32) -> Result<Entry> {
+            no()
+        }
+        fn unlink(&self, _: &Context, _: Ino, _: &[u8]) -> Result<()> {
+            no()
+        }
+        fn rmdir(&self, _: &Context, _: Ino, _: &[u8]) -> Result<()> {
+            no()
+        }
+        fn symlink(&self, _: &Context, _: Ino, _: &[u8], _: &[u8]) -> Result<Entry> {
+            no()
+        }
+        fn rename(
+            &self,
+            _: &Context,
+            _: Ino,
+            _: &[u8],
+            _: Ino,
+            _: &[u8],
+            _: RenameFlags,
+        ) -> Result<()> {
+            no()
+        }
+        fn link(&self, _: &Context, _: Ino, _: Ino, _: &[u8]) -> Result<Entry> {
+            no()
+        }
+        fn open(&self, _: &Context, _: Ino, _: u32) -> Result<OpenOut> {
+            no()
+        }
+        fn create(
+            &self,
+            _: &Context,
+            _: Ino,
+            _: &[u8],
+            _: u32,
+            _: u32,
+            _: u32,
+        ) -> Result<(Entry, OpenOut)> {
+            no()
+        }
+        fn read(
+            &self,
+            _: &Context,
+            _: Ino,
+            _: Fh,
+            _: u64,
+            _: usize,
+            _: &mut dyn sluice_api::ReadDest,
+        ) -> Result<usize> {
+            no()
+        }
+        fn write(
+            &self,
+            _: &Context,
+            ino: Ino,
+            fh: Fh,
+            offset: u64,
+            data: &mut dyn WriteSource,
+            kill: bool,
+        ) -> Result<usize> {
+            // In two takes, the way the engine fills a block it has part of.
+            let mut bytes = vec![0u8; data.len() / 3];
+            data.take(&mut bytes)?;
+            data.take_append(&mut bytes, data.len())?;
+            let n = bytes.len();
+            self.writes
+                .lock()
+                .unwrap()
+                .push((ino, fh, offset, bytes, kill));
+            Ok(n)
+        }
+        fn flush(&self, _: &Context, _: Ino, _: Fh) -> Result<()> {
+            no()
+        }
+        fn release(&self, _: &Context, _: Ino, _: Fh) -> Result<()> {
+            no()
+        }
+        fn fsync(&self, _: &Context, _: Ino, _: Fh, _: bool) -> Result<()> {
+            no()
+        }
+        fn opendir(&self, _: &Context, _: Ino) -> Result<Fh> {
+            no()
+        }
+        fn readdir(
+            &self,
+            _: &Context,
+            _: Ino,
+            _: Fh,
+            _: u64,
+            _: bool,
+            _: &mut dyn FnMut(&Entry, Listed) -> bool,
+        ) -> Result<()> {
+            no()
+        }
+        fn releasedir(&self, _: &Context, _: Ino, _: Fh) -> Result<()> {
+            no()
+        }
+        fn fsyncdir(&self, _: &Context, _: Ino, _: Fh, _: bool) -> Result<()> {
+            no()
+        }
+        fn statfs(&self, _: &Context, _: Ino) -> Result<StatFs> {
+            no()
+        }
+        fn setxattr(&self, _: &Context, _: Ino, _: &[u8], _: &[u8], _: XattrMode) -> Result<()> {
+            no()
+        }
+        fn getxattr(&self, _: &Context, _: Ino, _: &[u8]) -> Result<Vec<u8>> {
+            no()
+        }
+        fn listxattr(&self, _: &Context, _: Ino) -> Result<Vec<Vec<u8>>> {
+            no()
+        }
+        fn removexattr(&self, _: &Context, _: Ino, _: &[u8]) -> Result<()> {
+            no()
+        }
+        fn access(&self, _: &Context, _: Ino, _: u32) -> Result<()> {
+            no()
+        }
+        fn fallocate(&self, _: &Context, _: Ino, _: Fh, _: u32, _: u64, _: u64) -> Result<()> {
+            no()
+        }
+        fn lseek(&self, _: &Context, _: Ino, _: Fh, _: u64, _: u32) -> Result<u64> {
+            no()
+        }
+        fn copy_file_range(&self, _: &Context, _: &CopyRange, _: Fh, _: Fh) -> Result<u64> {
+            no()
+        }
+    }
+
+    /// A FUSE message: the header (its `len` = `len`, or the real length),
+    /// then `body`.
+    fn message(opcode: u32, unique: u64, len: Option<u32>, body: &[u8]) -> Vec<u8> {
+        let real = (IN_HEADER_LEN + body.len()) as u32;
+        let mut m = Vec::new();
+        m.extend_from_slice(&len.unwrap_or(real).to_le_bytes());
+        m.extend_from_slice(&opcode.to_le_bytes());
+        m.extend_from_slice(&unique.to_le_bytes());
+        m.extend_from_slice(&5u64.to_le_bytes()); // node
+        m.extend_from_slice(&[0u8; 16]); // uid, gid, pid, extlen, padding
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// A WRITE of `data` at `offset` on handle 4, declaring `size` bytes.
+    fn write_msg(unique: u64, offset: u64, size: u32, len: Option<u32>, data: &[u8]) -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend_from_slice(&4u64.to_le_bytes()); // fh
+        body.extend_from_slice(&offset.to_le_bytes());
+        body.extend_from_slice(&size.to_le_bytes());
+        body.extend_from_slice(&sluice_fuse::abi::WRITE_KILL_SUIDGID.to_le_bytes());
+        body.extend_from_slice(&[0u8; 16]); // lock owner, flags, padding
+        assert_eq!(body.len() + IN_HEADER_LEN, WRITE_HEAD_LEN);
+        body.extend_from_slice(data);
+        message(sluice_fuse::abi::opcode::WRITE, unique, len, &body)
+    }
+
+    struct Rig {
+        mem: Arc<GuestMemoryMmap>,
+        stats: QueueStats,
+        handler: FuseHandler<Recorder>,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+            let config = Config {
+                max_write: MAX_WRITE,
+                ..Config::default()
+            };
+            let rig = Rig {
+                mem: Arc::new(mem),
+                stats: QueueStats::default(),
+                handler: FuseHandler::new(Dispatcher::new(Recorder::default(), config)),
+            };
+            let mut init = Vec::new();
+            for v in [7u32, 38, 1 << 17, 0] {
+                init.extend_from_slice(&v.to_le_bytes());
+            }
+            let (errno, _) = rig.send(&message(26, 1, None, &init), &[]);
+            assert_eq!(errno, 0, "INIT");
+            rig
+        }
+
+        /// Sends `msg` cut into readable descriptors of the lengths in
+        /// `cuts` (the rest in one last descriptor), each at its own place
+        /// with gaps between; returns the reply's errno and its length.
+        fn send(&self, msg: &[u8], cuts: &[usize]) -> (i32, u32) {
+            let mut readable = Vec::new();
+            let mut at = PIECES;
+            let mut rest = msg;
+            for &cut in cuts.iter().chain(std::iter::once(&usize::MAX)) {
+                let (piece, tail) = rest.split_at(cut.min(rest.len()));
+                if !piece.is_empty() {
+                    self.mem.write_slice(piece, GuestAddress(at)).unwrap();
+                    readable.push((at, piece.len()));
+                    at += piece.len() as u64 + 0x41;
+                }
+                rest = tail;
+            }
+            let buffers = ChainBuffers::for_test(&readable, &[(REPLY, 256)]);
+            let route = GuestIoRoute {
+                table: &self.mem,
+                mode: GuestIoMode::Pread,
+                stats: &self.stats,
+                waiter: false,
+            };
+            let limits = Limits {
+                max_request_size: (MAX_WRITE as usize) * 2,
+                batch: 16,
+                guest_io: GuestIoMode::Pread,
+                max_waiting: 0,
+            };
+            let mut request = Vec::new();
+            let used = frame_and_handle(
+                1,
+                route,
+                &buffers,
+                None,
+                limits,
+                &self.handler,
+                &mut request,
+                &|| {},
+            )
+            .expect("answered on the worker");
+            let mut reply = [0u8; 16];
+            self.mem
+                .read_slice(&mut reply, GuestAddress(REPLY))
+                .unwrap();
+            let errno = -i32::from_le_bytes(reply[4..8].try_into().unwrap());
+            (errno, used)
+        }
+
+        fn writes(&self) -> Vec<Written> {
+            let fs = self.handler.dispatcher().filesystem();
+            std::mem::take(&mut *fs.writes.lock().unwrap())
+        }
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn a_write_split_across_descriptors_arrives_byte_exact() {
+        let rig = Rig::new();
+        let data = pattern(5000);
+        let msg = write_msg(2, 12345, 5000, None, &data);
+        let cases: Vec<Vec<usize>> = vec![
+            // Header and arguments in one, the data in another (the Linux
+            // driver's layout).
+            vec![WRITE_HEAD_LEN],
+            // All in one descriptor.
+            vec![],
+            // A boundary inside the header, one inside `fuse_write_in`,
+            // data from the same descriptor as its tail.
+            vec![17, 40, 10, 100, 4000],
+            // The data in many small descriptors.
+            std::iter::once(WRITE_HEAD_LEN)
+                .chain((0..400).map(|i| 1 + i % 13))
+                .collect(),
+        ];
+        for cuts in cases {
+            let (errno, used) = rig.send(&msg, &cuts);
+            assert_eq!((errno, used), (0, 24), "cuts {cuts:?}");
+            let writes = rig.writes();
+            assert_eq!(writes.len(), 1, "cuts {cuts:?}");
+            let (ino, fh, off, bytes, kill) = &writes[0];
+            assert_eq!((*ino, *fh, *off, *kill), (5, 4, 12345, true));
+            assert!(*bytes == data, "cuts {cuts:?}: the data differs");
+        }
+        let mut written = [0u8; 4];
+        rig.mem
+            .read_slice(&mut written, GuestAddress(REPLY + 16))
+            .unwrap();
+        assert_eq!(u32::from_le_bytes(written), 5000, "fuse_write_out.size");
+    }
+
+    #[test]
+    fn a_write_whose_lengths_lie_writes_nothing() {
+        let rig = Rig::new();
+        let data = pattern(300);
+        let real = (WRITE_HEAD_LEN + data.len()) as u32;
+        let cases = [
+            // The header's length says more, or less, than the chain holds.
+            (write_msg(3, 0, 300, Some(real + 1), &data), libc::EINVAL),
+            (write_msg(4, 0, 300, Some(real - 1), &data), libc::EINVAL),
+            // `fuse_write_in.size` disagrees with the data.
+            (write_msg(5, 0, 301, None, &data), libc::EINVAL),
+            (write_msg(6, 0, 299, None, &data), libc::EINVAL),
+            (write_msg(7, 0, u32::MAX, None, &data), libc::EINVAL),
+            // Cut short inside `fuse_write_in`.
+            (
+                write_msg(8, 0, 0, Some(60), &[])[..60].to_vec(),
+                libc::EINVAL,
+            ),
+        ];
+        for (msg, want) in &cases {
+            for cuts in [&[][..], &[WRITE_HEAD_LEN][..], &[20, 30, 41, 2][..]] {
+                let (errno, used) = rig.send(msg, cuts);
+                assert_eq!((errno, used), (*want, 16), "cuts {cuts:?}");
+            }
+        }
+        assert!(rig.writes().is_empty(), "a bad WRITE wrote");
+    }
+
+    #[test]
+    fn a_write_past_max_write_writes_nothing() {
+        let rig = Rig::new();
+        let size = MAX_WRITE as usize + 1;
+        let msg = write_msg(9, 0, size as u32, None, &pattern(size));
+        for cuts in [&[][..], &[WRITE_HEAD_LEN][..], &[50, 4000][..]] {
+            let (errno, used) = rig.send(&msg, cuts);
+            assert_eq!((errno, used), (libc::EINVAL, 16), "cuts {cuts:?}");
+        }
+        // Past the device's request size limit: refused before decoding.
+        let size = 2 * MAX_WRITE as usize;
+        let msg = write_msg(10, 0, size as u32, None, &pattern(size));
+        assert_eq!(rig.send(&msg, &[WRITE_HEAD_LEN]), (libc::E2BIG, 16));
+        assert!(rig.writes().is_empty(), "an oversized WRITE wrote");
+        // A write of exactly max_write is fine.
+        let size = MAX_WRITE as usize;
+        let data = pattern(size);
+        let msg = write_msg(11, 0, size as u32, None, &data);
+        assert_eq!(rig.send(&msg, &[WRITE_HEAD_LEN, 1]), (0, 24));
+        assert!(rig.writes()[0].3 == data);
     }
 }

@@ -185,7 +185,7 @@ impl SinkFile for EngineFile {
         let n = self
             .served
             .vfs
-            .write(&self.ctx, self.ino, self.fh, self.at, buf, false)
+            .write_buf(&self.ctx, self.ino, self.fh, self.at, buf, false)
             .map_err(to_io)?;
         if n != buf.len() {
             return Err(io::Error::new(

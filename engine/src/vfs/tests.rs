@@ -85,7 +85,7 @@ impl TestVol {
         for (i, part) in data.chunks(128 << 10).enumerate() {
             let n = self
                 .vfs
-                .write(&ctx(), ino, fh, off + (i as u64) * (128 << 10), part, false)
+                .write_buf(&ctx(), ino, fh, off + (i as u64) * (128 << 10), part, false)
                 .unwrap();
             assert_eq!(n, part.len());
         }
@@ -791,13 +791,13 @@ fn directories_and_handles() {
             )
             .unwrap();
         t.vfs
-            .write(&ctx(), e.inode, out.fh, 0, b"x", false)
+            .write_buf(&ctx(), e.inode, out.fh, 0, b"x", false)
             .unwrap();
         // Writing through a read-only handle is refused.
         let ro = t.vfs.open(&ctx(), e.inode, libc::O_RDONLY as u32).unwrap();
         assert_eq!(
             t.vfs
-                .write(&ctx(), e.inode, ro.fh, 0, b"y", false)
+                .write_buf(&ctx(), e.inode, ro.fh, 0, b"y", false)
                 .unwrap_err()
                 .errno(),
             libc::EBADF
@@ -924,9 +924,10 @@ fn juicefs_interop() {
                 libc::O_RDWR as u32,
             )
             .unwrap();
-        vfs.write(&ctx(), e.inode, out.fh, 0, &data, false).unwrap();
+        vfs.write_buf(&ctx(), e.inode, out.fh, 0, &data, false)
+            .unwrap();
         vfs.flush(&ctx(), e.inode, out.fh).unwrap();
-        vfs.write(&ctx(), e.inode, out.fh, 1000, b"patched", false)
+        vfs.write_buf(&ctx(), e.inode, out.fh, 1000, b"patched", false)
             .unwrap();
         vfs.release(&ctx(), e.inode, out.fh).unwrap();
         vfs.destroy();
@@ -999,7 +1000,7 @@ fn write_behind_keeps_length_and_order() {
     let mut model = data.clone();
     for (i, part) in data.chunks(100_000).enumerate() {
         let off = i as u64 * 100_000;
-        t.vfs.write(&ctx(), ino, fh, off, part, false).unwrap();
+        t.vfs.write_buf(&ctx(), ino, fh, off, part, false).unwrap();
         // Background commits never hide buffered bytes from the length.
         assert_eq!(
             t.vfs.getattr(&ctx(), ino).unwrap().length,
@@ -1008,7 +1009,9 @@ fn write_behind_keeps_length_and_order() {
         if i % 7 == 3 {
             // Overwrite an earlier range while commits run: the newer bytes win.
             let back = off.saturating_sub(250_000);
-            t.vfs.write(&ctx(), ino, fh, back, b"newer", false).unwrap();
+            t.vfs
+                .write_buf(&ctx(), ino, fh, back, b"newer", false)
+                .unwrap();
             model[back as usize..back as usize + 5].copy_from_slice(b"newer");
         }
     }
@@ -1036,12 +1039,12 @@ fn full_blocks_upload_while_writing_and_sealed_blocks_are_never_rewritten() {
     // Rewriting a sealed block starts a newer slice; rewriting the unsealed
     // tail changes the first slice in place.
     t.vfs
-        .write(&ctx(), ino, fh, 1000, b"sealed-block", false)
+        .write_buf(&ctx(), ino, fh, 1000, b"sealed-block", false)
         .unwrap();
     model[1000..1012].copy_from_slice(b"sealed-block");
     let tail = 2 * MIB as usize + 10;
     t.vfs
-        .write(&ctx(), ino, fh, tail as u64, b"open-block", false)
+        .write_buf(&ctx(), ino, fh, tail as u64, b"open-block", false)
         .unwrap();
     model[tail..tail + 10].copy_from_slice(b"open-block");
     assert_eq!(t.read(ino, fh, 0, model.len()), model);
@@ -1537,7 +1540,7 @@ fn dot_and_dotdot_lookups_decode_handles() {
         .create(&root, dir.inode, b"f", 0o600, 0, libc::O_RDWR as u32)
         .unwrap();
     let fh = out.fh;
-    vfs.write(&root, file.inode, fh, 0, b"hello", false)
+    vfs.write_buf(&root, file.inode, fh, 0, b"hello", false)
         .unwrap();
 
     // No search permission is needed: `d` is 0700 root's.
@@ -1676,7 +1679,7 @@ fn data_changes_by_a_non_root_caller_drop_setuid_and_setgid() {
 
     let (ino, fh, writer) = setid_file(&t, "w", 0o6666);
     t.vfs.kill_suidgid(&writer, ino, fh).unwrap();
-    t.vfs.write(&writer, ino, fh, 0, b"b", false).unwrap();
+    t.vfs.write_buf(&writer, ino, fh, 0, b"b", false).unwrap();
     assert_eq!(mode(ino), 0o666, "write");
 
     for (name, falloc) in [

@@ -446,7 +446,7 @@ mod volume {
             libc::O_RDWR as u32,
         )?;
         for (i, part) in data.chunks(128 << 10).enumerate() {
-            vfs.write(&ctx, e.inode, out.fh, (i * (128 << 10)) as u64, part, false)?;
+            vfs.write_buf(&ctx, e.inode, out.fh, (i * (128 << 10)) as u64, part, false)?;
         }
         let synced = vfs.fsync(&ctx, e.inode, out.fh, false);
         let released = vfs.release(&ctx, e.inode, out.fh);
@@ -568,7 +568,7 @@ mod volume {
         // rest is stored by the commit itself.
         let bytes = data((5 << 19) + 777, 12);
         for (i, part) in bytes.chunks(128 << 10).enumerate() {
-            vfs.write(&ctx, ino, w, (i * (128 << 10)) as u64, part, false)
+            vfs.write_buf(&ctx, ino, w, (i * (128 << 10)) as u64, part, false)
                 .unwrap();
         }
         server.faults().fail_all(Duration::from_secs(3));

@@ -305,11 +305,12 @@ fn a_vfs_reads_staged_blocks_and_uploads_them_at_destroy() {
     let mut data = vec![0u8; 300 << 10];
     rand::rngs::StdRng::seed_from_u64(7).fill_bytes(&mut data);
     let (a, fh) = vfs.create(&ctx, ROOT_INO, b"a", 0o644, 0, flags).unwrap();
-    vfs.write(&ctx, a.inode, fh.fh, 0, &data, false).unwrap();
+    vfs.write_buf(&ctx, a.inode, fh.fh, 0, &data, false)
+        .unwrap();
     vfs.fsync(&ctx, a.inode, fh.fh, false).unwrap();
     vfs.release(&ctx, a.inode, fh.fh).unwrap();
     let (t, fh) = vfs.create(&ctx, ROOT_INO, b"tmp", 0o644, 0, flags).unwrap();
-    vfs.write(&ctx, t.inode, fh.fh, 0, &data[..100 << 10], false)
+    vfs.write_buf(&ctx, t.inode, fh.fh, 0, &data[..100 << 10], false)
         .unwrap();
     vfs.release(&ctx, t.inode, fh.fh).unwrap();
     // 5 blocks of "a", 2 of "tmp"; none uploaded.
