@@ -345,6 +345,8 @@ fn bench_write_fills_a_file_per_queue_in_order() {
             p
         })
         .collect();
+    // The device serves one connection: serve the volume again to read.
+    let served = serve_in(stop(served));
     let mut device = connect(&served);
     let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
     q.init().expect("INIT");
