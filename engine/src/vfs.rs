@@ -1178,6 +1178,21 @@ impl Filesystem for Vfs {
             return Err(Error::BadHandle);
         }
         let len = data.len();
+        // A transport's worker that must not wait (`sluice_api::wait`)
+        // hands the write on before it takes a byte, where it would wait:
+        // memory short (this file's buffer would be written back first), or
+        // a commit behind the buffer to start while the last one still runs.
+        if sluice_api::wait::may_wait().is_err()
+            && (self.buffered.load(Ordering::Acquire).saturating_add(len)
+                > self.cfg.total_buffer_bytes
+                || file.writer.write_would_wait(len, self.cfg.buffer_bytes))
+        {
+            return Err(Error::WouldBlock);
+        }
+        // From here the write changes the buffer: whatever waits in it (a
+        // slice id from the metadata engine, a commit the guess above did
+        // not foresee) waits, on a worker too, so it never stops half done.
+        let _waits = sluice_api::wait::allow_wait();
         // The one copy: from the source into the file's slice buffers.
         let buffered = file.writer.write(offset, data)?;
         file.length.fetch_max(offset + len as u64, Ordering::AcqRel);

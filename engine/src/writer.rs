@@ -704,6 +704,21 @@ impl FileWriter {
         *self.refused.lock()
     }
 
+    /// Whether buffering `len` more bytes would wait: the buffer would
+    /// reach `limit`, so the write starts a commit behind it, which first
+    /// waits for the one still running (or for the commit lock, held by a
+    /// commit). A transport's worker that must not wait hands such a write
+    /// on before it takes any of its bytes (`Vfs`'s `write`).
+    pub fn write_would_wait(&self, len: usize, limit: usize) -> bool {
+        if self.buf.lock().bytes.saturating_add(len) < limit {
+            return false;
+        }
+        match self.flushing.try_lock() {
+            Some(bg) => bg.as_ref().is_some_and(|t| !t.is_finished()),
+            None => true,
+        }
+    }
+
     /// Whether a [`FileWriter::flush`] now would have nothing to commit and
     /// nothing to wait for: no buffered writes, no background commit, no
     /// other thread committing.
@@ -909,6 +924,36 @@ mod tests {
         fn write_buf(&self, off: u64, data: &[u8]) -> Result<usize> {
             self.write(off, &mut sluice_api::SliceSource::new(data))
         }
+    }
+
+    #[test]
+    fn a_write_would_wait_only_past_the_limit_while_a_commit_runs() {
+        let w = FileWriter::new();
+        w.write_buf(0, &[1u8; 100]).unwrap();
+        // Below the limit: no commit starts, nothing to wait for.
+        assert!(!w.write_would_wait(50, 200));
+        // At the limit with no commit running: a commit starts behind the
+        // buffer, which waits for nothing.
+        assert!(!w.write_would_wait(100, 200));
+        // A commit holds the commit lock: the next one would wait for it.
+        let held = w.flushing.lock();
+        assert!(w.write_would_wait(100, 200));
+        assert!(
+            !w.write_would_wait(50, 200),
+            "below the limit it never waits"
+        );
+        drop(held);
+        // A commit running in the background: the same.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        *w.flushing.lock() = Some(std::thread::spawn(move || {
+            rx.recv().ok();
+            Outcome::default()
+        }));
+        assert!(w.write_would_wait(100, 200));
+        tx.send(()).unwrap();
+        let t = w.flushing.lock().take().unwrap();
+        t.join().unwrap();
+        assert!(!w.write_would_wait(100, 200));
     }
 
     #[test]

@@ -340,10 +340,11 @@ impl<F: Filesystem> Dispatcher<F> {
             inner: sink,
             errno: 0,
         };
+        let mut written = None;
         let outcome = match decoded {
             Ok(req) => {
                 if let Operation::Write { data, .. } = req.op {
-                    self.metrics.written(data.len());
+                    written = Some(data.len());
                 }
                 self.handle_with(&req, apart, scratch, &mut observed)
             }
@@ -355,6 +356,9 @@ impl<F: Filesystem> Dispatcher<F> {
         if matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
             // Counted when it runs again, where it may wait.
             return outcome;
+        }
+        if let Some(n) = written {
+            self.metrics.written(n);
         }
         self.metrics.record(opcode, started, observed.errno);
         outcome
@@ -819,17 +823,18 @@ pub(crate) enum NoWaitRule {
     /// Run it without waiting: where it would wait it fails with
     /// `WouldBlock` having changed nothing a second run would repeat, and
     /// is handed on then. READ and FLUSH (usually a cached block, a close
-    /// with nothing buffered) and the operations that only read metadata
-    /// (a remote metadata engine fails them before its round trip; local
-    /// metadata answers at once).
+    /// with nothing buffered), WRITE (usually into the file's buffer; one
+    /// that would start a commit while the last still runs, or find
+    /// memory short, is handed on before it takes a byte) and the
+    /// operations that only read metadata (a remote metadata engine fails
+    /// them before its round trip; local metadata answers at once).
     Try,
     /// Hand it on without trying: it always waits on storage (the syncs),
     /// its first run would change something before it could wait (RELEASE
     /// drops its handle), or it changes metadata kept on another machine.
     HandOn,
     /// Run it here, waiting if it must: its metadata is local (SQLite), or
-    /// it stays on the worker — WRITE (into the file's buffer; a full
-    /// buffer's commit waits), DESTROY, and operations with no reply.
+    /// it stays on the worker — DESTROY, and operations with no reply.
     Run,
 }
 
@@ -841,6 +846,7 @@ pub(crate) fn no_wait_rule(opcode: u32, remote_metadata: bool) -> NoWaitRule {
         op::FSYNC | op::FSYNCDIR | op::RELEASE | op::SYNCFS => NoWaitRule::HandOn,
         op::READ
         | op::FLUSH
+        | op::WRITE
         | op::LOOKUP
         | op::GETATTR
         | op::READLINK
@@ -848,7 +854,7 @@ pub(crate) fn no_wait_rule(opcode: u32, remote_metadata: bool) -> NoWaitRule {
         | op::GETXATTR
         | op::LISTXATTR
         | op::ACCESS => NoWaitRule::Try,
-        op::WRITE | op::DESTROY | op::INIT => NoWaitRule::Run,
+        op::DESTROY | op::INIT => NoWaitRule::Run,
         _ if remote_metadata && crate::request::expects_reply(opcode) => NoWaitRule::HandOn,
         _ => NoWaitRule::Run,
     }
@@ -1134,6 +1140,13 @@ mod tests {
         let getattr = message(opcode::GETATTR, 1, 1, &[&[0u8; 16]]);
         let mkdir = message(opcode::MKDIR, 2, 1, &[mkdir.as_bytes(), b"d\0"]);
         let fsync = message(opcode::FSYNC, 3, 5, &[fsync.as_bytes()]);
+        let write = abi::WriteIn {
+            fh: 6,
+            offset: 0,
+            size: 2,
+            ..Default::default()
+        };
+        let write = message(opcode::WRITE, 4, 5, &[write.as_bytes(), b"hi"]);
         for remote in [false, true] {
             let fs = Refusing {
                 remote,
@@ -1151,17 +1164,20 @@ mod tests {
             };
             // A sync always waits: handed on, never tried.
             assert!(handed_on(&fsync, &mut out));
-            // Reading metadata is tried (the file system is called).
+            // Reading metadata is tried (the file system is called), and
+            // so is a WRITE (it decides itself, before it takes a byte).
             assert!(!handed_on(&getattr, &mut out));
+            assert!(!handed_on(&write, &mut out));
             // Changing it: run here when the metadata is local, handed on
             // untried when it is on another machine.
             assert_eq!(handed_on(&mkdir, &mut out), remote);
             let calls = d.filesystem().calls();
-            assert_eq!(calls.len(), if remote { 1 } else { 2 }, "{calls:?}");
+            assert_eq!(calls.len(), if remote { 2 } else { 3 }, "{calls:?}");
             assert!(calls[0].starts_with("getattr"), "{calls:?}");
+            assert!(calls[1].starts_with("write"), "{calls:?}");
             assert!(calls.iter().all(|c| !c.starts_with("fsync")), "{calls:?}");
             // Nothing was answered for what was handed on.
-            assert_eq!(out.0.len(), if remote { 1 } else { 2 });
+            assert_eq!(out.0.len(), if remote { 2 } else { 3 });
         }
     }
 

@@ -815,8 +815,9 @@ mod tests {
 
     /// A WRITE handed on to a waiter carries its data: the waiter reads it
     /// again from the chain's descriptors, past the header and arguments
-    /// the worker gathered. (The dispatcher never hands a WRITE on today —
-    /// it runs WRITE on the worker, waiting — but a handler may.)
+    /// the worker gathered. (The dispatcher hands a WRITE on when it would
+    /// start a commit while the file's last one still runs, or find the
+    /// write memory short.)
     #[test]
     fn a_write_handed_on_carries_its_data() {
         let r = rig();

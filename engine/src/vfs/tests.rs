@@ -1760,6 +1760,41 @@ fn posix_acls_are_refused() {
 /// `WouldBlock` for a read whose block is not in the memory cache, before
 /// anything changed; the second run, where waiting is allowed, reads it.
 #[test]
+fn a_write_that_would_wait_for_memory_fails_before_it_takes_a_byte() {
+    let cfg = VfsConfig {
+        total_buffer_bytes: 1 << 20,
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg);
+    let (ino, fh) = t.create("f");
+    let data = random(768 << 10, 5);
+    t.write(ino, fh, 0, &data);
+    let more = random(512 << 10, 6);
+    {
+        // 768 KiB buffered + 512 KiB > 1 MiB: this file's buffer would be
+        // written back first, which waits.
+        let _g = sluice_api::wait::no_wait();
+        let r = t.vfs.write_buf(&ctx(), ino, fh, 768 << 10, &more, false);
+        assert!(matches!(r, Err(Error::WouldBlock)), "{r:?}");
+        // A small one fits: taken at once.
+        let n = t.vfs.write_buf(&ctx(), ino, fh, 100, b"xy", false).unwrap();
+        assert_eq!(n, 2);
+    }
+    // Nothing of the refused write was taken: the file ends where it did.
+    assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().length, 768 << 10);
+    // Run again where it may wait (a waiter), it writes back and goes on.
+    let n = t
+        .vfs
+        .write_buf(&ctx(), ino, fh, 768 << 10, &more, false)
+        .unwrap();
+    assert_eq!(n, more.len());
+    let mut want = data;
+    want[100..102].copy_from_slice(b"xy");
+    want.extend_from_slice(&more);
+    assert!(t.read(ino, fh, 0, want.len()) == want);
+}
+
+#[test]
 fn a_read_that_would_wait_fails_first_and_runs_once_again() {
     let t = setup();
     let data = random(3 * MIB as usize, 21);
