@@ -44,10 +44,16 @@ fn meta_url(dir: &Path) -> String {
 }
 
 fn open_vfs(dir: &Path) -> Vfs {
+    open_vfs_buffering(dir, VfsConfig::default().buffer_bytes)
+}
+
+/// [`open_vfs`] with a write buffer of `buffer_bytes` per file.
+fn open_vfs_buffering(dir: &Path, buffer_bytes: usize) -> Vfs {
     let meta = open_meta(&meta_url(dir)).expect("open meta");
     let config = VfsConfig {
         cache_bytes: 64 << 20,
         cleanup_interval: None,
+        buffer_bytes,
         ..VfsConfig::default()
     };
     Vfs::new(open_volume(meta).expect("open volume"), config).expect("vfs")
@@ -55,7 +61,11 @@ fn open_vfs(dir: &Path) -> Vfs {
 
 /// Serves the volume in `dir` for one connection.
 fn serve_in(dir: tempfile::TempDir) -> Served {
-    let vfs = open_vfs(dir.path());
+    serve_vfs(open_vfs(dir.path()), dir)
+}
+
+/// Serves `vfs` (the volume in `dir`) for one connection.
+fn serve_vfs(vfs: Vfs, dir: tempfile::TempDir) -> Served {
     let config = DeviceConfig::new("sluice-e2e", REQUEST_QUEUES);
     let handler = FuseHandler::new(Dispatcher::new(vfs, Config::default()));
     let socket = dir.path().join("vhost-fs.sock");
@@ -322,7 +332,24 @@ fn bench_args(served: &Served, file: &str, block_size: u64) -> VirtiofsArgs {
 
 #[test]
 fn bench_write_fills_a_file_per_queue_in_order() {
-    let served = serve();
+    check_bench_write(serve());
+}
+
+/// With a 256 KiB write buffer the files commit behind the WRITEs every
+/// few of them, and WRITEs that meet a commit still running are handed to
+/// waiters, which take their data from the guest's descriptors again: the
+/// files must hold the same bytes.
+#[test]
+fn bench_write_with_commits_behind_every_few_writes_stores_every_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format(dir.path());
+    let vfs = open_vfs_buffering(dir.path(), 256 << 10);
+    check_bench_write(serve_vfs(vfs, dir));
+}
+
+/// Runs `bench --write` (two queues, 4 MiB each in 256 KiB WRITEs) on
+/// `served` and reads the files back.
+fn check_bench_write(served: Served) {
     let block = 256u64 << 10;
     let depth = 4;
     let report = run(&VirtiofsArgs {

@@ -1200,7 +1200,10 @@ impl Filesystem for Vfs {
             // Memory is short: write this file's buffer back before going on.
             self.flush_file(ino, &file)?;
         } else if buffered >= self.cfg.buffer_bytes {
-            self.after_commit(ino, file.writer.flush_behind(&self.vol, ino))?;
+            let behind = file
+                .writer
+                .flush_behind(&self.vol, ino, self.cfg.buffer_bytes);
+            self.after_commit(ino, behind)?;
         }
         Ok(len)
     }

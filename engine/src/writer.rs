@@ -761,11 +761,23 @@ impl FileWriter {
 
     /// Starts committing the buffered writes in the background, so the
     /// writer can keep filling the buffer meanwhile (at most one commit runs
-    /// per file). Returns what the previous background commit committed; if
-    /// it failed, its writes are part of this commit (and the error is
-    /// counted for the handles to report).
-    pub fn flush_behind(&self, vol: &Arc<Volume>, ino: Ino) -> Result<Vec<Committed>> {
+    /// per file), if the buffer still holds `limit` bytes once the commit
+    /// lock is taken: several writers that filled it at once (waiter
+    /// threads, the host mount's workers) start one commit, not one each
+    /// behind the other's. Returns what the previous background commit
+    /// committed; if it failed, its writes are part of this commit (and the
+    /// error is counted for the handles to report).
+    pub fn flush_behind(
+        &self,
+        vol: &Arc<Volume>,
+        ino: Ino,
+        limit: usize,
+    ) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
+        if self.buf.lock().bytes < limit {
+            // Another writer took the buffer while this one waited.
+            return Ok(Vec::new());
+        }
         let done = self.join(bg.take(), ino);
         // Keep `end` so the file length still counts these writes until the
         // next full flush has committed them.
