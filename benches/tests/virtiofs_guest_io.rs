@@ -72,8 +72,16 @@ struct Running {
 }
 
 /// An object of a little over 2 MiB (not a multiple of any O_DIRECT
-/// alignment), served with `mode`.
+/// alignment), served with `mode`; with `--guest-io uring` the worker
+/// answers everything itself and waits for its ring.
 fn start(mode: GuestIoMode) -> Running {
+    start_with(mode, mode != GuestIoMode::Uring)
+}
+
+/// [`start`], with the waiters on (`waiting`) or off (`--max-waiting 0`):
+/// with them, a worker that must not wait queues what the page cache
+/// misses on its ring and parks the chain.
+fn start_with(mode: GuestIoMode, waiting: bool) -> Running {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("object");
     let data: Vec<u8> = (0..(2 << 20) + 777)
@@ -88,9 +96,7 @@ fn start(mode: GuestIoMode) -> Running {
     let mut config = DeviceConfig::new("guest-io", 1);
     config.queue_size = 256;
     config.guest_io = mode;
-    // The worker's io_uring ring waits for the disk: it reads only for a
-    // worker that answers everything itself.
-    if mode == GuestIoMode::Uring {
+    if !waiting {
         config.max_waiting = 0;
     }
     let device = VirtioFsDevice::new(config, Arc::new(handler)).expect("device");
@@ -319,14 +325,32 @@ fn direct_reads_of_what_the_page_cache_misses_land_in_guest_memory() {
 
 #[test]
 fn reads_land_correctly_after_the_memory_table_changes() {
+    memory_table_changes(false);
+}
+
+#[test]
+fn parked_reads_land_correctly_after_the_memory_table_changes() {
+    memory_table_changes(true);
+}
+
+/// Reads into hot-plugged and removed memory; with `parked`, on a worker
+/// that must not wait (the object evicted before each read, so the ring
+/// reads it and the chain is parked on it).
+fn memory_table_changes(parked: bool) {
     use vhost::VhostBackend;
     use vhost::VhostUserMemoryRegionInfo;
     use vhost::vhost_user::VhostUserFrontend;
 
-    let running = start(GuestIoMode::Uring);
+    let running = start_with(GuestIoMode::Uring, parked);
+    let evict_if_parked = |running: &Running| {
+        if parked {
+            evict(running);
+        }
+    };
     let (mut device, mut queue) = connect(&running);
     let pieces = pieces(&mut device);
     let size: usize = pieces.iter().map(|p| p.1 as usize).sum();
+    evict_if_parked(&running);
     assert_eq!(read_object(&mut queue, 100, &pieces), 0);
     assert!(same(
         &gather(&queue, &pieces),
@@ -349,6 +373,7 @@ fn reads_land_correctly_after_the_memory_table_changes() {
         pieces[1],
         (GuestAddress(base.0 + 0x4_0000 + 5), 7000),
     ];
+    evict_if_parked(&running);
     assert_eq!(read_object(&mut queue, 8192, &mixed), 0);
     let mut got = vec![0u8; 128 << 10];
     region
@@ -378,6 +403,7 @@ fn reads_land_correctly_after_the_memory_table_changes() {
         .expect("REM_MEM_REG");
     device.frontend().get_features().expect("GET_FEATURES");
     scribble(&queue, &pieces);
+    evict_if_parked(&running);
     assert_eq!(read_object(&mut queue, 999, &pieces), 0);
     assert!(same(
         &gather(&queue, &pieces),
@@ -386,9 +412,173 @@ fn reads_land_correctly_after_the_memory_table_changes() {
     assert_eq!(region.len(), 1 << 20);
 
     let (fixed, direct, pread) = running.stats[1].guest_io_snapshot();
+    let handed_on = running.stats[1]
+        .handed_on
+        .load(std::sync::atomic::Ordering::Relaxed);
     finish(running, device);
     if uring_available() {
         assert_eq!(pread, 0, "every read went through io_uring");
         assert_eq!(fixed + direct, (2 * size + want_len) as u64);
+        assert_eq!(handed_on, 0, "no read went to a waiter");
+    }
+}
+
+/// On a worker that must not wait, what the page cache misses is read on
+/// the worker's own ring, O_DIRECT where aligned, while the chain is
+/// parked; no waiter is involved. A read past the end of the object comes
+/// back short on the ring and is answered again by a waiter: an error.
+#[test]
+fn what_the_page_cache_misses_is_read_on_the_workers_ring_while_the_chain_is_parked() {
+    let running = start_with(GuestIoMode::Uring, true);
+    let (mut device, mut queue) = connect(&running);
+    let pieces = pieces(&mut device);
+    let size: usize = pieces.iter().map(|p| p.1 as usize).sum();
+    for offset in [0u64, 4096, 12_345, (running.data.len() - size) as u64] {
+        scribble(&queue, &pieces);
+        evict(&running);
+        assert_eq!(read_object(&mut queue, offset, &pieces), 0, "at {offset}");
+        let want = &running.data[offset as usize..offset as usize + size];
+        assert!(same(&gather(&queue, &pieces), want), "bytes at {offset}");
+    }
+    // The last range again, not evicted: the ring's reads through the
+    // page cache filled it (no piece is aligned with the file here), so
+    // the worker reads it in place.
+    let last = running.data.len() - size;
+    scribble(&queue, &pieces);
+    assert_eq!(read_object(&mut queue, last as u64, &pieces), 0);
+    assert!(same(&gather(&queue, &pieces), &running.data[last..]));
+    let past = (running.data.len() - size + 4096) as u64;
+    evict(&running);
+    assert_eq!(read_object(&mut queue, past, &pieces), -libc::EIO);
+    let handed_on = running.stats[1]
+        .handed_on
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let (fixed, direct, pread) = running.stats[1].guest_io_snapshot();
+    finish(running, device);
+    if uring_available() {
+        assert_eq!(handed_on, 1, "only the read past the end went to a waiter");
+        assert!(
+            fixed + direct >= 4 * size as u64,
+            "the evicted reads went through the ring ({fixed} + {direct})"
+        );
+        // (The odd first piece leaves no guest buffer aligned with the
+        // file here; the many-reads test below covers O_DIRECT.)
+        assert!(pread > 0, "the page cache was read in place");
+    } else {
+        assert_eq!((fixed, direct), (0, 0));
+    }
+}
+
+/// Many READs at once on one queue, each into guest buffers of its own
+/// (page-aligned, odd, split across descriptors), the object evicted: the
+/// worker parks them all on its ring, and every one lands where it should.
+#[test]
+fn many_reads_parked_on_the_ring_at_once_land_in_their_own_buffers() {
+    const READS: usize = 24;
+    let running = start_with(GuestIoMode::Uring, true);
+    let (mut device, fuse_queue) = connect(&running);
+    struct Posted {
+        head: u16,
+        offset: u64,
+        reply: GuestAddress,
+        pieces: Vec<(GuestAddress, u32)>,
+    }
+    let mut posted = Vec::new();
+    let mut chains = Vec::new();
+    for i in 0..READS {
+        let memory = device.memory();
+        let skew = [0u64, 0, 1, 512, 7][i % 5];
+        let lens: &[u32] = match i % 4 {
+            0 => &[4096; 8],
+            1 => &[65536, 4096, 300],
+            2 => &[13, 5000, 128 << 10],
+            _ => &[1 << 20],
+        };
+        let pieces: Vec<(GuestAddress, u32)> = lens
+            .iter()
+            .map(|&len| {
+                let at = memory.alloc(u64::from(len) + skew, 4096).expect("alloc");
+                (GuestAddress(at.0 + skew), len)
+            })
+            .collect();
+        let size: u32 = pieces.iter().map(|p| p.1).sum();
+        let offset = (i as u64 * 77_777) % (running.data.len() as u64 - u64::from(size));
+        let offset = if i % 3 == 0 { offset & !4095 } else { offset };
+        let args: Vec<u8> = offset
+            .to_le_bytes()
+            .into_iter()
+            .chain(size.to_le_bytes())
+            .collect();
+        let request = wire::request(READ_OBJECT, 100 + i as u64, 1, &args);
+        let request_addr = memory.alloc(request.len() as u64, 64).expect("alloc");
+        memory
+            .memory()
+            .write_slice(&request, request_addr)
+            .expect("request");
+        let reply = memory.alloc(OUT_HEADER_LEN as u64, 64).expect("alloc");
+        for &(addr, len) in &pieces {
+            memory
+                .memory()
+                .write_slice(&vec![0xEE; len as usize], addr)
+                .expect("scribble");
+        }
+        let mut chain = vec![
+            RawDescriptor::buffer(request_addr, request.len() as u32, false),
+            RawDescriptor::buffer(reply, OUT_HEADER_LEN as u32, true),
+        ];
+        chain.extend(
+            pieces
+                .iter()
+                .map(|&(addr, len)| RawDescriptor::buffer(addr, len, true)),
+        );
+        chains.push(chain);
+        posted.push(Posted {
+            head: 0,
+            offset,
+            reply,
+            pieces,
+        });
+    }
+    evict(&running);
+    let mut queue = fuse_queue.into_queue();
+    for (p, chain) in posted.iter_mut().zip(&chains) {
+        p.head = queue.add_raw(chain).expect("add");
+    }
+    queue.publish().expect("publish");
+    let mut used = std::collections::HashMap::new();
+    for _ in 0..READS {
+        let (head, len) = queue
+            .wait_used(std::time::Duration::from_secs(30))
+            .expect("a reply");
+        used.insert(head, len);
+    }
+    let memory = device.memory().memory().clone();
+    for (i, p) in posted.iter().enumerate() {
+        let size: u32 = p.pieces.iter().map(|p| p.1).sum();
+        assert_eq!(
+            used.get(&p.head),
+            Some(&(OUT_HEADER_LEN as u32 + size)),
+            "read {i}"
+        );
+        let mut header = [0u8; OUT_HEADER_LEN];
+        memory.read_slice(&mut header, p.reply).expect("header");
+        assert_eq!(i32::from_le_bytes(header[4..8].try_into().unwrap()), 0);
+        let mut got = Vec::new();
+        for &(addr, len) in &p.pieces {
+            let mut part = vec![0u8; len as usize];
+            memory.read_slice(&mut part, addr).expect("gather");
+            got.extend_from_slice(&part);
+        }
+        let want = &running.data[p.offset as usize..p.offset as usize + size as usize];
+        assert!(same(&got, want), "bytes of read {i} at {}", p.offset);
+    }
+    let handed_on = running.stats[1]
+        .handed_on
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let (fixed, direct, _) = running.stats[1].guest_io_snapshot();
+    finish(running, device);
+    if uring_available() {
+        assert_eq!(handed_on, 0, "no read went to a waiter");
+        assert!(fixed + direct > 0 && direct > 0);
     }
 }

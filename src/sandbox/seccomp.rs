@@ -90,6 +90,10 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_set_mempolicy,
     libc::SYS_move_pages,
     libc::SYS_mincore,
+    // cachestat(2): whether a READ's range is in the page cache (guest I/O
+    // with `--guest-io uring`); the same number on every architecture, which
+    // the libc crate names on only a few.
+    sluice_vhost::SYS_CACHESTAT,
     libc::SYS_mlock,
     libc::SYS_mlock2,
     libc::SYS_munlock,

@@ -61,7 +61,7 @@ struct FsBackend<H: ?Sized> {
     parked: Vec<Arc<Parked>>,
     /// The threads requests that wait run on (`None` with `max_waiting`
     /// 0); they end with the connection ([`VirtioFsDevice::serve`]).
-    waiters: Option<Waiters>,
+    waiters: Option<Arc<Waiters>>,
     /// Each queue's vring, noted by its worker, so that stopping a ring
     /// (GET_VRING_BASE) can return the chains the waiters still hold.
     vrings: Mutex<Vec<Option<VringRwLock<GuestMem>>>>,
@@ -177,14 +177,18 @@ impl<H: RequestHandler + ?Sized> VhostUserBackend for FsBackend<H> {
         let Some(parked) = self.parked.get(queue) else {
             return Ok(());
         };
-        // The queue's worker state, held until the chains are back: a
-        // worker in the middle of a batch (it took chains before the ring
-        // was marked not ready) finishes it first, and none starts after —
-        // so no chain is handed on, or returned, once this returns.
-        let _worker = self
-            .workers
-            .get(queue)
-            .map(|w| w.lock().unwrap_or_else(|p| p.into_inner()));
+        // A worker in the middle of a batch (it took chains before the ring
+        // was marked not ready) finishes it first: taking its state waits
+        // for that. No batch starts after (a worker woken now sees the
+        // ring not ready, and only reaps its io_uring ring, whose parked
+        // chains join the completion list drained below) — so no chain is
+        // handed on, or returned, once this returns. The state is not held
+        // while waiting: the worker must be free to reap its ring.
+        drop(
+            self.workers
+                .get(queue)
+                .map(|w| w.lock().unwrap_or_else(|p| p.into_inner())),
+        );
         if parked.outstanding() == 0 {
             return Ok(());
         }
@@ -358,7 +362,9 @@ impl<H: RequestHandler + ?Sized> VirtioFsDevice<H> {
             .collect::<io::Result<Vec<_>>>()
             .map_err(Error::Waiters)?;
         let waiters = if config.max_waiting > 0 {
-            Some(Waiters::start("vfs-wait", config.waiters).map_err(Error::Waiters)?)
+            Some(Arc::new(
+                Waiters::start("vfs-wait", config.waiters).map_err(Error::Waiters)?,
+            ))
         } else {
             None
         };

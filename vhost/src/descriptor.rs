@@ -544,35 +544,70 @@ impl<'a> Writer<'a> {
     }
 
     /// Reads `len` bytes of `file` from offset `off` straight into the
-    /// guest's buffers. On a worker with `--guest-io uring` the worker's
-    /// io_uring ring reads them into the guest's memory registered as fixed
-    /// buffers (O_DIRECT where aligned: no CPU copy); otherwise, or where the
-    /// ring cannot be used, one pread per guest buffer piece (the kernel
-    /// copies the bytes once, from its page cache into guest memory). A file
-    /// shorter than asked for is an `UnexpectedEof` error.
+    /// guest's buffers: one pread per guest buffer piece (the kernel copies
+    /// the bytes once, from its page cache into guest memory), except
+    /// where `--guest-io uring` routes them through the worker's io_uring
+    /// ring into the guest's memory registered as fixed buffers (O_DIRECT
+    /// where aligned: no CPU copy):
+    ///
+    /// * on a worker that must not wait (`sluice_api::wait`), what the page
+    ///   cache does not hold is queued on the ring and not waited for: the
+    ///   worker parks the chain until the reads complete (`guest_io::queue_into`);
+    /// * on a worker that may wait (`--max-waiting 0`), the ring is waited
+    ///   for here (`guest_io::read_into`).
+    ///
+    /// A file shorter than asked for is an `UnexpectedEof` error (where it
+    /// is found out on the ring, the request is answered again by a waiter,
+    /// which finds it out with pread).
     pub fn write_from_file(
         &mut self,
         file: &std::fs::File,
         off: u64,
         len: usize,
     ) -> io::Result<()> {
-        // The worker's ring waits for the disk: it serves only a worker
-        // that may wait (`--max-waiting 0`). Under `no_wait` the page cache
-        // is read below (RWF_NOWAIT) and the rest goes to a waiter, which
-        // reads O_DIRECT without registering guest memory.
         if let Some(route) = self.io
             && route.mode == GuestIoMode::Uring
             && !route.waiter
-            && sluice_api::wait::mode() != sluice_api::wait::Mode::NoWait
             && len > 0
             && len <= self.available
         {
-            let pieces = self.next_pieces(len);
-            if guest_io::read_into(route, file, off, &pieces)? {
-                self.skip(len);
-                return Ok(());
+            if sluice_api::wait::mode() != sluice_api::wait::Mode::NoWait {
+                let pieces = self.next_pieces(len);
+                if guest_io::read_into(route, file, off, &pieces)? {
+                    self.skip(len);
+                    return Ok(());
+                }
+            } else if route.wake.is_some() {
+                // What the page cache holds is read at once (one kernel
+                // copy); the rest goes to the ring. `cachestat` asks without
+                // starting readahead; where it cannot, a RWF_NOWAIT read
+                // tries (and a miss may start readahead the ring then
+                // duplicates).
+                if guest_io::cached(file, off, len) != Some(false) {
+                    let mark = self.mark();
+                    match self.read_pieces(file, off, len) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.rewind(mark),
+                        done => return done,
+                    }
+                }
+                let pieces = self.next_pieces(len);
+                if guest_io::queue_into(route, file, off, &pieces)? {
+                    self.skip(len);
+                    return Ok(());
+                }
+                // The ring cannot take it: a waiter reads it.
+                return Err(io::ErrorKind::WouldBlock.into());
             }
         }
+        self.read_pieces(file, off, len)
+    }
+
+    /// [`Writer::write_from_file`] with one pread per guest buffer piece
+    /// (`RWF_NOWAIT` on a worker that must not wait: `WouldBlock` when the
+    /// page cache does not hold the bytes), or on a waiter with
+    /// `--guest-io direct`/`uring` the aligned middle of each piece
+    /// O_DIRECT (`DirectReader`).
+    fn read_pieces(&mut self, file: &std::fs::File, off: u64, len: usize) -> io::Result<()> {
         let mut failed: Option<io::Error> = None;
         // A waiter reads what the page cache did not hold: with O_DIRECT
         // where the operator allows it.

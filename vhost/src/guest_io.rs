@@ -37,7 +37,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -120,6 +120,10 @@ pub(crate) struct GuestIoRoute<'a> {
     /// on the worker): with [`GuestIoMode::Direct`] or
     /// [`GuestIoMode::Uring`], aligned pieces go O_DIRECT ([`DirectReader`]).
     pub waiter: bool,
+    /// The queue's completion eventfd, which the worker polls: a worker
+    /// that must not wait queues its reads on its ring ([`queue_into`]) and
+    /// the ring signals this when they complete. `None` on a waiter.
+    pub wake: Option<RawFd>,
 }
 
 thread_local! {
@@ -162,49 +166,252 @@ pub(crate) fn read_into(
     offset: u64,
     pieces: &[(GuestAddress, usize)],
 ) -> io::Result<bool> {
-    CONTEXT.with(|cell| {
-        // A READ never runs inside another on the same thread; a busy cell
-        // would be a bug, and pread is still correct.
-        let Ok(mut context) = cell.try_borrow_mut() else {
-            return Ok(false);
-        };
-        if let Context::Unstarted = *context {
-            *context = GuestIo::start().map_or(Context::Unavailable, Context::Ready);
+    with_io(true, Ok(false), |io| io.read(route, file, offset, pieces))
+}
+
+/// Queues reads of the bytes of `file` from `offset` into the guest buffers
+/// `pieces` on this thread's ring, for the chain being answered, without
+/// waiting for them: the worker parks the chain ([`take_current`],
+/// [`park`]) and publishes it when they are done. The ring signals
+/// `route.wake` as they complete.
+///
+/// Returns `Ok(false)` when the ring cannot take them (no ring, no wake-up
+/// eventfd, memory the kernel would not register, a piece straddling two
+/// memory regions, every registered file busy); reads queued for the chain
+/// before that still count, and the chain still waits for them.
+pub(crate) fn queue_into(
+    route: GuestIoRoute<'_>,
+    file: &File,
+    offset: u64,
+    pieces: &[(GuestAddress, usize)],
+) -> io::Result<bool> {
+    with_io(true, Ok(false), |io| io.queue(route, file, offset, pieces))
+}
+
+/// The chain being answered has reads queued on this thread's ring: it must
+/// be [`park`]ed, whatever its answer, and not given back to the guest (nor
+/// handed on) until they are done. Resets the chain being answered.
+pub(crate) fn take_current() -> Option<RingTicket> {
+    with_io(false, None, |io| io.current.take().map(RingTicket))
+}
+
+/// Leaves the chain of `ticket` to `then`, which runs on this thread once
+/// every read queued for it is done (at once when they already are), from
+/// [`submit_and_reap`], [`drain`], a memory table change or the end of the
+/// thread.
+pub(crate) fn park(ticket: RingTicket, then: RingDone) {
+    let mut then = Some(then);
+    with_io(false, (), |io| {
+        if let Some(then) = then.take() {
+            io.park(ticket.0, then);
         }
-        match &mut *context {
-            Context::Ready(io) => io.read(route, file, offset, pieces),
-            _ => Ok(false),
-        }
-    })
+    });
+    if then.is_some() {
+        // Unreachable: the ticket came from this thread's context, which
+        // lives as long as the thread and is never borrowed across a call.
+        log::error!("a chain with reads on the ring could not be parked; it is lost");
+    }
+}
+
+/// Hands the reads queued in this batch to the kernel and runs the `then`
+/// of every parked chain whose reads are done, without waiting. The worker
+/// calls it after each batch and on every completion wake-up (after
+/// resetting the eventfd the ring signals, so that no completion goes
+/// unnoticed).
+pub(crate) fn submit_and_reap() {
+    with_io(false, (), GuestIo::submit_and_reap);
+}
+
+/// Waits until every read on this thread's ring is done and runs the
+/// `then` of their chains (DESTROY: every chain must be answered first).
+pub(crate) fn drain() {
+    with_io(false, (), GuestIo::drain_all);
 }
 
 /// Drops this thread's registration of guest memory if it is not `current`:
 /// the frontend changed the memory table, and the old mappings should go as
-/// soon as no batch uses them any more.
+/// soon as no batch uses them any more. Waits for reads in flight into the
+/// old table first.
 pub(crate) fn release_stale(current: &Arc<GuestMemoryMmap>) {
-    CONTEXT.with(|cell| {
-        if let Ok(mut context) = cell.try_borrow_mut()
-            && let Context::Ready(io) = &mut *context
-            && io
-                .registered
-                .as_ref()
-                .is_some_and(|r| !Arc::ptr_eq(&r.table, current))
+    with_io(false, (), |io| {
+        if io
+            .registered
+            .as_ref()
+            .is_some_and(|r| !Arc::ptr_eq(&r.table, current))
         {
             io.unregister_memory();
         }
     });
 }
 
+/// Runs `f` on this thread's context (started first when `start`; `default`
+/// where there is none), then the `then` of every chain whose reads finished
+/// meanwhile, once the context is let go: they may hand the chain to a
+/// waiter, and nothing they do comes back here.
+fn with_io<T>(start: bool, default: T, f: impl FnOnce(&mut GuestIo) -> T) -> T {
+    let (out, finished) = CONTEXT.with(|cell| {
+        // Never nested on one thread (a `then` runs after the borrow ends);
+        // a busy cell would be a bug, and the callers' fallbacks are correct.
+        let Ok(mut context) = cell.try_borrow_mut() else {
+            return (default, Vec::new());
+        };
+        if start && let Context::Unstarted = *context {
+            *context = GuestIo::start().map_or(Context::Unavailable, Context::Ready);
+        }
+        match &mut *context {
+            Context::Ready(io) => {
+                let out = f(io);
+                (out, std::mem::take(&mut io.finished))
+            }
+            _ => (default, Vec::new()),
+        }
+    });
+    for (then, outcome) in finished {
+        then(outcome);
+    }
+    out
+}
+
+/// The number of `cachestat(2)`: the same on every Linux architecture
+/// (it came after the syscall tables were unified); the libc crate names it
+/// for only a few. The sandbox's seccomp allowlist lets it through.
+pub const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Whether every page of `file` in `[off, off + len)` is in the page cache,
+/// asked with `cachestat(2)` (Linux 6.5), which unlike a `RWF_NOWAIT` read
+/// that misses starts no readahead: a range the ring then reads with
+/// O_DIRECT is not read from the disk twice. `None` where the kernel (or
+/// the sandbox) does not offer it.
+pub(crate) fn cached(file: &File, off: u64, len: usize) -> Option<bool> {
+    static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    if UNSUPPORTED.load(Ordering::Relaxed) || len == 0 {
+        return None;
+    }
+    let range = Range {
+        off,
+        len: len as u64,
+    };
+    let mut stat = Stat::default();
+    // SAFETY: both structs are live, laid out as the kernel's
+    // `cachestat_range` and `cachestat`; the kernel reads one and writes the
+    // other, nothing else.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &raw const range,
+            &raw mut stat,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+            UNSUPPORTED.store(true, Ordering::Relaxed);
+            debug!("no cachestat ({e}): a READ tries the page cache with RWF_NOWAIT first");
+        }
+        return None;
+    }
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096);
+    let pages = (off + len as u64).div_ceil(page) - off / page;
+    Some(stat.nr_cache >= pages)
+}
+
+/// What came of a parked chain's reads, handed to its [`RingDone`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingOutcome {
+    /// Every read came back in full. When one failed or came back short the
+    /// chain's reply cannot be trusted: the worker hands the request to a
+    /// waiter, which answers it again with `pread`.
+    pub complete: bool,
+    /// Bytes read through the page cache (the kernel copied them).
+    pub fixed: u64,
+    /// Bytes read with O_DIRECT (the device wrote them, no CPU copy).
+    pub direct: u64,
+}
+
+/// What the worker does with a parked chain once its reads are done.
+pub(crate) type RingDone = Box<dyn FnOnce(RingOutcome)>;
+
+/// A chain with reads queued on this thread's ring ([`take_current`]).
+#[derive(Debug)]
+pub(crate) struct RingTicket(usize);
+
+/// A chain with reads on the ring.
+struct RingChain {
+    /// Reads queued or in flight.
+    pending: usize,
+    outcome: RingOutcome,
+    /// Set when the worker parks the chain; `None` while it is answered.
+    then: Option<RingDone>,
+}
+
+/// One read on the ring for a chain.
+struct Ticket {
+    chain: usize,
+    len: usize,
+    direct: bool,
+}
+
+/// Tokens of [`read_into`]'s reads, which wait in place, carry this bit;
+/// the others index [`GuestIo::tickets`].
+const SYNC: u64 = 1 << 63;
+
 /// One worker thread's ring with the guest memory and recent files registered.
 ///
 /// Field order is drop order: the ring goes (and waits for anything in
-/// flight) before the memory table whose mappings it points into.
+/// flight) before the memory table whose mappings it points into. Its
+/// `Drop` first waits for the reads of parked chains and runs their `then`.
 struct GuestIo {
     reactor: Reactor,
     files: Vec<CachedFile>,
     events: Vec<Event<()>>,
     ops: Vec<Op>,
     registered: Option<Registered>,
+    /// Parked chains (and the one being answered), by [`RingTicket`].
+    chains: Vec<Option<RingChain>>,
+    free_chains: Vec<usize>,
+    /// Reads on the ring for chains, by token.
+    tickets: Vec<Option<Ticket>>,
+    free_tickets: Vec<usize>,
+    /// The chain being answered, once it has queued a read.
+    current: Option<usize>,
+    /// Chains whose reads are done, to hand to their `then` once the
+    /// context is let go.
+    finished: Vec<(RingDone, RingOutcome)>,
+    /// The eventfd registered with the ring (the queue's completion event).
+    wake: Option<RawFd>,
+}
+
+impl Drop for GuestIo {
+    fn drop(&mut self) {
+        // The connection is ending (the worker thread exits): the reads of
+        // parked chains finish into mappings `registered` keeps alive, and
+        // each chain's `then` learns of it (a waiter may finish it; nobody
+        // returns it to the guest).
+        self.drain_all();
+        for (then, outcome) in std::mem::take(&mut self.finished) {
+            then(outcome);
+        }
+    }
 }
 
 /// The memory table registered with the ring.
@@ -283,7 +490,213 @@ impl GuestIo {
             events: Vec::new(),
             ops: Vec::new(),
             registered: None,
+            chains: Vec::new(),
+            free_chains: Vec::new(),
+            tickets: Vec::new(),
+            free_tickets: Vec::new(),
+            current: None,
+            finished: Vec::new(),
+            wake: None,
         }))
+    }
+
+    /// [`queue_into`]'s work.
+    fn queue(
+        &mut self,
+        route: GuestIoRoute<'_>,
+        file: &File,
+        offset: u64,
+        pieces: &[(GuestAddress, usize)],
+    ) -> io::Result<bool> {
+        let Some(wake) = route.wake else {
+            return Ok(false);
+        };
+        match self.wake {
+            Some(registered) if registered == wake => {}
+            // One worker thread serves one queue: a second eventfd would be
+            // a bug; its chains go to the waiters instead.
+            Some(_) => return Ok(false),
+            None => {
+                if let Err(e) = self.reactor.register_eventfd(wake) {
+                    say_once(&SAID_QUEUE_FAILED, || {
+                        format!("io_uring cannot signal the worker's eventfd: {e}")
+                    });
+                    return Ok(false);
+                }
+                self.wake = Some(wake);
+            }
+        }
+        if !self.register_memory(route.table) || !self.plan(route.table, offset, pieces) {
+            return Ok(false);
+        }
+        let (buffered, direct) = match self.file(file) {
+            Ok(found) => found,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    say_once(&SAID_FILE_REFUSED, || {
+                        format!("io_uring refused to register a file: {e}")
+                    });
+                }
+                return Ok(false);
+            }
+        };
+        let direct = self.direct_for(file, direct);
+        self.split_direct(direct.map(|(_, align)| align));
+        let chain = match self.current {
+            Some(chain) => chain,
+            None => {
+                let chain = RingChain {
+                    pending: 0,
+                    outcome: RingOutcome {
+                        complete: true,
+                        fixed: 0,
+                        direct: 0,
+                    },
+                    then: None,
+                };
+                let id = match self.free_chains.pop() {
+                    Some(id) => {
+                        self.chains[id] = Some(chain);
+                        id
+                    }
+                    None => {
+                        self.chains.push(Some(chain));
+                        self.chains.len() - 1
+                    }
+                };
+                self.current = Some(id);
+                id
+            }
+        };
+        for i in 0..self.ops.len() {
+            let op = &self.ops[i];
+            let ticket = Ticket {
+                chain,
+                len: op.len,
+                direct: op.direct,
+            };
+            let slot = match (op.direct, direct) {
+                (true, Some((slot, _))) => slot,
+                _ => buffered,
+            };
+            let (file_offset, buffer, buffer_offset, len) =
+                (op.file_offset, op.buffer, op.buffer_offset, op.len);
+            let token = match self.free_tickets.pop() {
+                Some(t) => {
+                    self.tickets[t] = Some(ticket);
+                    t
+                }
+                None => {
+                    self.tickets.push(Some(ticket));
+                    self.tickets.len() - 1
+                }
+            };
+            if let Err(e) =
+                self.reactor
+                    .read_fixed(token as u64, slot, file_offset, buffer, buffer_offset, len)
+            {
+                self.tickets[token] = None;
+                self.free_tickets.push(token);
+                say_once(&SAID_QUEUE_FAILED, || {
+                    format!("io_uring refused a read into guest memory: {e}")
+                });
+                return Ok(false);
+            }
+            if let Some(Some(c)) = self.chains.get_mut(chain) {
+                c.pending += 1;
+            }
+        }
+        Ok(true)
+    }
+
+    /// [`park`]'s work.
+    fn park(&mut self, chain: usize, then: RingDone) {
+        let Some(Some(c)) = self.chains.get_mut(chain) else {
+            log::error!("parking an unknown chain on the ring");
+            return;
+        };
+        if c.pending > 0 {
+            c.then = Some(then);
+            return;
+        }
+        let outcome = c.outcome;
+        self.chains[chain] = None;
+        self.free_chains.push(chain);
+        self.finished.push((then, outcome));
+    }
+
+    fn submit_and_reap(&mut self) {
+        if self.reactor.in_flight() == 0 {
+            return;
+        }
+        if let Err(e) = self.reactor.poll(&mut self.events) {
+            warn!("cannot submit or reap reads into guest memory: {e}");
+        }
+        self.route();
+    }
+
+    fn drain_all(&mut self) {
+        if self.reactor.in_flight() == 0 {
+            return;
+        }
+        if let Err(e) = self.reactor.drain(&mut self.events) {
+            // As in `submit_and_wait`: the reads may land later; keep the
+            // table mapped for good. Their chains stay parked.
+            warn!("cannot wait for reads into guest memory: {e}");
+            if let Some(registered) = &self.registered {
+                std::mem::forget(Arc::clone(&registered.table));
+            }
+        }
+        self.route();
+    }
+
+    /// Hands every collected completion to its read: a waited-for read of
+    /// [`GuestIo::read`] gets its result, a parked chain's read counts
+    /// towards its chain, and a chain with none left goes to `finished`.
+    fn route(&mut self) {
+        for event in self.events.drain(..) {
+            let Event::Io(done) = event else { continue };
+            if done.token & SYNC != 0 {
+                if let Some(op) = usize::try_from(done.token & !SYNC)
+                    .ok()
+                    .and_then(|i| self.ops.get_mut(i))
+                {
+                    op.result = Some(done.result);
+                }
+                continue;
+            }
+            let Some(ticket) = usize::try_from(done.token)
+                .ok()
+                .and_then(|t| self.tickets.get_mut(t))
+                .and_then(Option::take)
+            else {
+                warn!("a ring completion for no read ({})", done.token);
+                continue;
+            };
+            self.free_tickets.push(done.token as usize);
+            let Some(Some(chain)) = self.chains.get_mut(ticket.chain) else {
+                continue;
+            };
+            chain.pending -= 1;
+            match done.result {
+                Ok(n) if n == ticket.len => {
+                    if ticket.direct {
+                        chain.outcome.direct += n as u64;
+                    } else {
+                        chain.outcome.fixed += n as u64;
+                    }
+                }
+                _ => chain.outcome.complete = false,
+            }
+            if chain.pending == 0
+                && let Some(then) = chain.then.take()
+            {
+                let outcome = chain.outcome;
+                self.chains[ticket.chain] = None;
+                self.free_chains.push(ticket.chain);
+                self.finished.push((then, outcome));
+            }
+        }
     }
 
     fn read(
@@ -306,13 +719,7 @@ impl GuestIo {
             }
         };
         let direct = self.direct_for(file, direct);
-        for op in &mut self.ops {
-            op.direct = direct.is_some_and(|(_, align)| {
-                (op.ptr as usize).is_multiple_of(align.memory as usize)
-                    && op.file_offset.is_multiple_of(u64::from(align.offset))
-                    && op.len.is_multiple_of(align.offset as usize)
-            });
-        }
+        self.split_direct(direct.map(|(_, align)| align));
         if !self.submit_and_wait(buffered, direct.map(|(slot, _)| slot))? {
             return Ok(false);
         }
@@ -337,12 +744,13 @@ impl GuestIo {
         // SAFETY: every range is a whole mapping of `table` (read/write guest
         // RAM), which stays mapped while `self.registered` holds its `Arc`:
         // until the regions are replaced or unregistered, which happens only
-        // with no I/O in flight (every READ waits for its I/O), or until the
+        // with no I/O in flight (`replace_regions` waits for every read,
+        // a parked chain's too, first), or until the
         // ring is dropped first (field order of `GuestIo`). Guest memory is
         // only ever accessed through raw pointers and volatile slices, never
         // through Rust references.
         let replaced = unsafe { self.reactor.replace_regions(&ranges, &mut self.events) };
-        self.events.clear();
+        self.route();
         let regions = match replaced {
             Ok(handles) => Some(
                 ranges
@@ -398,7 +806,7 @@ impl GuestIo {
     fn clear_regions(&mut self) -> bool {
         // SAFETY: no new region is registered.
         let cleared = unsafe { self.reactor.replace_regions(&[], &mut self.events) };
-        self.events.clear();
+        self.route();
         match cleared {
             Ok(_) => true,
             Err(e) => {
@@ -450,6 +858,21 @@ impl GuestIo {
                 let Some((buffer, buffer_offset)) = handle.locate(at, n) else {
                     return false;
                 };
+                let ptr = host.wrapping_add(done);
+                let here = file_offset + done as u64;
+                // Guest pages that follow each other in host memory and in
+                // the file (the Linux driver gives a READ one descriptor per
+                // page) are one read.
+                if let Some(last) = self.ops.last_mut()
+                    && last.buffer == buffer
+                    && last.ptr.wrapping_add(last.len) == ptr
+                    && last.buffer_offset + last.len == buffer_offset
+                    && last.file_offset + last.len as u64 == here
+                {
+                    last.len += n;
+                    done += n;
+                    continue;
+                }
                 self.ops.push(Op {
                     ptr: host.wrapping_add(done),
                     len: n,
@@ -466,8 +889,51 @@ impl GuestIo {
         true
     }
 
+    /// Marks the planned reads that go O_DIRECT with `align`: the aligned
+    /// middle of each, split off from its unaligned head and tail, which go
+    /// through the page cache.
+    fn split_direct(&mut self, align: Option<DirectAlign>) {
+        let Some(align) = align else { return };
+        let (block, memory) = (align.offset as usize, align.memory as usize);
+        let planned = std::mem::take(&mut self.ops);
+        for op in planned {
+            let head = (block - (op.file_offset % block as u64) as usize) % block;
+            let middle = op.len.saturating_sub(head) / block * block;
+            if middle == 0 || !(op.ptr as usize + head).is_multiple_of(memory) {
+                self.ops.push(op);
+                continue;
+            }
+            let mut at = 0;
+            for (len, direct) in [
+                (head, false),
+                (middle, true),
+                (op.len - head - middle, false),
+            ] {
+                if len > 0 {
+                    self.ops.push(Op {
+                        ptr: op.ptr.wrapping_add(at),
+                        len,
+                        file_offset: op.file_offset + at as u64,
+                        buffer: op.buffer,
+                        buffer_offset: op.buffer_offset + at,
+                        direct,
+                        result: None,
+                    });
+                }
+                at += len;
+            }
+        }
+    }
+
+    /// Whether a registered file has reads queued or in flight.
+    fn busy(&self, entry: &CachedFile) -> bool {
+        self.reactor.file_busy(entry.buffered)
+            || matches!(entry.direct, Direct::Open { slot, .. } if self.reactor.file_busy(slot))
+    }
+
     /// The registered slot of `file` and what is known about its O_DIRECT
-    /// twin, registering it (and evicting the least recent file) on a miss.
+    /// twin, registering it (and evicting the least recent file with no
+    /// read in flight) on a miss; `WouldBlock` when every one has.
     fn file(&mut self, file: &File) -> io::Result<(FileSlot, Direct)> {
         let meta = file.metadata()?;
         let (dev, ino) = (meta.dev(), meta.ino());
@@ -478,7 +944,13 @@ impl GuestIo {
             return Ok(found);
         }
         if self.files.len() >= FILE_CACHE {
-            let old = self.files.remove(0);
+            let Some(idle) = self.files.iter().position(|f| !self.busy(f)) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "every registered file has reads in flight",
+                ));
+            };
+            let old = self.files.remove(idle);
             self.forget_file(&old);
         }
         let slot = self
@@ -516,9 +988,10 @@ impl GuestIo {
         }
         let guess = direct_align(file);
         let worth_it = self.ops.iter().any(|op| {
-            (op.ptr as usize).is_multiple_of(guess.memory as usize)
-                && op.file_offset.is_multiple_of(u64::from(guess.offset))
-                && op.len.is_multiple_of(guess.offset as usize)
+            let block = guess.offset as usize;
+            let head = (block - (op.file_offset % block as u64) as usize) % block;
+            op.len.saturating_sub(head) >= block
+                && (op.ptr as usize + head).is_multiple_of(guess.memory as usize)
         });
         if !worth_it {
             return None;
@@ -569,7 +1042,7 @@ impl GuestIo {
                 _ => buffered,
             };
             if let Err(e) = self.reactor.read_fixed(
-                token as u64,
+                SYNC | token as u64,
                 slot,
                 op.file_offset,
                 op.buffer,
@@ -596,15 +1069,7 @@ impl GuestIo {
                 "cannot wait for reads into guest memory: {e}"
             )));
         }
-        for event in self.events.drain(..) {
-            if let Event::Io(done) = event
-                && let Some(op) = usize::try_from(done.token)
-                    .ok()
-                    .and_then(|i| self.ops.get_mut(i))
-            {
-                op.result = Some(done.result);
-            }
-        }
+        self.route();
         Ok(queued)
     }
 
@@ -850,6 +1315,7 @@ mod tests {
             mode,
             stats,
             waiter,
+            wake: None,
         };
         let mut writer = chain.routed_writer(route);
         writer.write_from_file(file, off, len)?;

@@ -39,7 +39,7 @@ pub use backend::{
 pub use config::DeviceConfig;
 pub use descriptor::{ChainBuffers, ChainError, Reader, Writer};
 pub use error::{Error, Result};
-pub use guest_io::{GuestIoMode, ParseGuestIoModeError};
+pub use guest_io::{GuestIoMode, ParseGuestIoModeError, SYS_CACHESTAT};
 
 /// The device's errors must convert into `anyhow::Error` at the binary.
 const _: fn() = || {

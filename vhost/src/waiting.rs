@@ -91,18 +91,30 @@ impl Parked {
         if let Some(c) = done {
             s.done.push(c);
         }
-        drop(s);
-        self.finished.notify_all();
+        // The worker's wake-up is written before the chain can be seen
+        // finished: whoever `drain` or `wait_idle` lets go may rely on it.
         if let Err(e) = self.event.write(1) {
             warn!("cannot wake a queue worker: {e}");
         }
+        drop(s);
+        self.finished.notify_all();
     }
 
-    /// Takes the finished chains (the worker, woken by the eventfd).
+    /// A chain the worker itself finished (its reads on the worker's ring
+    /// are done): queued for the worker's next publication without writing
+    /// the eventfd, since the worker is awake.
+    pub fn complete_here(&self, done: Completion) {
+        let mut s = self.lock();
+        s.running = s.running.saturating_sub(1);
+        s.done.push(done);
+        drop(s);
+        self.finished.notify_all();
+    }
+
+    /// Takes the finished chains (the worker, woken by the eventfd). The
+    /// worker resets the eventfd ([`Parked::clear_event`]) and reaps its
+    /// ring before: a completion after the reset writes it again.
     pub fn take_done(&self, into: &mut Vec<Completion>) {
-        // The counter is reset before the list is read: a completion after
-        // this read writes the eventfd again.
-        self.clear_event();
         into.append(&mut self.lock().done);
     }
 
@@ -170,7 +182,8 @@ mod tests {
             [0, 10, 20, 30]
         );
         assert_eq!(parked.outstanding(), 0);
-        // The eventfd was written; taking resets it.
+        // The eventfd was written; the worker resets it before taking.
+        parked.clear_event();
         let mut more = Vec::new();
         parked.take_done(&mut more);
         assert!(more.is_empty());

@@ -161,12 +161,19 @@ pub(crate) struct QueueCtx<'a, H: ?Sized> {
     /// Every queue's (DESTROY waits until none is with a waiter).
     pub all_parked: &'a [Arc<Parked>],
     /// The device's waiters; `None` when requests are never handed on.
-    pub waiters: Option<&'a Waiters>,
+    pub waiters: Option<&'a Arc<Waiters>>,
 }
 
 impl<H: ?Sized> QueueCtx<'_, H> {
     fn stats(&self) -> &QueueStats {
         &self.stats[usize::from(self.queue)]
+    }
+
+    /// Whether READs of local files are queued on the worker's ring and
+    /// their chains parked there (`--guest-io uring` on a worker that must
+    /// not wait).
+    fn ring(&self) -> bool {
+        self.limits.guest_io == GuestIoMode::Uring && self.waiters.is_some()
     }
 }
 
@@ -208,6 +215,11 @@ pub(crate) fn process_queue<H: RequestHandler + ?Sized>(
     // after that only clears the eventfd.
     if !ctx.vring.get_ref().get_queue().ready() {
         ctx.parked.clear_event();
+        // Chains parked on the ring still finish (into the completion list
+        // `stop_vring` drains): reaped after the reset, as in a batch.
+        if ctx.ring() {
+            guest_io::submit_and_reap();
+        }
         return Ok(());
     }
     loop {
@@ -300,16 +312,21 @@ fn process_batch<H: RequestHandler + ?Sized>(
             mode: limits.guest_io,
             stats,
             waiter: false,
+            wake: ctx.ring().then(|| ctx.parked.event_fd()),
         };
         // DESTROY ends the session: the requests handed on before it (a
         // RELEASE, a FLUSH, on any queue) are answered first, as they would
-        // have been in ring order.
+        // have been in ring order. This worker's own parked chains wait
+        // for its ring, which only it reaps: it waits for that first.
         let before_destroy = || {
+            if ctx.ring() {
+                guest_io::drain();
+            }
             for p in ctx.all_parked {
                 p.wait_idle();
             }
         };
-        match handle_chain(
+        let answer = handle_chain(
             queue,
             route,
             &buffers,
@@ -318,7 +335,30 @@ fn process_batch<H: RequestHandler + ?Sized>(
             &**ctx.handler,
             &mut state.request,
             &before_destroy,
-        ) {
+        );
+        // Reads queued on the ring for this chain: whatever its answer, it
+        // waits for them (they write into its buffers) before it goes back
+        // to the guest or to a waiter.
+        if ctx.ring()
+            && let Some(waiters) = ctx.waiters
+            && let Some(ticket) = guest_io::take_current()
+        {
+            let used = match answer {
+                Answer::Done(used) => Some(used),
+                Answer::Wait => None,
+            };
+            let request = state.request.clone();
+            let parked = ParkedChain {
+                head,
+                buffers,
+                request,
+                popped,
+                used,
+            };
+            park_on_ring(ctx, waiters, &mem, parked, ticket);
+            continue;
+        }
+        match answer {
             Answer::Done(used) => {
                 stats
                     .bytes_out
@@ -339,6 +379,13 @@ fn process_batch<H: RequestHandler + ?Sized>(
         }
     }
     drop(no_wait);
+    // Reset the completion eventfd, then collect: the ring's completions
+    // (it signals the same eventfd) and the waiters'. One that comes after
+    // the reset writes it again and wakes the worker.
+    ctx.parked.clear_event();
+    if ctx.ring() {
+        guest_io::submit_and_reap();
+    }
     ctx.parked.take_done(&mut state.completed);
     if state.completed.is_empty() {
         return Ok(match (popped_any, room) {
@@ -392,43 +439,9 @@ fn hand_on<H: RequestHandler + ?Sized>(
     request: Vec<u8>,
     popped: Instant,
 ) -> Option<Completion> {
-    let queue = ctx.queue;
     let stats = ctx.stats();
     sluice_metrics::add(&stats.handed_on, 1);
-    let run = {
-        let handler = ctx.handler.clone();
-        let all_stats = ctx.stats.clone();
-        let mem = mem.clone();
-        let guest_io = ctx.limits.guest_io;
-        move || -> u32 {
-            let stats = &all_stats[usize::from(queue)];
-            // A waiter has no io_uring ring of its own registered with the
-            // guest's memory: it reads files with pread, O_DIRECT where
-            // the mode allows (`DirectReader`).
-            let route = GuestIoRoute {
-                table: &mem,
-                mode: guest_io,
-                stats,
-                waiter: true,
-            };
-            // A handler that panics must still give its chain back (the
-            // guest would wait for it, and GET_VRING_BASE for the queue):
-            // with EIO, as the worker answers a handler's failure.
-            let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                answer(queue, &buffers, route, &*handler, &request)
-            }));
-            let used = answered.unwrap_or_else(|_| {
-                warn!("queue {queue}: a request panicked on a waiter; answering EIO");
-                let unique = InHeader::parse(&request).map_or(0, |h| h.unique);
-                let mut reply = buffers.routed_writer(route);
-                answer_error(&mut reply, libc::EIO, unique)
-            });
-            stats
-                .bytes_out
-                .fetch_add(u64::from(used), Ordering::Relaxed);
-            used
-        }
-    };
+    let run = waiter_run(ctx, mem, buffers, request);
     let Some(waiters) = ctx.waiters else {
         let _wait = sluice_api::wait::allow_wait();
         return Some(Completion {
@@ -438,7 +451,20 @@ fn hand_on<H: RequestHandler + ?Sized>(
         });
     };
     ctx.parked.hand_on();
-    let parked = ctx.parked.clone();
+    submit_to_waiters(waiters, ctx.parked, head, popped, run);
+    None
+}
+
+/// Submits `run` (a chain counted as handed on) to the waiters, which
+/// return its chain to `parked`.
+fn submit_to_waiters(
+    waiters: &Waiters,
+    parked: &Arc<Parked>,
+    head: u16,
+    popped: Instant,
+    run: impl FnOnce() -> u32 + Send + 'static,
+) {
+    let parked = parked.clone();
     let job: Job = Box::new(move |closing| {
         if closing {
             // The connection is ending: the guest will not see this chain.
@@ -448,15 +474,116 @@ fn hand_on<H: RequestHandler + ?Sized>(
         let used = run();
         parked.complete(Some(Completion { head, used, popped }));
     });
-    match waiters.submit(job) {
-        Ok(()) => None,
-        Err(job) => {
-            // No waiter left: the connection is ending. Say so to the job,
-            // which gives the chain up.
-            job(true);
-            None
-        }
+    if let Err(job) = waiters.submit(job) {
+        // No waiter left: the connection is ending. Say so to the job,
+        // which gives the chain up.
+        job(true);
     }
+}
+
+/// The request of a chain, answered again on a waiter: returns the used
+/// length.
+fn waiter_run<H: RequestHandler + ?Sized>(
+    ctx: &QueueCtx<'_, H>,
+    mem: &Arc<vm_memory::GuestMemoryMmap>,
+    buffers: ChainBuffers,
+    request: Vec<u8>,
+) -> impl FnOnce() -> u32 + Send + 'static {
+    let queue = ctx.queue;
+    let handler = ctx.handler.clone();
+    let all_stats = ctx.stats.clone();
+    let mem = mem.clone();
+    let guest_io = ctx.limits.guest_io;
+    move || -> u32 {
+        let stats = &all_stats[usize::from(queue)];
+        // A waiter has no io_uring ring of its own registered with the
+        // guest's memory: it reads files with pread, O_DIRECT where
+        // the mode allows (`DirectReader`).
+        let route = GuestIoRoute {
+            table: &mem,
+            mode: guest_io,
+            stats,
+            waiter: true,
+            wake: None,
+        };
+        // A handler that panics must still give its chain back (the
+        // guest would wait for it, and GET_VRING_BASE for the queue):
+        // with EIO, as the worker answers a handler's failure.
+        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            answer(queue, &buffers, route, &*handler, &request)
+        }));
+        let used = answered.unwrap_or_else(|_| {
+            warn!("queue {queue}: a request panicked on a waiter; answering EIO");
+            let unique = InHeader::parse(&request).map_or(0, |h| h.unique);
+            let mut reply = buffers.routed_writer(route);
+            answer_error(&mut reply, libc::EIO, unique)
+        });
+        stats
+            .bytes_out
+            .fetch_add(u64::from(used), Ordering::Relaxed);
+        used
+    }
+}
+
+/// A chain to park on the worker's ring: its answer (`used`; `None` when
+/// the request must also wait for something else) and what a waiter needs
+/// to answer it again.
+struct ParkedChain {
+    head: u16,
+    buffers: ChainBuffers,
+    request: Vec<u8>,
+    popped: Instant,
+    used: Option<u32>,
+}
+
+/// Parks a chain whose READ queued reads on the worker's ring (`ticket`)
+/// until they are done. Then, if its answer was complete (`used`) and
+/// every read came back in full, it goes back to the guest with the
+/// worker's next batch; otherwise (a read failed or came back short, or
+/// the request must wait for something else too) a waiter answers it
+/// again from the start, with pread. It counts as handed on meanwhile
+/// (`--max-waiting` bounds it, `stop_vring` and DESTROY wait for it).
+fn park_on_ring<H: RequestHandler + ?Sized>(
+    ctx: &QueueCtx<'_, H>,
+    waiters: &Arc<Waiters>,
+    mem: &Arc<vm_memory::GuestMemoryMmap>,
+    chain: ParkedChain,
+    ticket: guest_io::RingTicket,
+) {
+    let ParkedChain {
+        head,
+        buffers,
+        request,
+        popped,
+        used,
+    } = chain;
+    let waiters = waiters.clone();
+    ctx.parked.hand_on();
+    let parked = ctx.parked.clone();
+    let all_stats = ctx.stats.clone();
+    let queue = usize::from(ctx.queue);
+    let run = waiter_run(ctx, mem, buffers, request);
+    guest_io::park(
+        ticket,
+        Box::new(move |outcome: guest_io::RingOutcome| {
+            let stats = &all_stats[queue];
+            sluice_metrics::add(&stats.guest_io_fixed_bytes, outcome.fixed);
+            sluice_metrics::add(&stats.guest_io_direct_bytes, outcome.direct);
+            match used {
+                Some(used) if outcome.complete => {
+                    sluice_metrics::add(&stats.bytes_out, u64::from(used));
+                    parked.complete_here(Completion { head, used, popped });
+                }
+                _ => {
+                    if !outcome.complete {
+                        debug!("queue {queue}: a read on the ring failed; a waiter answers again");
+                    }
+                    sluice_metrics::add(&stats.handed_on, 1);
+                    submit_to_waiters(&waiters, &parked, head, popped, run);
+                }
+            }
+        }),
+    );
 }
 
 /// Runs a request whose chain has already been checked and framed, on a
@@ -738,7 +865,7 @@ mod tests {
         stats: Arc<[QueueStats]>,
         parked: Arc<Parked>,
         all: Vec<Arc<Parked>>,
-        waiters: Waiters,
+        waiters: Arc<Waiters>,
     }
 
     fn rig() -> Rig {
@@ -758,7 +885,7 @@ mod tests {
             stats: vec![QueueStats::default()].into(),
             all: vec![parked.clone()],
             parked,
-            waiters: Waiters::start("vfs-wait", 2).unwrap(),
+            waiters: Arc::new(Waiters::start("vfs-wait", 2).unwrap()),
         }
     }
 
@@ -1169,6 +1296,7 @@ mod write_tests {
                 mode: GuestIoMode::Pread,
                 stats: &self.stats,
                 waiter: false,
+                wake: None,
             };
             let limits = Limits {
                 max_request_size: (MAX_WRITE as usize) * 2,

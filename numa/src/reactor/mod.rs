@@ -960,10 +960,44 @@ impl<M: Send + 'static> Reactor<M> {
         })
     }
 
-    /// Submits queued operations and collects whatever has finished, without blocking.
+    /// Submits queued operations and collects whatever has finished, without blocking. On a
+    /// DEFER_TASKRUN ring this also runs the completions the kernel deferred to this thread
+    /// (a plain submit would leave them unposted).
     pub fn poll(&mut self, events: &mut Vec<Event<M>>) -> Result<usize, ReactorError> {
-        self.submit()?;
+        match &mut self.backend {
+            Backend::Uring(ring) => ring.submit_and_reap(),
+            Backend::Threads(pool) => {
+                pool.submit();
+                Ok(())
+            }
+        }
+        .map_err(|source| ReactorError::Os {
+            what: "io_uring submit",
+            source,
+        })?;
         Ok(self.collect(events))
+    }
+
+    /// Has the kernel signal the eventfd `fd` whenever an operation of this ring completes, so
+    /// a thread that sleeps in `epoll` (not in [`Reactor::wait`]) learns it has completions to
+    /// [`poll`](Reactor::poll). On a DEFER_TASKRUN ring the eventfd is signalled when the
+    /// completion is queued for this thread, before it is posted; `poll` posts it. The io_uring
+    /// backend only: the thread pool has no such signal (`Unsupported`).
+    pub fn register_eventfd(&mut self, fd: RawFd) -> Result<(), ReactorError> {
+        match &mut self.backend {
+            Backend::Uring(ring) => ring.register_eventfd(fd),
+            Backend::Threads(_) => Err(io::Error::from(io::ErrorKind::Unsupported)),
+        }
+        .map_err(|source| ReactorError::Os {
+            what: "registering an eventfd with io_uring",
+            source,
+        })
+    }
+
+    /// Whether operations on the registered file `slot` are queued or in flight (it cannot be
+    /// unregistered until they are done).
+    pub fn file_busy(&self, slot: FileSlot) -> bool {
+        self.file_entry(slot.0).is_ok_and(|f| f.inflight > 0)
     }
 
     /// Submits queued operations and blocks until at least one event is collected; with

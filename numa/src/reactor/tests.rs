@@ -343,3 +343,59 @@ fn backend_names_parse() {
         "{err}"
     );
 }
+
+/// A thread that sleeps in `poll(2)`, not in the ring, learns of completions through a
+/// registered eventfd and collects them with `Reactor::poll`, which never blocks — on a
+/// DEFER_TASKRUN ring too, where the completion is not posted until this thread asks.
+#[test]
+fn a_registered_eventfd_wakes_a_thread_that_polls_for_completions() {
+    if !backends().contains(&BackendChoice::Uring) {
+        return;
+    }
+    let dir = direct_dir();
+    let path = dir.path().join("evented");
+    let data = pattern(1 << 20, 9);
+    std::fs::write(&path, &data).unwrap();
+    let mut r = Reactor::<()>::new(&config(BackendChoice::Uring)).unwrap();
+    // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: `raw` is a fresh descriptor this test owns.
+    let event = unsafe { OwnedFd::from_raw_fd(raw) };
+    r.register_eventfd(event.as_raw_fd()).unwrap();
+    let slot = r.register_file(open_direct(&path, false).unwrap()).unwrap();
+    let buf = r
+        .register_buffer(NodeBuffer::new(1 << 20, None, PageSize::Normal).unwrap())
+        .unwrap();
+    let mut events = Vec::new();
+    // Nothing queued: poll returns at once with nothing.
+    assert_eq!(r.poll(&mut events).unwrap(), 0);
+    for (i, at) in (0..(1 << 20)).step_by(128 << 10).enumerate() {
+        r.read_fixed(i as u64, slot, at as u64, buf, at, 128 << 10)
+            .unwrap();
+    }
+    r.submit().unwrap();
+    let mut got = 0;
+    while got < 8 {
+        let mut fds = [libc::pollfd {
+            fd: event.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one live pollfd. A lost wake-up fails the test by its 10 s timeout.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 10_000) };
+        assert_eq!(ready, 1, "the eventfd was not signalled");
+        let mut counter = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from a nonblocking eventfd.
+        unsafe { libc::read(event.as_raw_fd(), (&raw mut counter).cast(), 8) };
+        got += r.poll(&mut events).unwrap();
+    }
+    assert_eq!(r.in_flight(), 0);
+    for e in &events {
+        let Event::Io(c) = e else {
+            panic!("unexpected message")
+        };
+        assert_eq!(*c.result.as_ref().unwrap(), 128 << 10);
+    }
+    assert!(r.buffer(buf).unwrap() == data.as_slice());
+}

@@ -142,6 +142,28 @@ impl UringBackend {
         transient_ok(self.ring.submit())
     }
 
+    /// Submits what is queued and runs the completions a DEFER_TASKRUN ring deferred to this
+    /// thread, without waiting for any: io_uring_enter with GETEVENTS and no minimum (a plain
+    /// submit does not run them).
+    pub(super) fn submit_and_reap(&mut self) -> io::Result<()> {
+        /// `IORING_ENTER_GETEVENTS` of the kernel's uapi (the io-uring crate keeps its copy
+        /// private).
+        const GETEVENTS: u32 = 1;
+        let queued = u32::try_from(self.ring.submission().len()).unwrap_or(u32::MAX);
+        // SAFETY: no argument struct is passed; the queued entries were pushed under
+        // `push_entry`'s contract.
+        let entered = unsafe {
+            self.ring
+                .submitter()
+                .enter::<libc::sigset_t>(queued, 0, GETEVENTS, None)
+        };
+        transient_ok(entered)
+    }
+
+    pub(super) fn register_eventfd(&mut self, fd: RawFd) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(fd)
+    }
+
     pub(super) fn wait_one(&mut self) -> io::Result<()> {
         transient_ok(self.ring.submit_and_wait(1))
     }
