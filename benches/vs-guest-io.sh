@@ -17,7 +17,9 @@
 #     bytes by path at the end say how much really came from the disk),
 #     "warm" runs with the file in the page cache;
 #   - prints GB/s, the daemon's CPU-seconds per GB delivered (utime + stime
-#     from /proc/PID/stat over the run) and each mode's ratio to pread.
+#     from /proc/PID/stat over the run), each mode's ratio to pread, and the
+#     CPU per GB as a multiple of a single-core memcpy's (measured after the
+#     pread run of each line: `bench virtiofs --vs-memcpy`).
 #
 # Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--states "cold warm"]
 #                               [--drop-every S] [--keep]
@@ -71,23 +73,25 @@ done
 
 tick=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# One run: prints "GB/s CPU-s/GB".
+# One run: prints "GB/s CPU-s/GB memcpy-CPU-s/GB" (the last 0 without
+# --vs-memcpy, the fourth argument).
 run() {
-    local mode=$1 bs=$2 depth=$3 before after out gbs
+    local mode=$1 bs=$2 depth=$3 memcpy=${4:-} before after out gbs mc
     before=$(cpu_ticks "${pid_of[$mode]}")
     out=$("$sluice" bench virtiofs --socket "$work/$mode.sock" --file-size "$file_size" \
-        --block-size "$bs" --depth "$depth" --seconds "$seconds")
+        --block-size "$bs" --depth "$depth" --seconds "$seconds" $memcpy)
     after=$(cpu_ticks "${pid_of[$mode]}")
     gbs=$(echo "$out" | grep -oE '[0-9.]+ GB/s' | head -n 1 | cut -d' ' -f1)
-    awk -v gbs="$gbs" -v t=$((after - before)) -v hz="$tick" -v s="$seconds" \
-        'BEGIN { gb = gbs * s; printf "%.3f %.4f\n", gbs, (gb > 0 ? t / hz / gb : 0) }'
+    mc=$(echo "$out" | grep -oE 'memcpy 1 core +[0-9.]+ GB/s +[0-9.]+ CPU-s/GB' | grep -oE '[0-9.]+ CPU-s/GB' | cut -d' ' -f1)
+    awk -v gbs="$gbs" -v t=$((after - before)) -v hz="$tick" -v s="$seconds" -v mc="${mc:-0}" \
+        'BEGIN { gb = gbs * s; printf "%.3f %.4f %s\n", gbs, (gb > 0 ? t / hz / gb : 0), mc }'
 }
 
 echo "sluice ($("$sluice" --version)); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); file $file_size on $(df -T "$work" | awk 'NR==2 {print $2}')"
 # The file: written once through the pread daemon (all three serve it).
 "$sluice" bench virtiofs --socket "$work/pread.sock" --file-size "$file_size" --seconds 1 >/dev/null
 
-printf '\n%-6s %-5s %-7s %10s %10s %8s %8s\n' state bs mode GB/s CPU-s/GB "GB/s×" "CPU×"
+printf '\n%-6s %-5s %-7s %10s %10s %8s %8s %10s\n' state bs mode GB/s CPU-s/GB "GB/s×" "CPU×" "CPU/memcpy"
 for state in $states; do
     for bs in 4K 128K 1M; do
         depth=16
@@ -103,14 +107,16 @@ for state in $states; do
                 # Warm: one pass fills the page cache (the memory cache is 1 MiB).
                 cat "$work"/objects/bench/chunks/*/*/* >/dev/null 2>&1 || true
             fi
-            res[$mode]=$(run "$mode" "$bs" "$depth")
+            memcpy=
+            [ "$mode" = pread ] && memcpy=--vs-memcpy
+            res[$mode]=$(run "$mode" "$bs" "$depth" $memcpy)
             if [ -n "$dropper" ]; then kill "$dropper"; wait "$dropper" 2>/dev/null || true; dropper=; fi
         done
-        read -r base_gbs base_cpu <<<"${res[pread]}"
+        read -r base_gbs base_cpu memcpy_cpu <<<"${res[pread]}"
         for mode in "${modes[@]}"; do
-            read -r gbs cpu <<<"${res[$mode]}"
-            awk -v st="$state" -v bs="$bs" -v m="$mode" -v g="$gbs" -v c="$cpu" -v bg="$base_gbs" -v bc="$base_cpu" \
-                'BEGIN { printf "%-6s %-5s %-7s %10.3f %10.4f %8.2f %8.2f\n", st, bs, m, g, c, (bg > 0 ? g / bg : 0), (bc > 0 ? c / bc : 0) }'
+            read -r gbs cpu _ <<<"${res[$mode]}"
+            awk -v st="$state" -v bs="$bs" -v m="$mode" -v g="$gbs" -v c="$cpu" -v bg="$base_gbs" -v bc="$base_cpu" -v mc="$memcpy_cpu" \
+                'BEGIN { printf "%-6s %-5s %-7s %10.3f %10.4f %8.2f %8.2f %10.2f\n", st, bs, m, g, c, (bg > 0 ? g / bg : 0), (bc > 0 ? c / bc : 0), (mc > 0 ? c / mc : 0) }'
         done
     done
 done

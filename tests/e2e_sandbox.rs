@@ -1297,3 +1297,118 @@ fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start
     );
     assert!(!log.contains("waiting for a VM"), "{log}");
 }
+
+/// With `--guest-io uring` the sandboxed daemon reads what the page cache
+/// does not hold on its queue worker's own io_uring ring, straight into the
+/// guest's memory registered as fixed buffers (locked memory raised before
+/// the switch to `nobody`; `cachestat`, the ring's eventfd and its reads
+/// allowed by the seccomp filter), and the bytes are right.
+#[test]
+fn a_sandboxed_daemon_reads_local_files_on_its_workers_ring() {
+    if !is_root() {
+        println!("skipped: sluice serve switches users only when started as root");
+        return;
+    }
+    let _dog = Watchdog::new("sandbox_ring", Duration::from_secs(300));
+    let vol = Volume::format("ring", &[]);
+    // Small guest memory: registering it must fit the locked-memory limit
+    // of a host that cannot raise it (8 MiB for `nobody` here).
+    let options = DeviceOptions {
+        request_queues: 1,
+        queue_size: 256,
+        memory_size: 2 << 20,
+    };
+    let data: Vec<u8> = (0..12u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    // Written by one daemon...
+    {
+        let socket = vol.dir.path().join("w.sock");
+        let mut serve = Serve::start(&vol, &socket, &[], None);
+        serve.wait_for_log("waiting for a VM");
+        let mut device = Device::connect(&socket, options).expect("connect");
+        let mut q = FuseQueue::new(&mut device, 1, 256 << 10).expect("queue");
+        q.init().expect("INIT");
+        let (file, fh) = q
+            .create(ROOT_ID, b"f", libc::O_RDWR as u32, 0o644)
+            .expect("CREATE");
+        for (i, piece) in data.chunks(256 << 10).enumerate() {
+            q.write(file.nodeid, fh, (i * (256 << 10)) as u64, piece)
+                .expect("WRITE");
+        }
+        let mut fsync_in = fh.to_le_bytes().to_vec();
+        fsync_in.extend_from_slice(&[0; 8]);
+        q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+            .expect("FSYNC sent")
+            .ok(FUSE_FSYNC)
+            .expect("FSYNC succeeds");
+        q.release(file.nodeid, fh).expect("RELEASE");
+        drop(q);
+        drop(device);
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(serve.child.id() as i32, libc::SIGTERM) };
+        assert!(serve.wait_exit().success(), "{}", serve.log_text());
+    }
+    // ...its files dropped from the page cache...
+    let mut files = Vec::new();
+    common::walk_files(vol.dir.path(), &mut files);
+    for f in files {
+        use std::os::fd::AsRawFd;
+        let Ok(f) = fs::File::open(&f) else { continue };
+        let _ = f.sync_all();
+        // SAFETY: a plain advice call on a descriptor we own.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    // ...and read at scattered offsets by another, whose memory cache is
+    // empty and which fetches nothing ahead.
+    let socket = vol.dir.path().join("r.sock");
+    let mut serve = Serve::start(
+        &vol,
+        &socket,
+        &[
+            "--guest-io",
+            "uring",
+            "--prefetch",
+            "0",
+            "--max-readahead",
+            "0",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    serve.wait_for_log("waiting for a VM");
+    let mut device = Device::connect(&socket, options).expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 256 << 10).expect("queue");
+    q.init().expect("INIT");
+    let node = q.lookup(ROOT_ID, b"f").expect("LOOKUP").nodeid;
+    let fh = q.open(node, libc::O_RDONLY as u32).expect("OPEN");
+    for (off, size) in [
+        ((5 << 20) + 4096, 128 << 10),
+        (1 << 20, 4096),
+        ((9 << 20) + 12_345, (64 << 10) + 100),
+        (2 << 20, 256 << 10),
+        (11 << 20, 256 << 10),
+        ((7 << 20) + 512, 4096),
+    ] {
+        let got = q.read(node, fh, off as u64, size as u32).expect("READ");
+        assert!(
+            got == data[off..off + size],
+            "READ of {size} at {off} returned other bytes"
+        );
+    }
+    let metrics = common::scrape(&common::metrics_addr(&|| serve.log_text()));
+    let ring: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_virtiofs_read_bytes_total") && l.contains("io_uring"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        ring > 0.0,
+        "no READ bytes went through the worker's ring:\n{metrics}\n{}",
+        serve.log_text()
+    );
+    drop(q);
+    drop(device);
+    assert!(serve.child.try_wait().unwrap().is_none(), "still serving");
+}

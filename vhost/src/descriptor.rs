@@ -551,8 +551,10 @@ impl<'a> Writer<'a> {
     /// where aligned: no CPU copy):
     ///
     /// * on a worker that must not wait (`sluice_api::wait`), what the page
-    ///   cache does not hold is queued on the ring and not waited for: the
-    ///   worker parks the chain until the reads complete (`guest_io::queue_into`);
+    ///   cache does not hold of a range of at least
+    ///   [`guest_io::RING_MIN_READ`] is queued on the ring and not waited
+    ///   for: the worker parks the chain until the reads complete
+    ///   (`guest_io::queue_into`); a shorter miss goes to a waiter (pread);
     /// * on a worker that may wait (`--max-waiting 0`), the ring is waited
     ///   for here (`guest_io::read_into`).
     ///
@@ -577,7 +579,7 @@ impl<'a> Writer<'a> {
                     self.skip(len);
                     return Ok(());
                 }
-            } else if route.wake.is_some() {
+            } else if route.wake.is_some() && len >= guest_io::RING_MIN_READ {
                 // What the page cache holds is read at once (one kernel
                 // copy); the rest goes to the ring. `cachestat` asks without
                 // starting readahead; where it cannot, a RWF_NOWAIT read
@@ -605,16 +607,20 @@ impl<'a> Writer<'a> {
     /// [`Writer::write_from_file`] with one pread per guest buffer piece
     /// (`RWF_NOWAIT` on a worker that must not wait: `WouldBlock` when the
     /// page cache does not hold the bytes), or on a waiter with
-    /// `--guest-io direct`/`uring` the aligned middle of each piece
-    /// O_DIRECT (`DirectReader`).
+    /// `--guest-io direct` (or `uring`, for a range the ring takes) the
+    /// aligned middle of each piece O_DIRECT (`DirectReader`).
     fn read_pieces(&mut self, file: &std::fs::File, off: u64, len: usize) -> io::Result<()> {
         let mut failed: Option<io::Error> = None;
         // A waiter reads what the page cache did not hold: with O_DIRECT
-        // where the operator allows it.
+        // where the operator allows it (with `uring`, a range short of the
+        // ring's minimum goes through the page cache, as it would have on
+        // the worker).
         let mut direct = match self.io {
             Some(route)
                 if route.waiter
-                    && matches!(route.mode, GuestIoMode::Direct | GuestIoMode::Uring) =>
+                    && (route.mode == GuestIoMode::Direct
+                        || (route.mode == GuestIoMode::Uring
+                            && len >= guest_io::RING_MIN_READ)) =>
             {
                 Some(guest_io::DirectReader::new(file))
             }

@@ -430,8 +430,10 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
         block
     };
     let setup_io: u32 = block.min(1 << 20);
-    let per_queue = args.depth as u64 * (u64::from(warm_len) + 4096)
-        + cold_depth as u64 * (u64::from(block) + 4096)
+    // Per slot: the data (page-aligned, so up to a page of padding), the
+    // request and the reply header.
+    let per_queue = args.depth as u64 * (u64::from(warm_len) + 8192)
+        + cold_depth as u64 * (u64::from(block) + 8192)
         + u64::from(args.queue_size) * 32
         + 3 * 4096;
     let memory_size = per_queue * (args.queues as u64 + 1) + 2 * u64::from(setup_io) + (1 << 20);
@@ -516,7 +518,9 @@ fn measure(socket: &std::path::Path, pids: &[u32], args: &VirtiofsArgs) -> anyho
             slots.push(Slot {
                 request: device.alloc(128)?,
                 reply_header: device.alloc(REPLY_ROOM)?,
-                data: device.alloc(u64::from(len))?,
+                // Page-aligned, as the Linux driver's READ pages are (and
+                // as O_DIRECT into guest memory needs).
+                data: device.memory().alloc(u64::from(len), 4096)?,
                 stream,
                 submitted: Instant::now(),
             });
@@ -702,7 +706,7 @@ fn measure_writes(
         "--file-size must be at least --block-size"
     );
     let per_queue =
-        args.depth as u64 * (u64::from(block) + 4096) + u64::from(args.queue_size) * 32 + 3 * 4096;
+        args.depth as u64 * (u64::from(block) + 8192) + u64::from(args.queue_size) * 32 + 3 * 4096;
     let memory_size = per_queue * (args.queues as u64 + 1) + (1 << 20);
     let mut device = Device::connect(
         socket,
@@ -750,7 +754,7 @@ fn measure_writes(
         let mut slots = Vec::with_capacity(args.depth);
         let mut pattern = vec![0u8; block as usize];
         for n in 0..args.depth {
-            let data = device.alloc(u64::from(block))?;
+            let data = device.memory().alloc(u64::from(block), 4096)?;
             fill_pattern(&mut pattern, (n as u64) << 32);
             mem.write_slice(&pattern, data)?;
             slots.push(Slot {
