@@ -22,7 +22,12 @@
 #     pread run of each line: `bench virtiofs --vs-memcpy`).
 #
 # Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--states "cold warm"]
-#                               [--drop-every S] [--keep]
+#                               [--drop-every S] [--serve-args "ARGS"] [--keep]
+#
+# --serve-args adds flags to every daemon: e.g. "--user root" on a host whose
+# locked-memory limit `nobody` cannot raise (a container without
+# CAP_SYS_RESOURCE), where `uring` could not register guest memory and would
+# measure its pread fallback (its log says so).
 # Needs root (drop_caches). Compare figures within one run only.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,12 +36,14 @@ file_size=2G
 states="cold warm"
 drop_every=0.05
 keep=0
+serve_args=
 while [ $# -gt 0 ]; do
     case "$1" in
     --seconds) seconds=${2:?}; shift 2 ;;
     --file-size) file_size=${2:?}; shift 2 ;;
     --states) states=${2:?}; shift 2 ;;
     --drop-every) drop_every=${2:?}; shift 2 ;;
+    --serve-args) serve_args=${2?}; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -62,7 +69,7 @@ declare -A pid_of
 for m in "${modes[@]}"; do
     "$sluice" serve "sqlite3://$work/meta.db" --socket "$work/$m.sock" --no-pin \
         --cache-size 1 --max-readahead 0 --prefetch 0 --readahead-ratio 0 \
-        --guest-io "$m" --no-metrics >"$work/$m.log" 2>&1 &
+        --guest-io "$m" --no-metrics $serve_args >"$work/$m.log" 2>&1 &
     pids+=($!)
     pid_of[$m]=$!
 done
@@ -127,3 +134,6 @@ sleep 1
 for m in "${modes[@]}"; do
     echo "$m: $(grep -h 'file READ bytes' "$work/$m.log" | tail -n 1 | sed 's/.*file READ bytes: //')"
 done
+if grep -q "cannot be registered with io_uring" "$work/uring.log"; then
+    echo "NOTE: the uring daemon could not register guest memory (see its log): its lines measure the pread fallback"
+fi

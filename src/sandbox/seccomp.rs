@@ -161,6 +161,9 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_getresuid,
     libc::SYS_getresgid,
     libc::SYS_getgroups,
+    // Whether CAP_IPC_LOCK exempts io_uring fixed buffers from RLIMIT_MEMLOCK
+    // (`sluice_numa::memlock::exempt`).
+    libc::SYS_capget,
     libc::SYS_sched_getaffinity,
     libc::SYS_sched_setaffinity,
     libc::SYS_sched_yield,

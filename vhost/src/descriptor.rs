@@ -551,10 +551,9 @@ impl<'a> Writer<'a> {
     /// where aligned: no CPU copy):
     ///
     /// * on a worker that must not wait (`sluice_api::wait`), what the page
-    ///   cache does not hold of a range of at least
-    ///   [`guest_io::RING_MIN_READ`] is queued on the ring and not waited
-    ///   for: the worker parks the chain until the reads complete
-    ///   (`guest_io::queue_into`); a shorter miss goes to a waiter (pread);
+    ///   cache does not hold is queued on the ring and not waited for: the
+    ///   worker parks the chain until the reads complete
+    ///   (`guest_io::queue_into`);
     /// * on a worker that may wait (`--max-waiting 0`), the ring is waited
     ///   for here (`guest_io::read_into`).
     ///
@@ -579,13 +578,16 @@ impl<'a> Writer<'a> {
                     self.skip(len);
                     return Ok(());
                 }
-            } else if route.wake.is_some() && len >= guest_io::RING_MIN_READ {
+            } else if route.wake.is_some() {
                 // What the page cache holds is read at once (one kernel
-                // copy); the rest goes to the ring. `cachestat` asks without
-                // starting readahead; where it cannot, a RWF_NOWAIT read
-                // tries (and a miss may start readahead the ring then
-                // duplicates).
-                if guest_io::cached(file, off, len) != Some(false) {
+                // copy); the rest goes to the ring. `cachestat` asks, of the
+                // range's first page (a whole range costs a walk of every
+                // page: 3 % of the daemon's CPU on warm 1 MiB reads),
+                // without starting readahead. Where it cannot, or where the
+                // first page is held and a later one is not, a RWF_NOWAIT
+                // read tries (and its miss may start readahead the ring
+                // then duplicates).
+                if guest_io::cached(file, off, 1) != Some(false) {
                     let mark = self.mark();
                     match self.read_pieces(file, off, len) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.rewind(mark),
@@ -601,26 +603,35 @@ impl<'a> Writer<'a> {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
         }
+        // `--guest-io direct`: a range whose first page the page cache does
+        // not hold goes straight to a waiter, which reads it O_DIRECT; a
+        // RWF_NOWAIT read that missed would first start readahead of the
+        // same bytes through the page cache, reading them from the disk
+        // twice.
+        if let Some(route) = self.io
+            && route.mode == GuestIoMode::Direct
+            && !route.waiter
+            && sluice_api::wait::mode() == sluice_api::wait::Mode::NoWait
+            && guest_io::cached(file, off, 1) == Some(false)
+        {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         self.read_pieces(file, off, len)
     }
 
     /// [`Writer::write_from_file`] with one pread per guest buffer piece
     /// (`RWF_NOWAIT` on a worker that must not wait: `WouldBlock` when the
     /// page cache does not hold the bytes), or on a waiter with
-    /// `--guest-io direct` (or `uring`, for a range the ring takes) the
-    /// aligned middle of each piece O_DIRECT (`DirectReader`).
+    /// `--guest-io direct`/`uring` the aligned middle of each piece
+    /// O_DIRECT (`DirectReader`).
     fn read_pieces(&mut self, file: &std::fs::File, off: u64, len: usize) -> io::Result<()> {
         let mut failed: Option<io::Error> = None;
         // A waiter reads what the page cache did not hold: with O_DIRECT
-        // where the operator allows it (with `uring`, a range short of the
-        // ring's minimum goes through the page cache, as it would have on
-        // the worker).
+        // where the operator allows it.
         let mut direct = match self.io {
             Some(route)
                 if route.waiter
-                    && (route.mode == GuestIoMode::Direct
-                        || (route.mode == GuestIoMode::Uring
-                            && len >= guest_io::RING_MIN_READ)) =>
+                    && matches!(route.mode, GuestIoMode::Direct | GuestIoMode::Uring) =>
             {
                 Some(guest_io::DirectReader::new(file))
             }

@@ -63,8 +63,11 @@ use vm_memory::{
 
 use crate::worker::QueueStats;
 
-/// Files kept registered per worker, most recently read last.
-pub const FILE_CACHE: usize = 16;
+/// Files kept registered per worker, most recently read last. As many as a
+/// queue holds chains by default (`--max-waiting`): a file with reads in
+/// flight is never evicted, and with 16 half of the cold 4 KiB READs of a
+/// benchmark at depth 32 found every slot busy and went to a waiter.
+pub const FILE_CACHE: usize = 64;
 
 /// How READ data from local files reaches guest memory (`sluice serve
 /// --guest-io`).
@@ -279,14 +282,6 @@ fn with_io<T>(start: bool, default: T, f: impl FnOnce(&mut GuestIo) -> T) -> T {
     }
     out
 }
-
-/// A local-file range of a READ at least this long that the page cache does
-/// not hold is read on the worker's ring (`--guest-io uring`); a shorter one
-/// goes to a waiter, which reads it with `pread` (and the kernel's
-/// readahead). Measured on this project's test host (docs/tuning.md): cold
-/// 4 KiB reads ran 0.64× the throughput of the waiters' `pread` on the ring
-/// (O_DIRECT of 4 KiB, no readahead), 128 KiB ones 1.21× at 0.34× the CPU.
-pub const RING_MIN_READ: usize = 64 << 10;
 
 /// The number of `cachestat(2)`: the same on every Linux architecture
 /// (it came after the syscall tables were unified); the libc crate names it
