@@ -382,6 +382,21 @@ struct Ticket {
     direct: bool,
 }
 
+/// Puts `value` in a free slot of `slots` (one listed in `free`, else a new
+/// one) and returns its index.
+fn slab_insert<T>(slots: &mut Vec<Option<T>>, free: &mut Vec<usize>, value: T) -> usize {
+    match free.pop() {
+        Some(i) => {
+            slots[i] = Some(value);
+            i
+        }
+        None => {
+            slots.push(Some(value));
+            slots.len() - 1
+        }
+    }
+}
+
 /// Tokens of [`read_into`]'s reads, which wait in place, carry this bit;
 /// the others index [`GuestIo::tickets`].
 const SYNC: u64 = 1 << 63;
@@ -565,16 +580,7 @@ impl GuestIo {
                     },
                     then: None,
                 };
-                let id = match self.free_chains.pop() {
-                    Some(id) => {
-                        self.chains[id] = Some(chain);
-                        id
-                    }
-                    None => {
-                        self.chains.push(Some(chain));
-                        self.chains.len() - 1
-                    }
-                };
+                let id = slab_insert(&mut self.chains, &mut self.free_chains, chain);
                 self.current = Some(id);
                 id
             }
@@ -592,16 +598,7 @@ impl GuestIo {
             };
             let (file_offset, buffer, buffer_offset, len) =
                 (op.file_offset, op.buffer, op.buffer_offset, op.len);
-            let token = match self.free_tickets.pop() {
-                Some(t) => {
-                    self.tickets[t] = Some(ticket);
-                    t
-                }
-                None => {
-                    self.tickets.push(Some(ticket));
-                    self.tickets.len() - 1
-                }
-            };
+            let token = slab_insert(&mut self.tickets, &mut self.free_tickets, ticket);
             if let Err(e) =
                 self.reactor
                     .read_fixed(token as u64, slot, file_offset, buffer, buffer_offset, len)

@@ -947,7 +947,14 @@ impl<M: Send + 'static> Reactor<M> {
 
     /// Hands every queued operation to the kernel (or the pool) in one batch.
     pub fn submit(&mut self) -> Result<(), ReactorError> {
+        self.submit_then(false)
+    }
+
+    /// [`Reactor::submit`]; with `reap`, an io_uring ring also runs the completions it
+    /// deferred to this thread.
+    fn submit_then(&mut self, reap: bool) -> Result<(), ReactorError> {
         match &mut self.backend {
+            Backend::Uring(ring) if reap => ring.submit_and_reap(),
             Backend::Uring(ring) => ring.submit(),
             Backend::Threads(pool) => {
                 pool.submit();
@@ -964,17 +971,7 @@ impl<M: Send + 'static> Reactor<M> {
     /// DEFER_TASKRUN ring this also runs the completions the kernel deferred to this thread
     /// (a plain submit would leave them unposted).
     pub fn poll(&mut self, events: &mut Vec<Event<M>>) -> Result<usize, ReactorError> {
-        match &mut self.backend {
-            Backend::Uring(ring) => ring.submit_and_reap(),
-            Backend::Threads(pool) => {
-                pool.submit();
-                Ok(())
-            }
-        }
-        .map_err(|source| ReactorError::Os {
-            what: "io_uring submit",
-            source,
-        })?;
+        self.submit_then(true)?;
         Ok(self.collect(events))
     }
 
