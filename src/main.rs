@@ -86,8 +86,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Raises this process's soft limit of open files to its hard limit (at
+/// most 2^20), as servers do: a mount keeps each object it wrote open
+/// until the group commit syncs it (`engine/src/object/file.rs`), and
+/// systemd and shells start processes with a soft limit of 1024. A failure
+/// leaves the limit as it was; the file store sizes itself to what it finds.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            let want = lim.rlim_max.min(1 << 20);
+            if want > lim.rlim_cur {
+                lim.rlim_cur = want;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    raise_open_file_limit();
     // libvirt starts its virtio-fs backend (`<binary path='/usr/bin/sluice'/>`)
     // with virtiofsd's command line: `--fd=N -o source=...`.
     // (Lossy: a command line that is not UTF-8 goes on to clap, which says so.)

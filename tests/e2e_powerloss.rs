@@ -7,12 +7,16 @@
 //! loss; what it had flushed stays.
 //!
 //! Each round boots the guest (`vm-images/powerloss-guest.sh`), mounts the
-//! volume with `sluice mount`, checks every file, then writes files of
-//! varied sizes (some over a 4 MiB block) from two threads: most are
-//! fsync'ed, and the guest prints `PL-FSYNCED name size sha256` on the
-//! serial console once fsync has returned; some are only closed; some
-//! fsync'ed ones are unlinked later. The host kills QEMU at a random moment,
-//! and the next boot checks:
+//! volume with `sluice mount`, checks every file, then writes until the
+//! host kills QEMU at a random moment. The rounds take turns at three
+//! workloads ([`Workload`]): files of varied sizes (some over a 4 MiB
+//! block) from two threads, most fsync'ed, some only closed, some fsync'ed
+//! ones unlinked later; small files from eight threads, only closed, some
+//! unlinked again (the group commit's closes and background deletes); and a
+//! checkpoint burst, eight threads writing 1 MiB files each fsync'ed. The
+//! guest prints `PL-FSYNCED name size sha256` on the serial console once
+//! fsync has returned, and `PL-CLOSED name size` after a close. The next
+//! boot checks:
 //!
 //! - every file announced as fsync'ed (and not unlinked since) is there,
 //!   whole, with the announced size and SHA-256;
@@ -24,8 +28,8 @@
 //!   names, `sluice gc --delete` removes only leaked objects, and every
 //!   file still checks out afterwards.
 //!
-//! `SLUICE_POWERLOSS_ROUNDS` (default 3) sets how many times QEMU is
-//! killed; `SLUICE_TEST_SEED` replays the kill times and the guest's
+//! `SLUICE_POWERLOSS_ROUNDS` (default 3: each workload once) sets how
+//! many times QEMU is killed; `SLUICE_TEST_SEED` replays the kill times and the guest's
 //! choices. Skips (printing why) with `SLUICE_SKIP_VM=1`, or when QEMU,
 //! mkfs.ext4 or the guest image cannot be had. The guest side of the test
 //! is the ignored test `guest_side` of this same binary, run in the guest.
@@ -197,15 +201,43 @@ fn guest_check(dir: &Path) {
     println!("PL-CHECKED {}", names.len());
 }
 
-/// Writes files until the host kills the VM: two threads, each making
-/// `r{round}-t{thread}-{i}` files of varied sizes in sequential pieces,
-/// while a third unlinks what rounds before the last [`KEEP_ROUNDS`] wrote
-/// (so a long soak keeps a bounded volume, and unlinks race the writes).
+/// What a round's writers do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    /// Two threads, files of varied sizes (some past a 4 MiB block), 80 %
+    /// fsync'ed, some unlinked later.
+    Mixed,
+    /// Eight threads, files of at most 16 KiB, only closed (their commits
+    /// go to the group commit without the close waiting), a fifth of them
+    /// unlinked again (their deletion runs in the background).
+    SmallFiles,
+    /// Eight threads, 1 MiB files, each fsync'ed: a checkpoint.
+    Checkpoint,
+}
+
+impl Workload {
+    fn of_round(round: u64) -> Workload {
+        match round % 3 {
+            0 => Workload::Mixed,
+            1 => Workload::SmallFiles,
+            _ => Workload::Checkpoint,
+        }
+    }
+}
+
+/// Writes files until the host kills the VM: the round's [`Workload`],
+/// each thread making `r{round}-t{thread}-{i}` files in sequential pieces,
+/// while one more thread unlinks what rounds before the last
+/// [`KEEP_ROUNDS`] wrote (so a long soak keeps a bounded volume, and
+/// unlinks race the writes).
 fn guest_write(dir: &Path, round: u64, seed: u64) {
-    let mut threads: Vec<_> = (0..2u64)
+    let workload = Workload::of_round(round);
+    println!("PL-WORKLOAD {workload:?}");
+    let writers = if workload == Workload::Mixed { 2 } else { 8 };
+    let mut threads: Vec<_> = (0..writers)
         .map(|t| {
             let dir = dir.to_path_buf();
-            std::thread::spawn(move || guest_writer(&dir, round, t, seed))
+            std::thread::spawn(move || guest_writer(&dir, round, t, seed, workload))
         })
         .collect();
     let old = dir.to_path_buf();
@@ -254,19 +286,26 @@ fn guest_prune(dir: &Path, round: u64) {
     }
 }
 
-fn guest_writer(dir: &Path, round: u64, thread: u64, seed: u64) {
+fn guest_writer(dir: &Path, round: u64, thread: u64, seed: u64, workload: Workload) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (round << 40) ^ (thread << 32));
     let mut fsynced: Vec<String> = Vec::new();
+    let mut closed: Vec<String> = Vec::new();
     let mut piece = vec![0u8; 256 << 10];
     for i in 0u64.. {
         let name = format!("r{round}-t{thread}-{i:05}");
-        let size: u64 = match rng.random_range(0..100) {
-            0..55 => rng.random_range(0..=64 << 10),
-            55..88 => rng.random_range((64 << 10)..(1 << 20)),
-            // Past one 4 MiB block.
-            _ => rng.random_range((4 << 20) + 1..=(6 << 20)),
+        let (size, fsync): (u64, bool) = match workload {
+            Workload::Mixed => (
+                match rng.random_range(0..100) {
+                    0..55 => rng.random_range(0..=64 << 10),
+                    55..88 => rng.random_range((64 << 10)..(1 << 20)),
+                    // Past one 4 MiB block.
+                    _ => rng.random_range((4 << 20) + 1..=(6 << 20)),
+                },
+                rng.random_bool(0.8),
+            ),
+            Workload::SmallFiles => (rng.random_range(0..=16 << 10), false),
+            Workload::Checkpoint => (1 << 20, true),
         };
-        let fsync = rng.random_bool(0.8);
         let path = dir.join(&name);
         let mut f = fs::OpenOptions::new()
             .write(true)
@@ -293,9 +332,15 @@ fn guest_writer(dir: &Path, round: u64, thread: u64, seed: u64) {
             fsynced.push(name);
         } else {
             println!("PL-CLOSED {name} {size}");
+            closed.push(name);
         }
-        if !fsynced.is_empty() && rng.random_bool(0.1) {
-            let gone = fsynced.swap_remove(rng.random_range(0..fsynced.len()));
+        let unlink_from = match workload {
+            Workload::Mixed if rng.random_bool(0.1) => &mut fsynced,
+            Workload::SmallFiles if rng.random_bool(0.2) => &mut closed,
+            _ => continue,
+        };
+        if !unlink_from.is_empty() {
+            let gone = unlink_from.swap_remove(rng.random_range(0..unlink_from.len()));
             announce_unlink(&gone);
             fs::remove_file(dir.join(&gone)).unwrap_or_else(|e| panic!("unlink {gone}: {e}"));
             println!("PL-UNLINKED {gone}");
@@ -825,8 +870,9 @@ fn fsynced_files_survive_power_loss() {
             boot.finish();
             let fsynced = said.take(&boot.console);
             format!(
-                "round {round}: {} files checked ({whole} whole), killed {:.1} s into writing after {fsynced} fsyncs",
+                "round {round}: {} files checked ({whole} whole), {:?} killed {:.1} s into writing after {fsynced} fsyncs",
                 check.len(),
+                Workload::of_round(round as u64),
                 delay.as_secs_f64()
             )
         };

@@ -229,6 +229,13 @@ pub trait Filesystem: Send + Sync {
     fn releasedir(&self, ctx: &Context, ino: Ino, fh: Fh) -> Result<()>;
     /// Makes a directory durable.
     fn fsyncdir(&self, ctx: &Context, ino: Ino, fh: Fh, datasync: bool) -> Result<()>;
+    /// Makes everything written so far durable, as `syncfs(2)` (FUSE_SYNCFS:
+    /// what a virtio-fs guest's `sync` and `syncfs` send). A file system
+    /// whose changes are durable at once has nothing to do.
+    fn syncfs(&self, ctx: &Context) -> Result<()> {
+        let _ = ctx;
+        Ok(())
+    }
     /// Space and inode usage.
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
     /// Sets an extended attribute.

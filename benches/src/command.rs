@@ -28,6 +28,8 @@ pub enum BenchCommand {
     Mlperf(MlperfArgs),
     /// The file-system benchmark (same as `sluice bench PATH`).
     Fs(FsBenchArgs),
+    /// Small files created, fsync'ed and unlinked per second, and a checkpoint burst.
+    Files(crate::files::FilesArgs),
     /// Copy and CRC32C kernels vs memcpy, crc-fast and the crc32c crate.
     Copy(CopyArgs),
     /// O_DIRECT random reads: io_uring with fixed buffers vs pread on a thread pool.
@@ -73,6 +75,9 @@ pub enum BenchError {
     /// The file-system benchmark failed.
     #[error(transparent)]
     Fs(#[from] FsBenchError),
+    /// The small-file benchmark failed.
+    #[error(transparent)]
+    Files(#[from] crate::files::FilesError),
     /// The virtio-fs benchmark failed.
     #[error("virtio-fs benchmark: {0:#}")]
     Virtiofs(anyhow::Error),
@@ -86,6 +91,17 @@ pub fn run(args: BenchArgs) -> Result<(), BenchError> {
     match args.command {
         Some(BenchCommand::Mlperf(a)) => mlperf_cli::run(a)?,
         Some(BenchCommand::Fs(a)) => run_fs(&a)?,
+        Some(BenchCommand::Files(a)) => {
+            let results = crate::files::run(&a)?;
+            if a.json {
+                for r in &results {
+                    let json = serde_json::to_string(r).unwrap_or_default();
+                    println!("{json}");
+                }
+            } else {
+                print!("{}", crate::files::format_table(&a, &results));
+            }
+        }
         Some(BenchCommand::Copy(a)) => {
             let sizes: Vec<usize> = if a.sizes.is_empty() {
                 crate::kernels::DEFAULT_SIZES.to_vec()

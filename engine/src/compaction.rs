@@ -68,7 +68,14 @@ pub fn compact_chunk(
     drop(buf);
     // The new objects are durable before the commit that replaces the old
     // slices (whose objects it then deletes) can be.
-    vol.store.sync_all()?;
+    vol.store
+        .sync_objects(&slice_keys(
+            vol.name(),
+            slice.id,
+            slice.size,
+            vol.block_size,
+        ))
+        .map_err(crate::object::Unsynced::into_error)?;
     new.push(slice);
     if last.end() > de {
         new.push(hole(de, last.end()));

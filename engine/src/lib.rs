@@ -10,6 +10,7 @@ pub mod block_cache;
 pub mod block_key;
 pub mod chunk;
 pub mod chunk_cache;
+pub mod commit;
 pub mod compaction;
 pub mod compress;
 pub mod dump;

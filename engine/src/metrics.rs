@@ -108,6 +108,66 @@ impl TxMetrics {
     }
 }
 
+/// Group commits (`commit.rs`): how many groups ran, how many files'
+/// commits they held, and how long a group's object sync and its metadata
+/// transaction took.
+#[derive(Debug)]
+pub struct CommitMetrics {
+    groups: AtomicU64,
+    jobs: AtomicU64,
+    sync: Histogram,
+    record: Histogram,
+}
+
+/// [`CommitMetrics`] at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct CommitSnapshot {
+    /// Groups run.
+    pub groups: u64,
+    /// Files' commits they held.
+    pub jobs: u64,
+    /// Object syncs (nanoseconds), one per group with objects to sync.
+    pub sync: HistogramSnapshot,
+    /// Metadata transactions recording a group (nanoseconds).
+    pub record: HistogramSnapshot,
+}
+
+impl CommitMetrics {
+    /// Counts one group of `jobs` commits.
+    pub fn group(&self, jobs: usize) {
+        add(&self.groups, 1);
+        add(&self.jobs, jobs as u64);
+    }
+
+    /// Counts an object sync that started at `started`.
+    pub fn synced(&self, started: Instant) {
+        self.sync.observe_since(started);
+    }
+
+    /// Counts a group's metadata transaction that started at `started`.
+    pub fn recorded(&self, started: Instant) {
+        self.record.observe_since(started);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> CommitSnapshot {
+        CommitSnapshot {
+            groups: get(&self.groups),
+            jobs: get(&self.jobs),
+            sync: self.sync.snapshot(),
+            record: self.record.snapshot(),
+        }
+    }
+}
+
+/// This process's group commits.
+pub static COMMITS: LazyLock<CommitMetrics> = LazyLock::new(|| CommitMetrics {
+    groups: AtomicU64::new(0),
+    jobs: AtomicU64::new(0),
+    sync: Histogram::new(tx_latency_bounds()),
+    record: Histogram::new(tx_latency_bounds()),
+});
+
 /// This process's object-store requests.
 pub static OBJECTS: LazyLock<ObjectMetrics> = LazyLock::new(ObjectMetrics::new);
 

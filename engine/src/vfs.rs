@@ -17,6 +17,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::block_cache::BlockCache;
+use crate::commit::{CommitConfig, CommitStats, Committer};
 use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Limit, Result};
 use crate::gc::slice_releaser;
@@ -29,7 +30,7 @@ use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCac
 use crate::readahead::{Readahead, ReadaheadConfig};
 use crate::reader::{Fragment, ReadDest, Reader};
 use crate::volume::Volume;
-use crate::writer::{BlockUploader, FileWriter};
+use crate::writer::{BlockUploader, Committed, FileWriter};
 
 /// The handle and open types, the trait `Vfs` implements and its listing
 /// mode are the API crate's; here under their old names.
@@ -83,6 +84,8 @@ pub struct VfsConfig {
     /// default (the host's own kernel); `sluice serve` holds a guest to
     /// [`DEFAULT_MAX_DIR_ENTRIES`] unless told otherwise.
     pub max_dir_entries: u64,
+    /// How the group commit gathers files' commits (`--commit-delay`).
+    pub commit: CommitConfig,
 }
 
 /// The limit of directory entries `sluice serve` holds a guest's open
@@ -172,6 +175,7 @@ impl Default for VfsConfig {
             atime: AtimeMode::NoAtime,
             read_only: false,
             max_dir_entries: u64::MAX,
+            commit: CommitConfig::default(),
         }
     }
 }
@@ -184,7 +188,7 @@ pub const DEFAULT_UPLOAD_DRAIN: Duration = Duration::from_secs(600);
 /// The state of a regular file while some handle holds it open.
 #[derive(Debug)]
 struct OpenFile {
-    writer: FileWriter,
+    writer: Arc<FileWriter>,
     /// The file length as this process knows it, buffered writes included.
     length: AtomicU64,
     /// Open handles.
@@ -255,13 +259,21 @@ struct Janitor {
 pub struct Vfs {
     vol: Arc<Volume>,
     reader: Arc<Reader>,
-    compactor: Option<Compactor>,
+    compactor: Option<Arc<Compactor>>,
     cfg: VfsConfig,
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
     /// Directory entries the snapshots of open directory handles hold.
     listed: Arc<AtomicU64>,
-    files: Mutex<HashMap<Ino, Arc<OpenFile>>>,
+    /// Files open here, or closed with a commit the group has not run yet
+    /// (their buffered length still counts).
+    files: Arc<Mutex<HashMap<Ino, Arc<OpenFile>>>>,
+    /// The group commit of every file's writes.
+    committer: Arc<Committer>,
+    /// Files forgotten once the commit their close handed on ran: a
+    /// metadata read taken before one may miss that commit, with nothing
+    /// left to adjust it ([`Vfs::adjusted`]).
+    forgotten: Arc<AtomicU64>,
     /// Bytes held by all write buffers.
     buffered: Arc<AtomicUsize>,
     /// Stores the blocks write buffers fill, while their files are written.
@@ -313,6 +325,7 @@ impl Vfs {
             vol.block_size,
             cache.clone(),
         ));
+        vol.meta.delete_in_background()?;
         let reader = Reader::new(
             vol.clone(),
             cache,
@@ -320,14 +333,19 @@ impl Vfs {
             cfg.prefetch_cpus.clone(),
         );
         let compactor = if cfg.compaction {
-            Some(Compactor::start(
+            Some(Arc::new(Compactor::start(
                 vol.clone(),
                 reader.clone(),
                 cfg.upload_threads,
-            )?)
+            )?))
         } else {
             None
         };
+        let committer = Arc::new(Committer::start(
+            vol.clone(),
+            Some(reader.chunk_cache().clone()),
+            cfg.commit,
+        )?);
         vol.meta.new_session(
             &serde_json::json!({
                 "Version": concat!("sluice ", env!("CARGO_PKG_VERSION")),
@@ -343,9 +361,18 @@ impl Vfs {
                 let thread = std::thread::Builder::new()
                     .name("sluice-cleanup".into())
                     .spawn(move || {
-                        while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
+                        // Once at start too: what a crash left (slices
+                        // released but not deleted, sessions gone stale)
+                        // is taken up at once, not a minute later.
+                        loop {
                             if let Err(e) = meta.cleanup() {
                                 log::warn!("metadata cleanup failed: {e}");
+                            }
+                            if !matches!(
+                                rx.recv_timeout(every),
+                                Err(mpsc::RecvTimeoutError::Timeout)
+                            ) {
+                                break;
                             }
                         }
                     })?;
@@ -366,7 +393,9 @@ impl Vfs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             listed: Arc::new(AtomicU64::new(0)),
-            files: Mutex::new(HashMap::new()),
+            files: Arc::new(Mutex::new(HashMap::new())),
+            committer,
+            forgotten: Arc::new(AtomicU64::new(0)),
             buffered: Arc::new(AtomicUsize::new(0)),
             uploader,
             janitor: Mutex::new(janitor),
@@ -452,7 +481,9 @@ impl Vfs {
     /// reported, as Linux advances a file's errseq only at fsync: a FLUSH
     /// comes at every close of every descriptor of the open file — a
     /// forked child's close at exec among them — and one of those must not
-    /// hide the error from the owner's fsync.
+    /// hide the error from the owner's fsync. A close (`!advance`) does not
+    /// wait for its commit where the group commit would make it wait for a
+    /// sync ([`Vfs::close_file`]); its error is reported by a later call.
     fn flush_reporting(&self, ino: Ino, fh: Fh, advance: bool) -> Result<()> {
         let h = self.handle(fh)?;
         let Handle::File {
@@ -472,19 +503,40 @@ impl Vfs {
         if !file.writer.nothing_to_flush() {
             sluice_api::wait::may_wait()?;
         }
-        let res = self.flush_file(ino, file);
+        let res = if advance {
+            self.flush_file(ino, file)
+        } else {
+            self.close_file(ino, file)
+        };
         let errors = file.writer.errors();
         let unseen = if advance {
             reported.fetch_max(errors, Ordering::AcqRel) < errors
         } else {
             reported.load(Ordering::Acquire) < errors
         };
+        if res.is_err() || unseen {
+            self.resync_length(ino, file);
+        }
         match res {
             Ok(()) if unseen => Err(file
                 .writer
                 .refused()
                 .map_or(Error::WriteBack(ino), |l| l.error())),
             r => r,
+        }
+    }
+
+    /// After a failed commit: writes it dropped (refused for a limit, or
+    /// objects the disk could not make durable) no longer count in the
+    /// length this process gives the file; what is recorded, and what is
+    /// still buffered or being committed, does.
+    fn resync_length(&self, ino: Ino, file: &OpenFile) {
+        if file.writer.has_pending() {
+            return;
+        }
+        if let Ok(a) = self.vol.meta.getattr(ino) {
+            file.length
+                .store(a.length.max(file.writer.end()), Ordering::Release);
         }
     }
 
@@ -500,11 +552,12 @@ impl Vfs {
         let mut files = self.files.lock();
         let f = files.entry(ino).or_insert_with(|| {
             Arc::new(OpenFile {
-                writer: FileWriter::with_uploader(
+                writer: Arc::new(FileWriter::with_uploader(
                     self.buffered.clone(),
                     self.uploader.clone(),
                     self.reader.chunk_cache().clone(),
-                ),
+                    self.committer.clone(),
+                )),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
                 setid: AtomicBool::new(false),
@@ -548,27 +601,88 @@ impl Vfs {
         self.after_commit(ino, file.writer.flush(&self.vol, ino))
     }
 
+    /// Commits the buffered writes of a file being closed. Where objects
+    /// become durable only by a sync (a `file://` bucket), the close does
+    /// not wait for the group commit that syncs them: as on a local file
+    /// system, `close(2)` promises nothing about durability, and a reader
+    /// here, an fsync or the next commit of the file waits for it. Where
+    /// objects are durable once stored (S3, writeback staging) there is no
+    /// sync to wait for and the close waits for its record, so another host
+    /// that opens the file next sees the data (close-to-open).
+    fn close_file(&self, ino: Ino, file: &Arc<OpenFile>) -> Result<()> {
+        if !self.vol.store.needs_sync() {
+            return self.flush_file(ino, file);
+        }
+        let files = self.files.clone();
+        let forgotten = self.forgotten.clone();
+        let compactor = self.compactor.clone();
+        let open = file.clone();
+        let done = Box::new(move |committed: &[Committed]| {
+            schedule_compaction(compactor.as_deref(), ino, committed);
+            if forget_if_unused(&files, ino, &open) {
+                forgotten.fetch_add(1, Ordering::AcqRel);
+            }
+        });
+        let earlier = file.writer.commit_behind(&self.vol, ino, done);
+        self.after_commit(ino, earlier)
+    }
+
     /// Schedules compaction of the chunks a commit left fragmented (the
     /// writer already dropped their resolved slice lists).
-    fn after_commit(&self, ino: Ino, res: Result<Vec<crate::writer::Committed>>) -> Result<()> {
-        for c in res? {
-            if c.slices >= COMPACT_THRESHOLD
-                && let Some(comp) = &self.compactor
-            {
-                comp.request(ino, c.indx);
-            }
-        }
+    fn after_commit(&self, ino: Ino, res: Result<Vec<Committed>>) -> Result<()> {
+        schedule_compaction(self.compactor.as_deref(), ino, &res?);
         Ok(())
+    }
+
+    /// Before a rename moves `name`: if it is a file whose close handed its
+    /// commit on and the group has not run it yet, waits for that commit.
+    /// Otherwise the rename's record could become durable before the data's
+    /// (the rename needs no sync, the data does), and the common pattern
+    /// "write a new file, close it, rename it over the old one" would leave
+    /// an empty file under the old name after a power loss — what ext4's
+    /// `auto_da_alloc` prevents for the same pattern. Costs a lookup only
+    /// where closes hand commits on (a `file://` bucket) and while a file
+    /// is open or committing here.
+    fn commit_before_rename(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
+        if !self.vol.store.needs_sync() || self.files.lock().is_empty() {
+            return Ok(());
+        }
+        let Ok((ino, _)) = self.vol.meta.lookup(ctx, parent, name) else {
+            // The rename reports what is wrong with the name.
+            return Ok(());
+        };
+        let Some(file) = self.open_state(ino) else {
+            return Ok(());
+        };
+        if !file.writer.has_pending() {
+            return Ok(());
+        }
+        sluice_api::wait::may_wait()?;
+        self.flush_file(ino, &file)
+    }
+
+    /// The group commit's counters (tests assert on them: a burst of closes
+    /// shares groups).
+    pub fn commit_stats(&self) -> CommitStats {
+        self.committer.stats()
     }
 
     fn open_state(&self, ino: Ino) -> Option<Arc<OpenFile>> {
         self.files.lock().get(&ino).cloned()
     }
 
-    /// Flushes `ino`'s buffered writes, if it is open here.
+    /// Flushes `ino`'s buffered writes, and waits for a commit a close
+    /// handed on, if it is open (or committing) here. A commit waits: a
+    /// thread that must not wait hands the call on first (the callers flush
+    /// before they change anything).
     fn flush_ino(&self, ino: Ino) -> Result<()> {
         match self.open_state(ino) {
-            Some(f) => self.flush_file(ino, &f),
+            Some(f) => {
+                if !f.writer.nothing_to_flush() {
+                    sluice_api::wait::may_wait()?;
+                }
+                self.flush_file(ino, &f)
+            }
             None => Ok(()),
         }
     }
@@ -586,8 +700,30 @@ impl Vfs {
                 .length
                 .max(f.writer.end())
                 .max(f.length.load(Ordering::Acquire));
+            // Writes not recorded yet moved mtime and ctime already, as
+            // their commit will record them.
+            if let Some(t) = f.writer.unrecorded_mtime() {
+                attr.mtime = attr.mtime.max(t);
+                attr.ctime = attr.ctime.max(t);
+            }
         }
         attr
+    }
+
+    /// [`Vfs::with_buffered`] for attributes read from the metadata engine
+    /// after `epoch` was taken ([`Vfs::forgotten`]). A closed file whose
+    /// commit ran after they were read, and which was forgotten before the
+    /// buffered state could be looked at, has attributes from before its
+    /// commit and nothing here to adjust them: they are read again (the
+    /// commit is recorded by then).
+    fn adjusted(&self, ino: Ino, attr: Attr, epoch: u64) -> Result<Attr> {
+        if attr.typ != FileType::File
+            || self.open_state(ino).is_some()
+            || self.forgotten.load(Ordering::Acquire) == epoch
+        {
+            return Ok(self.with_buffered(ino, attr));
+        }
+        Ok(self.with_buffered(ino, self.vol.meta.getattr(ino)?))
     }
 
     fn entry(&self, ino: Ino, name: &[u8], attr: Attr) -> Entry {
@@ -664,6 +800,7 @@ impl Vfs {
         let Some(cursor) = listing.next.take() else {
             return Ok(());
         };
+        let epoch = self.forgotten.load(Ordering::Acquire);
         let page = match self
             .vol
             .meta
@@ -702,7 +839,7 @@ impl Vfs {
         }
         if listing.plus {
             for ent in &mut list {
-                ent.attr = self.with_buffered(ent.inode, ent.attr.clone());
+                ent.attr = self.adjusted(ent.inode, ent.attr.clone(), epoch)?;
             }
         }
         listing.entries.extend(list);
@@ -908,6 +1045,9 @@ impl Filesystem for Vfs {
         if let Some(c) = &self.compactor {
             c.stop();
         }
+        // Every commit a close handed on has run (the flushes above waited
+        // for those of files still here).
+        self.committer.wait_idle();
         self.reader.stop_prefetch();
         if let Some(j) = self.janitor.lock().take() {
             drop(j.stop);
@@ -921,6 +1061,13 @@ impl Filesystem for Vfs {
         }
         if let Err(e) = self.vol.meta.close_session() {
             log::warn!("closing the metadata session failed: {e}");
+        }
+        // Deletions queued by unlinks (and by the session's end) are done
+        // before the process goes; the metadata records them anyway.
+        self.vol.meta.drain_deletes();
+        // Unmount waits for durability, as fsync does: every commit so far.
+        if let Err(e) = self.vol.meta.sync() {
+            log::error!("making the metadata durable at unmount failed: {e}");
         }
         if let Some(c) = &self.disk_cache {
             // Blocks queued for the cache are written before the log line,
@@ -970,8 +1117,13 @@ impl Filesystem for Vfs {
                 })
             }
             _ => {
+                let epoch = self.forgotten.load(Ordering::Acquire);
                 let (ino, attr) = self.vol.meta.lookup(ctx, parent, name)?;
-                Ok(self.entry(ino, name, attr))
+                Ok(Entry {
+                    inode: ino,
+                    name: name.to_vec(),
+                    attr: self.adjusted(ino, attr, epoch)?,
+                })
             }
         }
     }
@@ -983,8 +1135,9 @@ impl Filesystem for Vfs {
     /// directory removed while a handle here holds it open still answers,
     /// with no links (as a removed open file does: the engine keeps those).
     fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
+        let epoch = self.forgotten.load(Ordering::Acquire);
         match self.vol.meta.getattr(ino) {
-            Ok(attr) => Ok(self.with_buffered(ino, attr)),
+            Ok(attr) => self.adjusted(ino, attr, epoch),
             Err(Error::NotFound) => self.removed_open_dir(ino).ok_or(Error::NotFound),
             Err(e) => Err(e),
         }
@@ -1004,6 +1157,7 @@ impl Filesystem for Vfs {
         set: &SetAttr,
         size: Option<u64>,
     ) -> Result<Attr> {
+        let epoch = self.forgotten.load(Ordering::Acquire);
         let mut attr = None;
         if let Some(size) = size {
             // A read-only handle (`O_RDONLY|O_TRUNC`) proves nothing: the
@@ -1025,6 +1179,13 @@ impl Filesystem for Vfs {
             kill_suidgid: set.kill_suidgid && size.is_some(),
             ..set.clone()
         };
+        if set.mtime.is_some() && size.is_none() {
+            // Writes made before a utimes land before it: their commit
+            // would otherwise record its own mtime over the one set here
+            // (`cp -p`, `tar` and `rsync -t` set times right after they
+            // write, often before or just after the close).
+            self.flush_ino(ino)?;
+        }
         if set != SetAttr::default() {
             let a = self.vol.meta.setattr(ctx, ino, &set)?;
             if let Some(f) = self.open_state(ino) {
@@ -1033,7 +1194,7 @@ impl Filesystem for Vfs {
             attr = Some(a);
         }
         match attr {
-            Some(a) => Ok(self.with_buffered(ino, a)),
+            Some(a) => self.adjusted(ino, a, epoch),
             None => self.getattr(ctx, ino),
         }
     }
@@ -1115,6 +1276,10 @@ impl Filesystem for Vfs {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        self.commit_before_rename(ctx, parent, name)?;
+        if flags.exchange {
+            self.commit_before_rename(ctx, new_parent, new_name)?;
+        }
         self.vol
             .meta
             .rename(ctx, parent, name, new_parent, new_name, flags)
@@ -1123,17 +1288,23 @@ impl Filesystem for Vfs {
 
     /// Adds a hard link.
     fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
+        let epoch = self.forgotten.load(Ordering::Acquire);
         let attr = self.vol.meta.link(ctx, ino, new_parent, new_name)?;
-        Ok(self.entry(ino, new_name, attr))
+        Ok(Entry {
+            inode: ino,
+            name: new_name.to_vec(),
+            attr: self.adjusted(ino, attr, epoch)?,
+        })
     }
 
     /// Opens a file. Close-to-open consistency: the attributes come fresh
     /// from the metadata engine and the chunks resolved before are dropped,
     /// so an open sees everything another host committed before it closed.
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
+        let epoch = self.forgotten.load(Ordering::Acquire);
         let attr = self.vol.meta.open(ctx, ino, flags)?;
         self.reader.invalidate_inode(ino);
-        let attr = self.with_buffered(ino, attr);
+        let attr = self.adjusted(ino, attr, epoch)?;
         Ok(self.open_out(ino, flags, attr))
     }
 
@@ -1223,18 +1394,23 @@ impl Filesystem for Vfs {
             return Err(Error::BadHandle);
         };
         let file = file.clone();
-        let flushed = self.flush_file(ino, &file);
+        let flushed = self.close_file(ino, &file);
         {
             let mut files = self.files.lock();
             if file.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
                 if flushed.is_err() {
-                    let lost = file.writer.discard(ino);
+                    // The commit failed before it was handed on (storing
+                    // its objects): everything is still in the buffer, and
+                    // nothing is waited for under the lock.
+                    let lost = file.writer.drop_buffered();
                     log::error!(
                         "inode {ino}: {lost} bytes of writes that could not be stored are \
                          dropped at the last close"
                     );
                 }
-                if !file.writer.is_dirty() {
+                // A commit the group has not run yet keeps the file here
+                // (its length still counts): the group's end forgets it.
+                if !file.writer.is_dirty() && !file.writer.has_pending() {
                     files.remove(&ino);
                 }
             }
@@ -1349,6 +1525,30 @@ impl Filesystem for Vfs {
             _ => return Err(Error::BadHandle),
         }
         self.vol.meta.sync()
+    }
+
+    /// Commits every file's buffered writes, waits for every commit a
+    /// close handed on, and makes the metadata durable: after this,
+    /// everything written before survives a power loss. Reports the first
+    /// commit that failed.
+    fn syncfs(&self, _ctx: &Context) -> Result<()> {
+        let files: Vec<_> = self
+            .files
+            .lock()
+            .iter()
+            .map(|(i, f)| (*i, f.clone()))
+            .collect();
+        let mut first = Ok(());
+        for (ino, f) in files {
+            if let Err(e) = self.flush_file(ino, &f) {
+                log::warn!("inode {ino}: syncfs could not commit its writes: {e}");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        self.committer.wait_idle();
+        first.and(self.vol.meta.sync())
     }
 
     /// Space and inode usage.
@@ -1554,8 +1754,48 @@ fn with_disk_cache(
     Ok((vol, Some(cache)))
 }
 
+/// Asks for compaction of the chunks a commit left fragmented.
+fn schedule_compaction(compactor: Option<&Compactor>, ino: Ino, committed: &[Committed]) {
+    let Some(comp) = compactor else {
+        return;
+    };
+    for c in committed {
+        if c.slices >= COMPACT_THRESHOLD {
+            comp.request(ino, c.indx);
+        }
+    }
+}
+
+/// Once the group commit ran a closed file's last commit: forgets the file
+/// if no handle holds it and nothing else waits to be committed. Writes a
+/// failed commit put back, with no handle left to flush or report them,
+/// are dropped (the error was counted and logged), as a close that fails
+/// drops them. Runs on the committer's thread: takes no commit lock.
+/// Returns whether it forgot the file.
+fn forget_if_unused(
+    files: &Mutex<HashMap<Ino, Arc<OpenFile>>>,
+    ino: Ino,
+    file: &Arc<OpenFile>,
+) -> bool {
+    let mut files = files.lock();
+    let ours = files.get(&ino).is_some_and(|f| Arc::ptr_eq(f, file));
+    if !ours || file.handles.load(Ordering::Acquire) > 0 || file.writer.has_pending() {
+        return false;
+    }
+    let lost = file.writer.drop_buffered();
+    if lost > 0 {
+        log::error!(
+            "inode {ino}: {lost} bytes of writes that could not be stored are dropped: \
+             the file was closed"
+        );
+    }
+    files.remove(&ino);
+    true
+}
+
 impl Drop for Vfs {
     fn drop(&mut self) {
+        self.committer.stop();
         self.reader.stop_prefetch();
         if let Some(j) = self.janitor.lock().take() {
             drop(j.stop);

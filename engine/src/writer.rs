@@ -9,14 +9,17 @@
 //! stores the block in the background while the application keeps writing
 //! (a later write into a sealed block starts a new slice instead). On flush,
 //! fsync, release — or early, once the buffer passes its limit — the rest of
-//! each slice is stored, its uploads are waited for, and it is committed with
-//! `Meta::write_chunk`, in write order. So a sequential writer's fsync waits
-//! for about one block, not for the whole buffer. Between storing and
-//! committing, one `ObjectStore::sync_all` makes the objects durable: a
-//! commit is never durable before the objects it names. Each committed
-//! chunk is dropped from the reader's [`ChunkCache`] before the commit lock
-//! is let go, and a commit that fails keeps its writes for the next try
-//! (the durability, coherence and sticky-error rules of `engine/DESIGN.md`).
+//! each slice is stored and its uploads are waited for; the stored slices
+//! then go to the volume's group commit ([`crate::commit`]), which makes
+//! their objects durable and records them with `Meta::write_chunk`, in
+//! write order, with the commits of other files. So a sequential writer's
+//! fsync waits for about one block, not for the whole buffer, and a commit
+//! is never durable before the objects it names. A close does not wait for
+//! its group ([`FileWriter::commit_behind`]); everything else that commits
+//! does. Each committed chunk is dropped from the reader's [`ChunkCache`]
+//! before the commit is reported done, and a commit that fails keeps its
+//! writes for the next try (the durability, coherence and sticky-error
+//! rules of `engine/DESIGN.md`).
 
 use std::collections::BTreeMap;
 
@@ -28,11 +31,12 @@ use parking_lot::{Condvar, Mutex};
 use sluice_api::source::WriteSource;
 
 use crate::block_cache::BlockCache;
-use crate::block_key::{block_count, block_key, block_len};
+use crate::block_key::{block_count, block_key, block_len, slice_keys};
 use crate::chunk_cache::ChunkCache;
+use crate::commit::{self, Committer, Outcome};
 use crate::compress::compress;
 use crate::error::{Error, Result};
-use crate::meta::{CHUNK_SIZE, Ino, Slice, Timestamp};
+use crate::meta::{CHUNK_SIZE, ChunkWrite, Ino, Slice, Timestamp};
 use crate::volume::Volume;
 
 /// Stores `data` as a new slice's blocks (in parallel over up to `threads`
@@ -420,6 +424,9 @@ struct Buffer {
     bytes: usize,
     /// The file end the buffered writes reach (0 when none).
     end: u64,
+    /// When the latest buffered write was made: the mtime (and ctime) its
+    /// commit records, as a write on a local file system sets them.
+    mtime: Option<Timestamp>,
 }
 
 /// A chunk that a flush committed, with its slice count after the commit.
@@ -431,17 +438,41 @@ pub struct Committed {
     pub slices: usize,
 }
 
-/// What one commit of a taken buffer did.
+/// What a commit handed on without waiting ([`FileWriter::commit_behind`])
+/// calls once its group ran, with the chunks it committed.
+pub type OnCommitted = Box<dyn FnOnce(&[Committed]) + Send>;
+
+/// A commit handed to the group commit: done once the group ran.
 #[derive(Debug, Default)]
-struct Outcome {
-    /// The chunks it committed, in order.
-    done: Vec<Committed>,
-    /// Where it stopped: the error, and the writes it did not commit (kept
-    /// for a retry, oldest first).
-    failed: Option<(Error, Buffer)>,
+struct Ticket {
+    /// Set when the group ran: the chunks committed, and the commit's own
+    /// error (taken by the caller that waits for it; a commit nobody waits
+    /// for reports it through the file's error count).
+    result: Mutex<Option<(Vec<Committed>, Option<Error>)>>,
+    done: Condvar,
 }
 
-type Background = std::thread::JoinHandle<Outcome>;
+impl Ticket {
+    fn finish(&self, committed: Vec<Committed>, error: Option<Error>) {
+        *self.result.lock() = Some((committed, error));
+        self.done.notify_all();
+    }
+
+    fn is_finished(&self) -> bool {
+        self.result.lock().is_some()
+    }
+
+    /// Waits until the group ran; the chunks committed and the error.
+    fn wait(&self) -> (Vec<Committed>, Option<Error>) {
+        let mut r = self.result.lock();
+        loop {
+            if let Some((done, e)) = r.as_mut() {
+                return (std::mem::take(done), e.take());
+            }
+            self.done.wait(&mut r);
+        }
+    }
+}
 
 /// The write buffer of one inode, shared by all its open handles.
 ///
@@ -454,9 +485,16 @@ type Background = std::thread::JoinHandle<Outcome>;
 pub struct FileWriter {
     buf: Mutex<Buffer>,
     /// Serialises commits, so slices commit in write order and a reader that
-    /// flushes first sees every write made before it. Whoever holds it
-    /// finishes the background commit before committing anything else.
-    flushing: Mutex<Option<Background>>,
+    /// flushes first sees every write made before it. Holds the last commit
+    /// handed on (to a background thread or the group commit) until someone
+    /// waits for it; whoever holds the lock waits for that commit before
+    /// committing anything else.
+    flushing: Mutex<Option<Arc<Ticket>>>,
+    /// Whether a commit handed on has not run yet (read without the
+    /// commit lock, by whoever decides that an unused writer may go).
+    pending: AtomicBool,
+    /// The mtime a commit handed on will record, until it ran.
+    pending_mtime: Mutex<Option<Timestamp>>,
     /// Bytes buffered by every writer sharing this counter (one per Vfs),
     /// until their commit ends.
     budget: Arc<AtomicUsize>,
@@ -464,8 +502,11 @@ pub struct FileWriter {
     /// stored at commit, on the committing thread).
     uploader: Option<Arc<BlockUploader>>,
     /// The resolved slice lists of the reader: each chunk committed is
-    /// dropped from it before the commit lock is released.
+    /// dropped from it before the commit is reported done.
     chunks: Option<Arc<ChunkCache>>,
+    /// The volume's group commit (None: each commit is a group of its own,
+    /// run on the committing thread).
+    committer: Option<Arc<Committer>>,
     /// Commits that failed so far (the error sequence handles compare).
     errors: AtomicU64,
     /// Whether the last commit failed (the first failure of a run of them is
@@ -504,93 +545,54 @@ impl LimitError {
     }
 }
 
-/// Stores the slices of a taken buffer, makes their objects durable with
-/// one [`ObjectStore::sync_all`](crate::object::ObjectStore::sync_all), then
-/// commits them in write order: no commit can become durable (by an fsync,
-/// a SQLite checkpoint, the kernel writing the WAL back) before the objects
-/// it names, so a power loss leaves a file at an earlier state, never
-/// naming a missing object. Stops at the first failure and hands back what
-/// it did not commit (slices already stored keep their stored blocks, so a
-/// retry only syncs and commits them).
-fn commit_buffer(
+/// A taken buffer whose slices are stored: what the group commit records.
+#[derive(Debug)]
+struct Staged {
+    /// Every pending slice in write order (chunk by chunk, oldest first),
+    /// with its stored record.
+    slices: Vec<(u32, Pending, Slice)>,
+    /// The bytes the buffer counted, the file end it reached, and when
+    /// its latest write was made.
+    bytes: usize,
+    end: u64,
+    mtime: Option<Timestamp>,
+}
+
+/// Stores the slices of a taken buffer (every block not stored yet; the
+/// uploads of sealed blocks are waited for). On failure the whole buffer
+/// comes back with the error: slices keep the blocks that were stored (and
+/// their ids), so a retry stores only what is missing.
+fn stage(
     vol: &Volume,
     up: Option<&BlockUploader>,
-    chunks: Option<&ChunkCache>,
-    ino: Ino,
     mut taken: Buffer,
-    budget: &AtomicUsize,
-) -> Outcome {
-    let total = taken.bytes;
-    let mut out = Outcome::default();
-    // Every pending slice in write order: chunk by chunk, oldest first.
+) -> std::result::Result<Staged, (Error, Buffer)> {
     let mut queue: Vec<(u32, Pending)> = std::mem::take(&mut taken.chunks)
         .into_iter()
         .flat_map(|(indx, slices)| slices.into_iter().map(move |p| (indx, p)))
         .collect();
-    let mut error = None;
-    let mut stored = Vec::with_capacity(queue.len());
+    let mut records = Vec::with_capacity(queue.len());
     for (_, p) in &mut queue {
         match p.finish(vol, up) {
-            Ok(slice) => stored.push(slice),
+            Ok(slice) => records.push(slice),
             Err(e) => {
-                error = Some(e);
-                break;
-            }
-        }
-    }
-    if !stored.is_empty()
-        && let Err(e) = vol.store.sync_all()
-    {
-        error = Some(e);
-        stored.clear();
-    }
-    let mut committed = 0;
-    for ((indx, _), slice) in queue.iter().zip(stored) {
-        let res = vol.meta.write_chunk(ino, *indx, slice, Timestamp::now());
-        // Dropped even when the commit failed: its outcome may be unknown
-        // (a lost reply), and a lookup costs little.
-        if let Some(c) = chunks {
-            c.invalidate(ino, *indx);
-        }
-        match res {
-            Ok(count) => {
-                committed += 1;
-                match out.done.last_mut() {
-                    Some(c) if c.indx == *indx => c.slices = count,
-                    _ => out.done.push(Committed {
-                        indx: *indx,
-                        slices: count,
-                    }),
+                for (indx, p) in queue {
+                    taken.chunks.entry(indx).or_default().push(p);
                 }
-            }
-            Err(e) => {
-                error = Some(e);
-                break;
+                return Err((e, taken));
             }
         }
     }
-    if let Some(e) = error {
-        let mut left = Buffer {
-            end: taken.end,
-            ..Buffer::default()
-        };
-        for (indx, p) in queue.into_iter().skip(committed) {
-            left.chunks.entry(indx).or_default().push(p);
-        }
-        left.bytes = left
-            .chunks
-            .values()
-            .flatten()
-            .map(|p| p.len)
-            .sum::<usize>()
-            .min(total);
-        out.failed = Some((e, left));
-    }
-    // The memory of what was committed is given back; what is kept for a
-    // retry stays counted.
-    let kept = out.failed.as_ref().map_or(0, |(_, b)| b.bytes);
-    budget.fetch_sub(total - kept, Ordering::AcqRel);
-    out
+    Ok(Staged {
+        slices: queue
+            .into_iter()
+            .zip(records)
+            .map(|((indx, p), s)| (indx, p, s))
+            .collect(),
+        bytes: taken.bytes,
+        end: taken.end,
+        mtime: taken.mtime,
+    })
 }
 
 impl FileWriter {
@@ -607,11 +609,13 @@ impl FileWriter {
         budget: Arc<AtomicUsize>,
         uploader: Arc<BlockUploader>,
         chunks: Arc<ChunkCache>,
+        committer: Arc<Committer>,
     ) -> FileWriter {
         FileWriter {
             budget,
             uploader: Some(uploader),
             chunks: Some(chunks),
+            committer: Some(committer),
             ..FileWriter::default()
         }
     }
@@ -672,6 +676,7 @@ impl FileWriter {
             }
             at += n as u64;
         }
+        b.mtime = Some(Timestamp::now());
         if written.is_ok() {
             b.end = b.end.max(end);
         } else if at > off {
@@ -720,43 +725,104 @@ impl FileWriter {
     }
 
     /// Whether a [`FileWriter::flush`] now would have nothing to commit and
-    /// nothing to wait for: no buffered writes, no background commit, no
-    /// other thread committing.
+    /// nothing to wait for: no buffered writes, no commit handed on that has
+    /// not run, no other thread committing.
     pub fn nothing_to_flush(&self) -> bool {
         match self.flushing.try_lock() {
-            Some(bg) => bg.is_none() && self.buf.lock().chunks.is_empty(),
+            Some(bg) => {
+                bg.as_ref().is_none_or(|t| t.is_finished()) && self.buf.lock().chunks.is_empty()
+            }
             None => false,
         }
     }
 
+    /// Whether a commit handed on (by [`FileWriter::commit_behind`] or
+    /// [`FileWriter::flush_behind`]) has not run yet.
+    pub fn has_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    fn clear_pending(&self) {
+        *self.pending_mtime.lock() = None;
+        self.pending.store(false, Ordering::Release);
+    }
+
+    /// The mtime writes not recorded yet — buffered, or handed on to a
+    /// commit that has not run — will record when they are: what `stat`
+    /// shows meanwhile, as a write on a local file system moves mtime at
+    /// once. None when every write is recorded.
+    pub fn unrecorded_mtime(&self) -> Option<Timestamp> {
+        let buffered = {
+            let b = self.buf.lock();
+            if b.chunks.is_empty() { None } else { b.mtime }
+        };
+        let pending = *self.pending_mtime.lock();
+        buffered.max(pending)
+    }
+
     /// Stores and commits every buffered write, in write order, after any
-    /// commit running in the background (a failed background commit's writes
-    /// are tried again here). Returns the chunks changed. On failure the
-    /// writes not committed stay buffered for the next flush, and the error
-    /// is counted in [`FileWriter::errors`].
-    pub fn flush(&self, vol: &Volume, ino: Ino) -> Result<Vec<Committed>> {
+    /// commit handed on before (a failed one's writes are part of this
+    /// commit). Waits for the group commit. Returns the chunks changed. On
+    /// failure the writes not committed stay buffered for the next flush,
+    /// and the error is counted in [`FileWriter::errors`].
+    pub fn flush(self: &Arc<Self>, vol: &Arc<Volume>, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
-        let mut done = self.join(bg.take(), ino);
+        let mut done = self.join(bg.take());
         let taken = std::mem::take(&mut *self.buf.lock());
-        let out = commit_buffer(
-            vol,
-            self.uploader.as_deref(),
-            self.chunks.as_deref(),
-            ino,
-            taken,
-            &self.budget,
-        );
-        done.extend(out.done);
-        match out.failed {
-            None => {
-                self.failing.store(false, Ordering::Release);
-                Ok(done)
-            }
-            Some((e, left)) => {
-                self.failed(ino, &e, left);
-                Err(e)
-            }
+        if taken.chunks.is_empty() {
+            self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
+            return Ok(done);
         }
+        let staged = match stage(vol, self.uploader.as_deref(), taken) {
+            Ok(s) => s,
+            Err((e, left)) => {
+                self.failed(ino, &e, left);
+                return Err(e);
+            }
+        };
+        let ticket = Arc::new(Ticket::default());
+        self.hand_on(vol, ino, staged, &ticket, true, None);
+        let (committed, error) = ticket.wait();
+        done.extend(committed);
+        match error {
+            None => Ok(done),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Stores the buffered writes and hands them to the group commit
+    /// without waiting for it (a close: `close(2)` need not wait for
+    /// durability, as on a local file system). Anything that needs the
+    /// commit — a read, fsync, the next commit of the file — waits for it
+    /// first. `done` is called on the committer's thread once the group
+    /// ran, with the chunks committed (a failure is counted for the handles
+    /// to report, and its writes are kept, as any failed commit's). A store
+    /// that fails here is reported at once.
+    pub fn commit_behind(
+        self: &Arc<Self>,
+        vol: &Arc<Volume>,
+        ino: Ino,
+        done: OnCommitted,
+    ) -> Result<Vec<Committed>> {
+        let mut bg = self.flushing.lock();
+        // One commit of a file at a time, in write order.
+        let earlier = self.join(bg.take());
+        let taken = std::mem::take(&mut *self.buf.lock());
+        if taken.chunks.is_empty() {
+            self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
+            return Ok(earlier);
+        }
+        let staged = match stage(vol, self.uploader.as_deref(), taken) {
+            Ok(s) => s,
+            Err((e, left)) => {
+                self.failed(ino, &e, left);
+                return Err(e);
+            }
+        };
+        let ticket = Arc::new(Ticket::default());
+        *bg = Some(ticket.clone());
+        self.hand_on(vol, ino, staged, &ticket, false, Some(done));
+        Ok(earlier)
     }
 
     /// Starts committing the buffered writes in the background, so the
@@ -764,11 +830,11 @@ impl FileWriter {
     /// per file), if the buffer still holds `limit` bytes once the commit
     /// lock is taken: several writers that filled it at once (waiter
     /// threads, the host mount's workers) start one commit, not one each
-    /// behind the other's. Returns what the previous background commit
+    /// behind the other's. Returns what the previous commit handed on
     /// committed; if it failed, its writes are part of this commit (and the
     /// error is counted for the handles to report).
     pub fn flush_behind(
-        &self,
+        self: &Arc<Self>,
         vol: &Arc<Volume>,
         ino: Ino,
         limit: usize,
@@ -778,7 +844,7 @@ impl FileWriter {
             // Another writer took the buffer while this one waited.
             return Ok(Vec::new());
         }
-        let done = self.join(bg.take(), ino);
+        let done = self.join(bg.take());
         // Keep `end` so the file length still counts these writes until the
         // next full flush has committed them.
         let taken = {
@@ -787,50 +853,180 @@ impl FileWriter {
                 chunks: std::mem::take(&mut b.chunks),
                 bytes: std::mem::take(&mut b.bytes),
                 end: b.end,
+                mtime: b.mtime,
             }
         };
-        let vol = vol.clone();
-        let budget = self.budget.clone();
-        let up = self.uploader.clone();
-        let chunks = self.chunks.clone();
-        *bg = Some(
-            std::thread::Builder::new()
-                .name("sluice-writeback".into())
-                .spawn(move || {
-                    commit_buffer(&vol, up.as_deref(), chunks.as_deref(), ino, taken, &budget)
-                })?,
-        );
+        let ticket = Arc::new(Ticket::default());
+        *self.pending_mtime.lock() = taken.mtime;
+        self.pending.store(true, Ordering::Release);
+        let (me, vol, t) = (self.clone(), vol.clone(), ticket.clone());
+        // Storing a full buffer waits for its uploads: on a thread of its
+        // own, which then hands the slices to the group commit.
+        std::thread::Builder::new()
+            .name("sluice-writeback".into())
+            .spawn(move || match stage(&vol, me.uploader.as_deref(), taken) {
+                Ok(staged) => me.hand_on(&vol, ino, staged, &t, false, None),
+                Err((e, left)) => {
+                    me.failed(ino, &e, left);
+                    me.clear_pending();
+                    t.finish(Vec::new(), Some(e));
+                }
+            })?;
+        *bg = Some(ticket);
         Ok(done)
     }
 
-    /// Drops every buffered write (the last handle closed and the writes
-    /// could not be stored: the error was reported at flush or fsync).
-    /// Returns how many bytes went.
-    pub fn discard(&self, ino: Ino) -> usize {
-        let mut bg = self.flushing.lock();
-        self.join(bg.take(), ino);
+    /// Hands stored slices to the group commit (or, for a writer without
+    /// one, commits them here); `ticket` is finished once they ran, after
+    /// their outcome was applied to this writer.
+    fn hand_on(
+        self: &Arc<Self>,
+        vol: &Arc<Volume>,
+        ino: Ino,
+        staged: Staged,
+        ticket: &Arc<Ticket>,
+        waited: bool,
+        done: Option<OnCommitted>,
+    ) {
+        let now = staged.mtime.unwrap_or_else(Timestamp::now);
+        let writes: Vec<ChunkWrite> = staged
+            .slices
+            .iter()
+            .map(|(indx, _, slice)| ChunkWrite {
+                ino,
+                indx: *indx,
+                slice: *slice,
+                mtime: now,
+            })
+            .collect();
+        let keys: Vec<String> = staged
+            .slices
+            .iter()
+            .flat_map(|(_, _, s)| slice_keys(vol.name(), s.id, s.size, vol.block_size))
+            .collect();
+        *self.pending_mtime.lock() = Some(now);
+        self.pending.store(true, Ordering::Release);
+        let (me, t) = (self.clone(), ticket.clone());
+        let job = commit::Job {
+            ino,
+            keys,
+            writes,
+            waited,
+            done: Box::new(move |outcome| {
+                let committed = me.apply(ino, staged, outcome, &t);
+                if let Some(done) = done {
+                    done(&committed);
+                }
+            }),
+        };
+        match &self.committer {
+            Some(c) => c.submit(job),
+            None => commit::commit_now(vol, self.chunks.as_ref(), job),
+        }
+    }
+
+    /// Applies what the group commit did with `staged`: the memory of what
+    /// was committed is given back; a failure puts the writes back in front
+    /// of newer ones (or drops them: a refused commit, objects the disk
+    /// could not make durable, or a file removed meanwhile) and counts the
+    /// error. Then finishes `ticket`. Returns the chunks committed.
+    fn apply(&self, ino: Ino, staged: Staged, outcome: Outcome, ticket: &Ticket) -> Vec<Committed> {
+        let result = match outcome {
+            Outcome::Recorded(r) => r,
+            Outcome::Unsynced(e) => {
+                // The blocks' bytes are gone from the buffer and their
+                // objects may be torn: these writes cannot be tried again.
+                // As Linux drops pages whose write-back failed, they are
+                // dropped, and fsync and close report EIO once per handle.
+                self.budget.fetch_sub(staged.bytes, Ordering::AcqRel);
+                self.errors.fetch_add(1, Ordering::AcqRel);
+                *self.refused.lock() = None;
+                log::error!(
+                    "inode {ino}: {} bytes of writes are lost: their objects could not be made durable ({e})",
+                    staged.bytes
+                );
+                self.clear_pending();
+                ticket.finish(Vec::new(), Some(e));
+                return Vec::new();
+            }
+        };
+        let mut committed: Vec<Committed> = Vec::new();
+        let applied = result.counts.len();
+        for ((indx, _, _), count) in staged.slices.iter().zip(&result.counts) {
+            match committed.last_mut() {
+                Some(c) if c.indx == *indx => c.slices = *count,
+                _ => committed.push(Committed {
+                    indx: *indx,
+                    slices: *count,
+                }),
+            }
+        }
+        let error = match result.error {
+            None if applied < staged.slices.len() => Some(Error::Invalid(format!(
+                "inode {ino}: the metadata engine recorded {applied} of {} slices",
+                staged.slices.len()
+            ))),
+            e => e,
+        };
+        let total = staged.bytes;
+        let mut kept = 0;
+        let error = match error {
+            None => {
+                self.failing.store(false, Ordering::Release);
+                None
+            }
+            Some(Error::NotFound) => {
+                // Removed (and closed everywhere) before this commit ran:
+                // nothing can read these writes any more.
+                log::debug!("inode {ino}: removed before its last writes were recorded");
+                None
+            }
+            Some(e) => {
+                let mut left = Buffer {
+                    end: staged.end,
+                    mtime: staged.mtime,
+                    ..Buffer::default()
+                };
+                for (indx, p, _) in staged.slices.into_iter().skip(applied) {
+                    left.chunks.entry(indx).or_default().push(p);
+                }
+                left.bytes = left
+                    .chunks
+                    .values()
+                    .flatten()
+                    .map(|p| p.len)
+                    .sum::<usize>()
+                    .min(total);
+                kept = left.bytes;
+                self.failed(ino, &e, left);
+                Some(e)
+            }
+        };
+        // The memory of what was committed (or dropped) is given back; what
+        // is kept for a retry stays counted (`failed` gives a refused
+        // commit's back itself).
+        self.budget.fetch_sub(total - kept, Ordering::AcqRel);
+        self.clear_pending();
+        ticket.finish(committed.clone(), error);
+        committed
+    }
+
+    /// Drops the buffered writes (the last handle closed and the writes
+    /// could not be stored: the error was reported at flush or fsync),
+    /// without waiting for anything — no commit lock, so it is safe on the
+    /// committer's thread and under the `Vfs`'s lock of open files. Returns
+    /// how many bytes went.
+    pub fn drop_buffered(&self) -> usize {
         let taken = std::mem::take(&mut *self.buf.lock());
         self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
         taken.bytes
     }
 
-    /// Waits for a background commit (the caller holds `flushing`); a failed
-    /// one puts its writes back and counts its error.
-    fn join(&self, bg: Option<Background>, ino: Ino) -> Vec<Committed> {
-        let Some(h) = bg else {
-            return Vec::new();
-        };
-        let out = h.join().unwrap_or_else(|_| Outcome {
-            done: Vec::new(),
-            failed: Some((
-                Error::Invalid("a write-back thread panicked".into()),
-                Buffer::default(),
-            )),
-        });
-        if let Some((e, left)) = out.failed {
-            self.failed(ino, &e, left);
-        }
-        out.done
+    /// Waits for a commit handed on (the caller holds `flushing`); its
+    /// outcome was applied to this writer when it ran. Returns the chunks
+    /// it committed.
+    fn join(&self, bg: Option<Arc<Ticket>>) -> Vec<Committed> {
+        bg.map(|t| t.wait().0).unwrap_or_default()
     }
 
     /// A commit failed: its writes go back in front of newer ones, the
@@ -857,6 +1053,7 @@ impl FileWriter {
             }
             b.bytes += left.bytes;
             b.end = b.end.max(left.end);
+            b.mtime = b.mtime.max(left.mtime);
         }
         self.errors.fetch_add(1, Ordering::AcqRel);
         if !self.failing.swap(true, Ordering::AcqRel) {
@@ -955,16 +1152,11 @@ mod tests {
             "below the limit it never waits"
         );
         drop(held);
-        // A commit running in the background: the same.
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        *w.flushing.lock() = Some(std::thread::spawn(move || {
-            rx.recv().ok();
-            Outcome::default()
-        }));
+        // A commit handed on and not run yet: the same.
+        let ticket = Arc::new(Ticket::default());
+        *w.flushing.lock() = Some(ticket.clone());
         assert!(w.write_would_wait(100, 200));
-        tx.send(()).unwrap();
-        let t = w.flushing.lock().take().unwrap();
-        t.join().unwrap();
+        ticket.finish(Vec::new(), None);
         assert!(!w.write_would_wait(100, 200));
     }
 

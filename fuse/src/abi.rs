@@ -571,6 +571,14 @@ abi_struct! {
 }
 
 abi_struct! {
+    /// `struct fuse_syncfs_in` (SYNCFS).
+    pub struct SyncfsIn {
+        /// Padding.
+        pub padding: u64,
+    }
+}
+
+abi_struct! {
     /// `struct fuse_fsync_in` (FSYNC and FSYNCDIR).
     pub struct FsyncIn {
         /// File handle.

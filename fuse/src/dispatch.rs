@@ -714,6 +714,10 @@ impl<F: Filesystem> Dispatcher<F> {
                 fs.fsyncdir(&ctx, ino, fh, datasync)?;
                 ReplyHead::empty(u)
             }
+            Operation::Syncfs => {
+                fs.syncfs(&ctx)?;
+                ReplyHead::empty(u)
+            }
             Operation::Setxattr { name, value, mode } => {
                 fs.setxattr(&ctx, ino, name, value, mode)?;
                 ReplyHead::empty(u)

@@ -681,6 +681,12 @@ impl<F: Filesystem> Filesystem for Export<F> {
         self.inner.fsyncdir(ctx, self.inode(ino)?, fh, datasync)
     }
 
+    /// The whole volume is synced: syncing more than the export promises
+    /// nothing about other tenants' files beyond what they were promised.
+    fn syncfs(&self, ctx: &Context) -> Result<()> {
+        self.inner.syncfs(ctx)
+    }
+
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
         self.inner.statfs(ctx, self.reach(ino)?)
     }

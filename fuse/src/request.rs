@@ -398,6 +398,8 @@ pub enum Operation<'a> {
     },
     /// FUSE_STATFS.
     Statfs,
+    /// FUSE_SYNCFS.
+    Syncfs,
     /// FUSE_RELEASE.
     Release {
         /// File handle.
@@ -917,6 +919,10 @@ fn decode_op<'a>(
             }
         }
         opcode::STATFS => Operation::Statfs,
+        opcode::SYNCFS => {
+            let _: abi::SyncfsIn = a.fixed()?;
+            Operation::Syncfs
+        }
         opcode::RELEASE => {
             let r: abi::ReleaseIn = a.fixed()?;
             Operation::Release { fh: r.fh }

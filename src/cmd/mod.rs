@@ -1,6 +1,7 @@
 //! One module per subcommand of the `sluice` program.
 
 pub mod cache_args;
+pub mod commit_args;
 pub mod completions;
 pub mod control;
 pub mod dump;

@@ -80,6 +80,8 @@ pub struct MountArgs {
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
+    pub commit: super::commit_args::CommitArgs,
+    #[command(flatten)]
     pub writeback: WritebackArgs,
     /// The disk block cache.
     #[command(flatten)]
@@ -110,6 +112,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             args.kernel_readahead
         );
     }
+    // Settings are checked before a background mount detaches.
+    args.commit.apply(VfsConfig::default())?;
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
@@ -136,7 +140,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     let vfs = Vfs::new(
         volume,
-        args.readahead.apply(VfsConfig {
+        args.commit.apply(args.readahead.apply(VfsConfig {
             cache_bytes: args.cache_size << 20,
             cache_prefault: args.cache_prefault,
             buffer_bytes: args.buffer_size << 20,
@@ -144,7 +148,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             atime: args.atime_mode,
             read_only: args.read_only,
             ..VfsConfig::default()
-        })?,
+        })?)?,
     )
     .context("cannot start the file system")?;
     let options = MountOptions {

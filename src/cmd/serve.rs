@@ -107,6 +107,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
+    pub commit: super::commit_args::CommitArgs,
+    #[command(flatten)]
     pub writeback: WritebackArgs,
     /// The disk block cache.
     #[command(flatten)]
@@ -130,6 +132,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--queues, --cache-size and --buffer-size must be at least 1");
     }
     args.readahead.apply(VfsConfig::default())?;
+    args.commit.apply(VfsConfig::default())?;
     let client_limits = args.limits.apply(&mut VfsConfig::default())?;
     let sandbox = Sandbox::new(&args.sandbox)?;
     // Connected while still root and unconfined (see src/notify.rs).
@@ -276,7 +279,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let mut vfs_config = args.readahead.apply(VfsConfig {
+        let mut vfs_config = args.commit.apply(args.readahead.apply(VfsConfig {
             cache_bytes: args.cache_size << 20,
             cache_prefault: args.cache_prefault,
             buffer_bytes: args.buffer_size << 20,
@@ -288,7 +291,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             atime: args.atime_mode,
             read_only: args.read_only,
             ..VfsConfig::default()
-        })?;
+        })?)?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match &args.export {

@@ -199,6 +199,7 @@ impl Collector for Collect {
         fuse_ops(e, &s.ops)?;
         objects(e)?;
         transactions(e)?;
+        commits(e)?;
         let session = s.session.lock().clone();
         caches(e, session.as_ref(), s.cache_node.as_deref())?;
         writeback(e, &s.volume)?;
@@ -375,6 +376,36 @@ fn transactions(e: &mut Enc<'_>) -> Res {
         "juicefs_transaction_restart",
         "The number of times a transaction is restarted.",
         restarts,
+    )
+}
+
+fn commits(e: &mut Enc<'_>) -> Res {
+    let c = sluice_engine::metrics::COMMITS.snapshot();
+    counter(
+        e,
+        "sluice_commit_groups",
+        "Group commits run: each syncs its files' objects at once and records them in one metadata transaction.",
+        c.groups,
+    )?;
+    counter(
+        e,
+        "sluice_commit_files",
+        "Files' commits (closes, fsyncs, full write buffers) the group commits held.",
+        c.jobs,
+    )?;
+    histogram(
+        e,
+        "sluice_commit_sync_duration_seconds",
+        "How long a group's object sync took.",
+        &c.sync,
+        NS,
+    )?;
+    histogram(
+        e,
+        "sluice_commit_record_duration_seconds",
+        "How long a group's metadata transaction took.",
+        &c.record,
+        NS,
     )
 }
 

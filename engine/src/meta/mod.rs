@@ -10,6 +10,7 @@ pub mod bounded;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod copy_range;
+mod deleter;
 mod open_files;
 pub mod quota;
 pub mod redis;
@@ -128,6 +129,30 @@ impl Slice {
     }
 }
 
+/// One [`Meta::write_chunk`]: slice `slice` appended to chunk `indx` of
+/// `ino`, with `mtime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkWrite {
+    /// The file.
+    pub ino: Ino,
+    /// The chunk index.
+    pub indx: u32,
+    /// The slice record.
+    pub slice: Slice,
+    /// The file's new mtime.
+    pub mtime: Timestamp,
+}
+
+/// What [`Meta::write_chunks`] did with one commit's writes.
+#[derive(Debug, Default)]
+pub struct CommitResult {
+    /// For each write applied, in order, how many slices its chunk holds
+    /// now; the writes after these were not applied.
+    pub counts: Vec<usize>,
+    /// What stopped the commit, if something did.
+    pub error: Option<crate::error::Error>,
+}
+
 /// How a truncate was asked for, which decides what it checks (JuiceFS's
 /// `skipPermCheck`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,6 +222,19 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// durable ([`Meta::sync`]): an object deleted while a power loss could
     /// still roll that change back would leave a file naming it.
     fn set_slice_releaser(&self, releaser: SliceReleaser);
+    /// From now on, the data of removed files and the objects of released
+    /// slices are deleted by a background thread, many at a time behind
+    /// one [`Meta::sync`], rather than by the call that removed or released
+    /// them (an unlink then costs its own transaction alone). The `Vfs`
+    /// asks for it; tools and tests keep deleting in the call. What the
+    /// queue loses in a crash the metadata still records, and
+    /// [`Meta::cleanup`] finds it.
+    fn delete_in_background(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Waits until every background delete queued so far is done (at
+    /// unmount).
+    fn drain_deletes(&self) {}
 
     /// Makes every change this client committed so far durable: it survives
     /// a power loss once this returns. `fsync` ends with it. Engines whose
@@ -353,6 +391,30 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// length to cover it, sets mtime, and updates usage and directory stats.
     /// Returns how many slices the chunk now holds (a hint for compaction).
     fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize>;
+    /// The [`Meta::write_chunk`]s of several files' commits, as a group
+    /// commit gathers them: each commit's writes are applied in order and
+    /// stop at its first failure, which fails that commit alone. An engine
+    /// that can applies the whole group as one transaction (SQLite: one
+    /// commit to the WAL for the group, each file's writes all or none);
+    /// the others apply one write at a time.
+    fn write_chunks(&self, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
+        commits
+            .iter()
+            .map(|writes| {
+                let mut done = CommitResult::default();
+                for w in writes {
+                    match self.write_chunk(w.ino, w.indx, w.slice, w.mtime) {
+                        Ok(n) => done.counts.push(n),
+                        Err(e) => {
+                            done.error = Some(e);
+                            break;
+                        }
+                    }
+                }
+                done
+            })
+            .collect()
+    }
     /// Replaces the chunk's first `old.len()` slices by `new` (one slice that
     /// covers what they showed), provided those slices are still exactly
     /// `old`; releases slices that lose their last reference. Returns `false`

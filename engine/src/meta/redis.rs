@@ -50,6 +50,7 @@ use crate::meta::{
     TruncateVia, XattrMode, quota,
 };
 
+use super::deleter::{Deleter, Deletes};
 use keys::{Keys, counter, slice_field};
 use tx::{Pool, PostCommit, Tx, TxError, TxResult};
 
@@ -95,6 +96,9 @@ struct Inner {
     /// `session{sid}` until the last close.
     open_files: Mutex<super::open_files::OpenFiles>,
     releaser: RwLock<Option<SliceReleaser>>,
+    /// Deletes removed files' data and released slices' objects in the
+    /// background, once asked to ([`Meta::delete_in_background`]).
+    deleter: Mutex<Option<Arc<Deleter>>>,
     heartbeat: Mutex<Option<Heartbeat>>,
     trash_dir: Mutex<Option<(String, Ino)>>,
     /// What range operations visited (`Meta::work`).
@@ -367,6 +371,7 @@ impl RedisMeta {
                 sid: AtomicU64::new(0),
                 open_files: Mutex::default(),
                 releaser: RwLock::new(None),
+                deleter: Mutex::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
                 work: Default::default(),
@@ -385,6 +390,16 @@ impl RedisMeta {
         let attr = self.getattr(ino)?;
         rules::check_open(ctx, &attr, flags)?;
         Ok(attr)
+    }
+}
+
+impl Deletes for Inner {
+    fn delete_file_data(&self, ino: Ino, length: u64) -> Result<()> {
+        Inner::delete_file_data(self, ino, length)
+    }
+
+    fn release_slices(&self, released: &[ReleasedSlice]) {
+        Inner::release_slices(self, released);
     }
 }
 
@@ -448,6 +463,12 @@ impl Inner {
 
     /// Deletes the data of removed files and the objects of released slices.
     fn after_commit(&self, post: PostCommit) {
+        let deleter = self.deleter.lock().clone();
+        if let Some(d) = deleter {
+            d.queue_files(&post.deleted_files);
+            d.queue_slices(&post.released);
+            return;
+        }
         for (ino, length) in post.deleted_files {
             if let Err(e) = self.delete_file_data(ino, length) {
                 log::warn!(
@@ -623,6 +644,21 @@ impl Meta for RedisMeta {
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
         *self.inner.releaser.write() = Some(releaser);
+    }
+
+    fn delete_in_background(&self) -> Result<()> {
+        let mut d = self.inner.deleter.lock();
+        if d.is_none() {
+            *d = Some(Arc::new(Deleter::start(Arc::downgrade(&self.inner))?));
+        }
+        Ok(())
+    }
+
+    fn drain_deletes(&self) {
+        let d = self.inner.deleter.lock().clone();
+        if let Some(d) = d {
+            d.drain();
+        }
     }
 
     /// A commit is durable when Redis acknowledges it only with

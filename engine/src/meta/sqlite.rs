@@ -40,11 +40,12 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::{
-    Attr, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta, QuotaChange, Quotas,
-    ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs, Timestamp, TruncateVia,
-    XattrMode, quota,
+    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
+    QuotaChange, Quotas, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs,
+    Timestamp, TruncateVia, XattrMode, quota,
 };
 
+use super::deleter::{Deleter, Deletes};
 use schema::counter;
 
 /// How many inode numbers one counter increment reserves (JuiceFS `inodeBatch`).
@@ -188,6 +189,9 @@ struct Inner {
     /// `jfs_sustained` until the last close.
     open_files: Mutex<super::open_files::OpenFiles>,
     releaser: RwLock<Option<SliceReleaser>>,
+    /// Deletes removed files' data and released slices' objects in the
+    /// background, once asked to ([`Meta::delete_in_background`]).
+    deleter: Mutex<Option<Arc<Deleter>>>,
     heartbeat: Mutex<Option<Heartbeat>>,
     /// The hourly trash directory in use: (name, inode).
     trash_dir: Mutex<Option<(String, Ino)>>,
@@ -397,6 +401,7 @@ impl SqliteMeta {
                 sid: AtomicU64::new(0),
                 open_files: Mutex::default(),
                 releaser: RwLock::new(None),
+                deleter: Mutex::new(None),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
                 lazy_commits: wal && opts.synchronous == Synchronous::Normal,
@@ -416,6 +421,16 @@ impl SqliteMeta {
     /// This client's session id (0 before `new_session`).
     pub fn session_id(&self) -> u64 {
         self.inner.sid.load(Ordering::Relaxed)
+    }
+}
+
+impl Deletes for Inner {
+    fn delete_file_data(&self, ino: Ino, _length: u64) -> Result<()> {
+        Inner::delete_file_data(self, ino)
+    }
+
+    fn release_slices(&self, released: &[ReleasedSlice]) {
+        Inner::release_slices(self, released);
     }
 }
 
@@ -563,8 +578,16 @@ impl Inner {
         }
     }
 
-    /// Deletes the data of removed files and the objects of released slices.
+    /// Deletes the data of removed files and the objects of released slices
+    /// (or queues them for the background deleter).
     fn after_commit(&self, post: PostCommit) {
+        let deleter = self.deleter.lock().clone();
+        if let Some(d) = deleter {
+            let files: Vec<(Ino, u64)> = post.deleted_files.iter().map(|i| (*i, 0)).collect();
+            d.queue_files(&files);
+            d.queue_slices(&post.released);
+            return;
+        }
         for ino in post.deleted_files {
             if let Err(e) = self.delete_file_data(ino) {
                 log::warn!(
@@ -755,6 +778,21 @@ impl Meta for SqliteMeta {
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
         *self.inner.releaser.write() = Some(releaser);
+    }
+
+    fn delete_in_background(&self) -> Result<()> {
+        let mut d = self.inner.deleter.lock();
+        if d.is_none() {
+            *d = Some(Arc::new(Deleter::start(Arc::downgrade(&self.inner))?));
+        }
+        Ok(())
+    }
+
+    fn drain_deletes(&self) {
+        let d = self.inner.deleter.lock().clone();
+        if let Some(d) = d {
+            d.drain();
+        }
     }
 
     fn sync(&self) -> Result<()> {
@@ -986,6 +1024,10 @@ impl Meta for SqliteMeta {
 
     fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize> {
         chunk::write_chunk(&self.inner, ino, indx, slice, mtime)
+    }
+
+    fn write_chunks(&self, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
+        chunk::write_chunks(&self.inner, commits)
     }
 
     fn compact_chunk(&self, ino: Ino, indx: u32, old: &[Slice], new: &[Slice]) -> Result<bool> {

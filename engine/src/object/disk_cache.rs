@@ -1382,8 +1382,12 @@ impl ObjectStore for CachedStore {
         self.inner.list(prefix)
     }
 
-    fn sync_all(&self) -> Result<()> {
-        self.inner.sync_all()
+    fn needs_sync(&self) -> bool {
+        self.inner.needs_sync()
+    }
+
+    fn sync_objects(&self, keys: &[String]) -> std::result::Result<(), super::Unsynced> {
+        self.inner.sync_objects(keys)
     }
 
     fn local_file(&self, key: &str) -> Option<Result<File>> {

@@ -11,22 +11,31 @@
 //! and the objects are 0700 / 0700 / 0600 whatever the umask (objects are
 //! file data; on a shared host other users must not read or replace them).
 //! Directories and objects that exist already keep their modes. Like JuiceFS it
-//! does not fsync each object: the write + rename is atomic and survives a
-//! crash of the process; [`ObjectStore::sync_all`] — one `syncfs` of the
-//! bucket's file system, shared by concurrent callers, which the writer
-//! runs before it commits a slice — makes them survive a power loss.
+//! does not fsync each object as it is put: the write + rename is atomic and
+//! survives a crash of the process, and the kernel is asked to start writing
+//! it back at once. [`ObjectStore::sync_objects`] makes objects survive a
+//! power loss: the writer's group commit calls it once for every object of
+//! the commits it gathered, before the metadata that names them.
 //!
-//! `syncfs` reports a write-back error of the file system once per open
-//! descriptor, for errors since that descriptor was opened, so the store
-//! keeps one descriptor of the bucket from its creation on and syncs
-//! through it. After a failed sync it cannot tell which objects were lost,
-//! so every later sync fails too: nothing written to that disk is
-//! acknowledged as durable again until the volume is mounted afresh.
+//! A put keeps its object's descriptor open until a sync covers it, and the
+//! sync is an `fdatasync` of each object (plus an `fsync` of each directory
+//! that gained an entry), many at once ([`super::sync_pool`]), never a
+//! `syncfs` of the whole file system, which waits for every other writer's
+//! dirty data on the disk. The descriptor is the one that wrote the object:
+//! Linux reports a write-back error to the descriptors open when it happened
+//! (and to later openers only while the inode stays in memory), so the sync
+//! sees every error of its object, and a failure is the failed object's
+//! alone: commits of other objects carry on. At most a quarter of the
+//! process's open-file limit (up to [`MAX_UNSYNCED`]) objects wait for a
+//! sync; a put past that syncs its own object before it returns, so a
+//! writer far ahead of its commits cannot run the process out of
+//! descriptors.
 //!
 //! The CRC32C of the stored bytes is kept in the extended attribute
 //! [`CRC_XATTR`] (4 bytes, big-endian). JuiceFS neither writes nor reads it;
 //! objects without it (all of JuiceFS's) are served unchecked.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
@@ -36,7 +45,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::{ObjectInfo, ObjectStore};
+use super::{ObjectInfo, ObjectStore, Unsynced};
 use crate::error::{Error, Result};
 
 /// The extended attribute holding an object's CRC32C (4 bytes, big-endian).
@@ -59,12 +68,11 @@ pub struct FileStore {
     /// Whether `put` makes the object durable (file and directory fsync'ed)
     /// before it returns.
     durable: bool,
-    /// The bucket directory, open since the store was created: `syncfs`
-    /// through it reports every write-back error of its file system since
-    /// then (a descriptor opened later would miss the earlier ones).
-    root_dir: File,
-    /// Concurrent `sync_all` calls share one `syncfs`.
-    syncs: SyncGroup,
+    /// Objects put and not yet synced, by key, with the descriptor that
+    /// wrote each (see the module documentation).
+    unsynced: parking_lot::Mutex<HashMap<String, Written>>,
+    /// How many may wait ([`unsynced_limit`]).
+    max_unsynced: usize,
     /// When this process runs as root and another user owns the bucket (a
     /// sandboxed `sluice serve` was given it): that user and group, which
     /// every object and directory made here gets too, so the daemon can
@@ -73,66 +81,40 @@ pub struct FileStore {
     owner: Option<(u32, u32)>,
 }
 
-/// Group commit for `syncfs`. Puts are counted as they finish; a caller
-/// needs a sync that started after the puts it counted, so callers that
-/// queued behind a running `syncfs` are covered by the next one instead of
-/// each running its own (4 threads writing small files with fsync each paid
-/// a whole file-system sync per file), and a caller with no put since the
-/// last sync has nothing to wait for.
-#[derive(Debug, Default)]
-struct SyncGroup {
-    /// Puts finished so far (objects that may still be in the page cache).
-    puts: AtomicU64,
-    /// Held while a sync runs.
-    state: parking_lot::Mutex<SyncState>,
+/// The most put objects that may wait for a sync, each holding its
+/// descriptor; a store takes a quarter of the process's open-file limit, up
+/// to this ([`unsynced_limit`]).
+pub const MAX_UNSYNCED: usize = 1024;
+
+/// How many objects this store lets wait for a sync: a quarter of the soft
+/// limit of open files (the `sluice` binary raises it to the hard limit at
+/// start), between 16 and [`MAX_UNSYNCED`].
+fn unsynced_limit() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the rlimit struct we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    usize::try_from(soft / 4)
+        .unwrap_or(MAX_UNSYNCED)
+        .clamp(16, MAX_UNSYNCED)
 }
 
-#[derive(Debug, Default)]
-struct SyncState {
-    /// How many puts the last successful sync covers.
-    covered: u64,
-    /// The first failed sync: write-back errors are reported once, so from
-    /// then on no sync can vouch for the objects written before it.
-    failed: Option<String>,
-}
-
-impl SyncGroup {
-    /// Counts one finished put.
-    fn put_done(&self) {
-        self.puts.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Runs `sync` unless a sync that started after every put finished so
-    /// far has succeeded since; one runs at a time. Once a sync failed,
-    /// every call fails with its error.
-    fn sync(&self, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
-        let wanted = self.puts.load(Ordering::SeqCst);
-        let mut st = self.state.lock();
-        if let Some(msg) = &st.failed {
-            return Err(sync_failed(msg));
-        }
-        if st.covered >= wanted {
-            return Ok(());
-        }
-        // Every put counted by now finished before this sync starts.
-        let covers = self.puts.load(Ordering::SeqCst);
-        if let Err(e) = sync() {
-            let err = sync_failed(&e.to_string());
-            st.failed = Some(e.to_string());
-            return Err(err);
-        }
-        st.covered = covers;
-        Ok(())
-    }
-}
-
-/// The error of a failed bucket sync, as every later sync reports it.
-fn sync_failed(msg: &str) -> io::Error {
-    io::Error::other(format!(
-        "syncing the bucket's file system failed ({msg}); objects written before \
-             may be lost, so nothing more is acknowledged as durable until the volume \
-             is mounted again"
-    ))
+/// An object put and not yet synced.
+#[derive(Debug)]
+struct Written {
+    /// The descriptor that wrote it.
+    file: File,
+    /// Where it is.
+    path: PathBuf,
+    /// Whether its put created directories (their parents' entries must be
+    /// synced too).
+    created: bool,
 }
 
 fn obj_err(key: &str, source: io::Error) -> Error {
@@ -151,10 +133,7 @@ impl FileStore {
             .mode(DIR_MODE)
             .create(&root)
             .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
-        let root_dir = File::open(&root).map_err(|e| obj_err(&root.to_string_lossy(), e))?;
-        let meta = root_dir
-            .metadata()
-            .map_err(|e| obj_err(&root.to_string_lossy(), e))?;
+        let meta = fs::metadata(&root).map_err(|e| obj_err(&root.to_string_lossy(), e))?;
         // SAFETY: geteuid has no preconditions and cannot fail.
         let as_root = unsafe { libc::geteuid() } == 0;
         let owner = (as_root && meta.uid() != 0).then(|| (meta.uid(), meta.gid()));
@@ -162,8 +141,8 @@ impl FileStore {
             owner,
             root,
             no_xattr: AtomicBool::new(false),
-            root_dir,
-            syncs: SyncGroup::default(),
+            unsynced: parking_lot::Mutex::new(HashMap::new()),
+            max_unsynced: unsynced_limit(),
             tmp_seq: AtomicU64::new(u64::from(std::process::id()) << 32),
             durable: false,
         })
@@ -255,15 +234,25 @@ impl FileStore {
     /// fsyncs the directory holding `path`, and when `created`, every
     /// directory up to the root (their new entries must survive too).
     fn sync_dirs(&self, path: &Path, created: bool) -> io::Result<()> {
+        for d in self.dirs_to_sync(path, created) {
+            File::open(d)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// The directories whose entries a put at `path` changed: its own, and
+    /// when it `created` directories, each one up to the root.
+    fn dirs_to_sync<'p>(&self, path: &'p Path, created: bool) -> Vec<&'p Path> {
+        let mut out = Vec::new();
         let mut dir = path.parent();
         while let Some(d) = dir {
-            File::open(d)?.sync_all()?;
+            out.push(d);
             if !created || d == self.root || !d.starts_with(&self.root) {
                 break;
             }
             dir = d.parent();
         }
-        Ok(())
+        out
     }
 
     fn set_crc(&self, file: &File, key: &str, crc: u32) {
@@ -306,13 +295,14 @@ impl FileStore {
         let path = self.path(key)?;
         let crc = crc.unwrap_or_else(|| sluice_simd::crc32c(0, data));
         let (file, tmp, created) = self.create_tmp(&path, key)?;
-        let put = PreparedPut {
+        let mut put = PreparedPut {
             store: self,
             key: key.to_string(),
             tmp,
             path,
             created,
             renamed: false,
+            file: None,
         };
         let written = (|| -> io::Result<bool> {
             let direct = write_object(&file, data)?;
@@ -322,14 +312,15 @@ impl FileStore {
         let direct = written.map_err(|e| obj_err(key, e))?;
         self.set_crc(&file, key, crc);
         // A bucket store has no fsync here (JuiceFS's file store has none
-        // either): a put is atomic, and `sync_all` — which the writer runs
-        // before it commits the slice — makes it durable. A durable store
-        // syncs the data (and the xattr) first.
+        // either): a put is atomic, and `sync_objects` — which the writer's
+        // group commit runs before it commits the slice — makes it durable.
+        // A durable store syncs the data (and the xattr) first.
         if self.durable {
             file.sync_all().map_err(|e| obj_err(key, e))?;
         } else if !direct {
             start_writeback(&file);
         }
+        put.file = Some(file);
         Ok(put)
     }
 
@@ -378,16 +369,44 @@ pub struct PreparedPut<'a> {
     /// Whether directories were created for it.
     created: bool,
     renamed: bool,
+    /// The descriptor that wrote it (kept until a sync covers the object).
+    file: Option<File>,
 }
 
 impl PreparedPut<'_> {
-    /// Renames the object into place: readers see it from now on (and the
-    /// next [`ObjectStore::sync_all`] makes it durable).
+    /// Renames the object into place: readers see it from now on. For a
+    /// bucket store the object then waits for the
+    /// [`ObjectStore::sync_objects`] of its key, unless the store's limit
+    /// of objects wait already: then it is synced here, with its
+    /// directories.
     pub fn rename(&mut self) -> Result<()> {
         fs::rename(&self.tmp, &self.path).map_err(|e| obj_err(&self.key, e))?;
         self.renamed = true;
-        if !self.store.durable {
-            self.store.syncs.put_done();
+        let Some(file) = self.file.take() else {
+            return Ok(());
+        };
+        if self.store.durable {
+            return Ok(());
+        }
+        let written = Written {
+            file,
+            path: self.path.clone(),
+            created: self.created,
+        };
+        let full = {
+            let mut unsynced = self.store.unsynced.lock();
+            if unsynced.len() < self.store.max_unsynced {
+                unsynced.insert(self.key.clone(), written);
+                None
+            } else {
+                Some(written)
+            }
+        };
+        if let Some(w) = full {
+            w.file
+                .sync_data()
+                .and_then(|()| self.store.sync_dirs(&w.path, w.created))
+                .map_err(|e| obj_err(&self.key, e))?;
         }
         Ok(())
     }
@@ -564,20 +583,88 @@ impl ObjectStore for FileStore {
         Some(self.open_for_range(key))
     }
 
-    /// One `syncfs` of the bucket's file system through the descriptor held
-    /// since the store was created, shared by concurrent callers and
-    /// skipped when no put finished since the last one. A durable store's
-    /// puts are synced one by one, so it has nothing to do.
-    fn sync_all(&self) -> Result<()> {
-        self.syncs
-            .sync(|| {
-                // SAFETY: syncfs(2) on a descriptor we own; no memory is passed.
-                if unsafe { libc::syncfs(self.root_dir.as_raw_fd()) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            })
-            .map_err(|e| obj_err(&self.root.to_string_lossy(), e))
+    /// A bucket's puts wait for a sync; a durable store's are synced as
+    /// they are put.
+    fn needs_sync(&self) -> bool {
+        !self.durable
+    }
+
+    /// `fdatasync` of each object in `keys` still waiting for a sync,
+    /// through the descriptor that wrote it, and `fsync` of each directory
+    /// those puts changed, all at once (the sync pool). A failed object
+    /// fails its own key; a failed directory every key whose entry it
+    /// holds. Keys not waiting (synced already, or never put here) are
+    /// durable.
+    fn sync_objects(&self, keys: &[String]) -> std::result::Result<(), Unsynced> {
+        let taken: Vec<(usize, Written)> = {
+            let mut unsynced = self.unsynced.lock();
+            keys.iter()
+                .enumerate()
+                .filter_map(|(i, k)| unsynced.remove(k).map(|w| (i, w)))
+                .collect()
+        };
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let mut dirs: Vec<PathBuf> = taken
+            .iter()
+            .flat_map(|(_, w)| self.dirs_to_sync(&w.path, w.created))
+            .map(Path::to_path_buf)
+            .collect();
+        dirs.sort();
+        dirs.dedup();
+        // Directories and files together: each directory already holds its
+        // renamed entries, and nothing is named by metadata before all of
+        // them are done.
+        let mut tasks: Vec<Box<dyn FnOnce() -> io::Result<()> + Send>> = Vec::new();
+        for d in &dirs {
+            let d = d.clone();
+            tasks.push(Box::new(move || File::open(&d)?.sync_all()));
+        }
+        let mut paths = Vec::with_capacity(taken.len());
+        let mut indexes = Vec::with_capacity(taken.len());
+        for (i, w) in taken {
+            paths.push(w.path);
+            indexes.push(i);
+            let file = w.file;
+            tasks.push(Box::new(move || file.sync_data()));
+        }
+        let results = super::sync_pool::run_all(tasks);
+        let (dir_results, file_results) = results.split_at(dirs.len());
+        let outcome = |r: &Option<io::Result<()>>| -> io::Result<()> {
+            match r {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) => Err(io::Error::new(e.kind(), e.to_string())),
+                None => Err(io::Error::other("a sync thread panicked")),
+            }
+        };
+        let mut failed = Vec::new();
+        for ((path, i), r) in paths.iter().zip(&indexes).zip(file_results) {
+            let key = &keys[*i];
+            let res = outcome(r).and_then(|()| {
+                // A directory on the way from the object up to the root
+                // that failed loses the object's entry.
+                dirs.iter()
+                    .zip(dir_results)
+                    .filter(|(d, _)| path.starts_with(d))
+                    .try_for_each(|(d, r)| {
+                        outcome(r).map_err(|e| {
+                            io::Error::new(
+                                e.kind(),
+                                format!("syncing the directory {} failed: {e}", d.display()),
+                            )
+                        })
+                    })
+            });
+            if let Err(e) = res {
+                failed.push((*i, obj_err(key, e)));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Unsynced(failed))
+        }
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
@@ -642,6 +729,8 @@ impl ObjectStore for FileStore {
 
     fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key)?;
+        // A deleted object needs no sync (and its descriptor can go).
+        self.unsynced.lock().remove(key);
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -768,86 +857,49 @@ mod tests {
     }
 
     #[test]
-    fn syncs_queued_behind_a_running_one_share_the_next() {
-        use std::sync::atomic::AtomicUsize;
-        use std::sync::{Arc, mpsc};
-        let group = Arc::new(SyncGroup::default());
-        let runs = Arc::new(AtomicUsize::new(0));
-        let count = |runs: &AtomicUsize| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        };
-        // Nothing was put: nothing to sync.
-        group.sync(|| count(&runs)).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 0);
-        // A put, then two syncs one after the other: the first covers it,
-        // the second has nothing new to sync.
-        group.put_done();
-        group.sync(|| count(&runs)).unwrap();
-        group.sync(|| count(&runs)).unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
-        // A sync in progress; two more puts, whose callers queue behind it.
-        group.put_done();
-        let (release, held) = mpsc::channel::<()>();
-        let first = {
-            let (group, runs) = (group.clone(), runs.clone());
-            std::thread::spawn(move || {
-                group.sync(|| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    held.recv().unwrap();
-                    Ok(())
-                })
-            })
-        };
-        while runs.load(Ordering::SeqCst) < 2 {
-            std::thread::yield_now();
+    fn a_bucket_syncs_the_objects_it_was_asked_for_and_a_staging_store_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path().join("bucket")).unwrap();
+        assert!(store.needs_sync());
+        store.sync_objects(&[]).unwrap();
+        let keys: Vec<String> = (0..5).map(|i| format!("v/chunks/0/{i}/{i}_0_3")).collect();
+        for k in &keys {
+            store.put(k, b"abc", None).unwrap();
         }
-        let queued: Vec<_> = (0..2)
-            .map(|_| {
-                group.put_done();
-                let (group, runs) = (group.clone(), runs.clone());
-                std::thread::spawn(move || group.sync(|| count(&runs)))
-            })
-            .collect();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        release.send(()).unwrap();
-        first.join().unwrap().unwrap();
-        for q in queued {
-            q.join().unwrap().unwrap();
-        }
-        // The first sync could not cover them (they put after it began);
-        // one more sync covered both.
-        assert_eq!(runs.load(Ordering::SeqCst), 3);
-        // A failed sync: its callers and every later one get the error, even
-        // once a sync would succeed again (the kernel reports a write-back
-        // error only once, so no later sync can vouch for earlier objects).
-        group.put_done();
-        let err = group
-            .sync(|| Err(io::Error::from_raw_os_error(libc::EIO)))
-            .unwrap_err();
-        assert_eq!(err.raw_os_error(), None);
-        assert_eq!(err.kind(), io::ErrorKind::Other, "{err}");
-        assert!(err.to_string().contains("mounted again"), "{err}");
-        group.put_done();
-        let again = group.sync(|| count(&runs)).unwrap_err();
-        assert!(again.to_string().contains("Input/output error"), "{again}");
-        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert_eq!(store.unsynced.lock().len(), 5);
+        // Only the keys asked for are synced (and forgotten); one never put
+        // is durable.
+        store
+            .sync_objects(&[keys[1].clone(), keys[3].clone(), "v/none".into()])
+            .unwrap();
+        let mut left: Vec<String> = store.unsynced.lock().keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, [keys[0].clone(), keys[2].clone(), keys[4].clone()]);
+        // A deleted object waits for nothing.
+        store.delete(&keys[0]).unwrap();
+        store.sync_objects(&keys).unwrap();
+        assert!(store.unsynced.lock().is_empty());
+        let staging = FileStore::durable(dir.path().join("staging")).unwrap();
+        assert!(!staging.needs_sync());
+        staging.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
+        assert!(staging.unsynced.lock().is_empty());
     }
 
     #[test]
-    fn sync_all_runs_only_after_new_puts_and_durable_stores_never() {
+    fn puts_past_the_limit_sync_themselves() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::new(dir.path().join("bucket")).unwrap();
-        store.sync_all().unwrap();
-        assert_eq!(store.syncs.puts.load(Ordering::SeqCst), 0);
-        store.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
-        assert_eq!(store.syncs.puts.load(Ordering::SeqCst), 1);
-        store.sync_all().unwrap();
-        assert_eq!(store.syncs.state.lock().covered, 1);
-        let staging = FileStore::durable(dir.path().join("staging")).unwrap();
-        staging.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
-        assert_eq!(staging.syncs.puts.load(Ordering::SeqCst), 0);
-        staging.sync_all().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        let max = store.max_unsynced;
+        assert!((16..=MAX_UNSYNCED).contains(&max));
+        for i in 0..max + 10 {
+            store
+                .put(&format!("v/chunks/0/0/{i}_0_1"), b"x", None)
+                .unwrap();
+        }
+        assert_eq!(store.unsynced.lock().len(), max);
+        for i in 0..max + 10 {
+            assert_eq!(store.get(&format!("v/chunks/0/0/{i}_0_1")).unwrap(), b"x");
+        }
     }
 
     #[test]

@@ -76,8 +76,12 @@ impl<S: ObjectStore + ?Sized> ObjectStore for Measured<S> {
         r
     }
 
-    fn sync_all(&self) -> Result<()> {
-        self.0.sync_all()
+    fn needs_sync(&self) -> bool {
+        self.0.needs_sync()
+    }
+
+    fn sync_objects(&self, keys: &[String]) -> std::result::Result<(), super::Unsynced> {
+        self.0.sync_objects(keys)
     }
 
     fn local_file(&self, key: &str) -> Option<Result<std::fs::File>> {

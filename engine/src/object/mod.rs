@@ -8,6 +8,7 @@ pub mod measured;
 pub mod s3;
 #[cfg(any(test, feature = "s3-test-server"))]
 pub mod s3_test_server;
+pub mod sync_pool;
 pub mod writeback;
 
 use std::sync::Arc;
@@ -29,6 +30,21 @@ pub struct ObjectInfo {
     pub size: u64,
     /// Last modification time.
     pub mtime: SystemTime,
+}
+
+/// The objects a [`ObjectStore::sync_objects`] could not make durable:
+/// each as its index in the keys asked for, with the error.
+#[derive(Debug, Default)]
+pub struct Unsynced(pub Vec<(usize, Error)>);
+
+impl Unsynced {
+    /// The first error, for a caller that treats the keys as one unit.
+    pub fn into_error(self) -> Error {
+        self.0.into_iter().next().map_or_else(
+            || Error::Invalid("an empty sync failure".into()),
+            |(_, e)| e,
+        )
+    }
 }
 
 /// A flat key → bytes store (a local directory, an S3 bucket).
@@ -60,10 +76,27 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn delete(&self, key: &str) -> Result<()>;
     /// Every object whose key starts with `prefix`, in key order.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>>;
-    /// Makes every object stored so far durable (survive a power loss).
-    /// `put` only promises atomicity, as JuiceFS's stores do; `fsync` on a
-    /// file calls this. Remote stores are durable once `put` returns.
-    fn sync_all(&self) -> Result<()> {
+    /// Whether an object `put` stores survives a power loss only once
+    /// [`ObjectStore::sync_objects`] has covered it (a `file://` bucket).
+    /// Remote stores are durable once `put` returns, and so is writeback
+    /// staging (each staged put is fsync'ed); they say no, and the writer
+    /// then commits a close at once rather than in the next group
+    /// (`engine/DESIGN.md`, "Durability").
+    fn needs_sync(&self) -> bool {
+        false
+    }
+
+    /// Makes the objects `keys`, which the caller stored with `put`,
+    /// durable (they survive a power loss once this returns). `put` only
+    /// promises atomicity, as JuiceFS's stores do. The caller syncs the
+    /// keys it put itself (a slice's blocks are put by one writer), so a
+    /// sync never vouches for another caller's objects; a key already
+    /// synced, or one this store never needed to sync, is durable. Returns
+    /// the keys that could not be made durable, each with its error (their
+    /// objects may be lost: the caller must not commit metadata naming
+    /// them); the others are durable either way.
+    fn sync_objects(&self, keys: &[String]) -> std::result::Result<(), Unsynced> {
+        let _ = keys;
         Ok(())
     }
     /// The object opened as a local file, for stores that keep objects in

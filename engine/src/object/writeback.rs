@@ -495,8 +495,10 @@ impl Shared {
         let crc = sluice_simd::crc32c(0, &data);
         self.inner.put(key, &data, Some(crc))?;
         // The staged copy goes once the upload is durable (a file bucket
-        // needs its syncfs; remote stores are durable when put returns).
-        self.inner.sync_all()?;
+        // needs its sync; remote stores are durable when put returns).
+        self.inner
+            .sync_objects(std::slice::from_ref(&key.to_string()))
+            .map_err(super::Unsynced::into_error)?;
         Ok(data.len() as u64)
     }
 
@@ -655,10 +657,15 @@ impl ObjectStore for WritebackStore {
 
     /// Staged blocks are durable when `put` returns, so there is nothing to
     /// sync, unless puts went straight to the real store (staging failed):
-    /// then that store is synced as it would be without writeback.
-    fn sync_all(&self) -> Result<()> {
+    /// then that store is synced as it would be without writeback (a key
+    /// that was staged is not waiting there, and counts as durable).
+    fn needs_sync(&self) -> bool {
+        self.direct_puts.load(Ordering::Acquire) && self.shared.inner.needs_sync()
+    }
+
+    fn sync_objects(&self, keys: &[String]) -> std::result::Result<(), super::Unsynced> {
         if self.direct_puts.load(Ordering::Acquire) {
-            return self.shared.inner.sync_all();
+            return self.shared.inner.sync_objects(keys);
         }
         Ok(())
     }

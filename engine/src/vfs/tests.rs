@@ -745,6 +745,8 @@ fn gc_removes_orphans_and_keeps_referenced_objects() {
     let data = random(2 * MIB as usize + 5, 9);
     t.write(ino, fh, 0, &data);
     t.vfs.release(&ctx(), ino, fh).unwrap();
+    // gc reads the metadata itself: it sees a close once its group ran.
+    t.vfs.syncfs(&ctx()).unwrap();
     let store = t.vfs.volume().store.clone();
     let orphan = crate::block_key::block_key("test", 999_999, 0, 3);
     store.put(&orphan, b"abc", None).unwrap();
@@ -1088,6 +1090,8 @@ fn info_lists_chunks_slices_and_objects() {
     t.vfs.flush(&ctx(), ino, fh).unwrap();
     t.write(ino, fh, CHUNK_SIZE, b"second chunk");
     t.vfs.release(&ctx(), ino, fh).unwrap();
+    // info reads the metadata itself: it sees a close once its group ran.
+    t.vfs.syncfs(&ctx()).unwrap();
     let len = t.vfs.getattr(&ctx(), ino).unwrap().length;
     let info = crate::info::file_chunks(t.vfs.volume(), ino, len).unwrap();
     assert_eq!(info.iter().map(|c| c.indx).collect::<Vec<_>>(), [0, 1]);
@@ -1272,6 +1276,8 @@ fn sequential_readers_get_blocks_ahead_and_readahead_can_be_turned_off() {
     let (ino, fh) = t.create("seq");
     t.write(ino, fh, 0, &data);
     t.vfs.release(&ctx(), ino, fh).unwrap();
+    // Another Vfs of the volume sees a close once its group ran.
+    t.vfs.syncfs(&ctx()).unwrap();
     for (max, threads) in [(32 * MIB, 4), (0, 4), (32 * MIB, 0)] {
         let cfg = VfsConfig {
             readahead: crate::readahead::ReadaheadConfig {
@@ -1330,6 +1336,8 @@ fn warmup_check_and_evict_cover_the_visible_blocks_of_a_tree() {
         sizes.push(len);
     }
     t.create("outside");
+    // Another Vfs of the volume sees a close once its group ran.
+    t.vfs.syncfs(&ctx()).unwrap();
     let vfs = open_vol(t.dir.path(), test_cfg());
     let r = vfs.reader();
     assert!(collect(r, &["d/../x".into()]).is_err());
@@ -1856,4 +1864,27 @@ fn a_read_that_would_wait_fails_first_and_runs_once_again() {
         128 << 10
     );
     assert_eq!(got, data[128 << 10..256 << 10]);
+}
+
+#[test]
+fn a_closed_file_whose_commit_has_not_run_shows_its_length_and_mtime() {
+    let t = setup();
+    let (ino, fh) = t.create("c");
+    let before = t.vfs.getattr(&ctx(), ino).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    t.write(ino, fh, 0, b"0123456789");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let attr = t.vfs.getattr(&ctx(), ino).unwrap();
+    assert_eq!(attr.length, 10);
+    assert!(attr.mtime > before.mtime);
+    let dh = t.vfs.opendir(&ctx(), ROOT_INO).unwrap();
+    let listed = t.vfs.readdir_all(&ctx(), ROOT_INO, dh, 0, true).unwrap();
+    let e = listed.iter().find(|e| e.name == b"c").unwrap();
+    assert_eq!(e.attr.length, 10);
+    assert_eq!(e.attr.mtime, attr.mtime);
+    t.vfs.syncfs(&ctx()).unwrap();
+    // What the commit recorded is what was shown.
+    let recorded = t.vfs.volume().meta.getattr(ino).unwrap();
+    assert_eq!((recorded.length, recorded.mtime), (10, attr.mtime));
+    assert_eq!(recorded.ctime, attr.ctime);
 }

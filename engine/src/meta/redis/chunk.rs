@@ -108,7 +108,9 @@ pub(super) fn write_chunk(
             a.length = new_len;
         }
         a.mtime = mtime;
-        a.ctime = Timestamp::now();
+        // A write moves mtime and ctime together, to when it was made (never
+        // ctime backwards: a chmod since then keeps its later ctime).
+        a.ctime = a.ctime.max(mtime);
         let key = tx.keys.chunk(ino, indx);
         let count = tx.llen(&key)? as usize + 1;
         push(tx, "RPUSH", &key, &slice.encode());

@@ -13,8 +13,8 @@ use crate::error::{Error, Result};
 use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
 use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, ReleasedSlice, Slice, Timestamp,
-    TruncateVia,
+    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH,
+    ReleasedSlice, Slice, Timestamp, TruncateVia,
 };
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
@@ -134,6 +134,13 @@ pub(super) fn write_chunk(
     slice: Slice,
     mtime: Timestamp,
 ) -> Result<usize> {
+    check_fits(&slice)?;
+    inner.format()?;
+    inner.write(|tx| apply_write(tx, ino, indx, &slice, mtime))
+}
+
+/// A slice that does not fit its chunk or its stored size is refused.
+fn check_fits(slice: &Slice) -> Result<()> {
     let end = u64::from(slice.pos) + u64::from(slice.len);
     if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
         return Err(Error::Invalid(format!(
@@ -141,29 +148,120 @@ pub(super) fn write_chunk(
             slice.id
         )));
     }
-    inner.format()?;
-    inner.write(|tx| {
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ != FileType::File {
-            return Err(Error::Perm.into());
+    Ok(())
+}
+
+/// The body of [`write_chunk`], inside the caller's transaction.
+fn apply_write(
+    tx: &mut Tx<'_>,
+    ino: Ino,
+    indx: u32,
+    slice: &Slice,
+    mtime: Timestamp,
+) -> TxResult<usize> {
+    let end = u64::from(slice.pos) + u64::from(slice.len);
+    let mut a = node::must_get(tx, ino)?;
+    if a.typ != FileType::File {
+        return Err(Error::Perm.into());
+    }
+    let new_len = u64::from(indx) * CHUNK_SIZE + end;
+    let (mut dlen, mut dspace) = (0, 0);
+    if new_len > a.length {
+        dlen = (new_len - a.length) as i64;
+        dspace = align4k(new_len) - align4k(a.length);
+        a.length = new_len;
+    }
+    // A write moves mtime and ctime together, to when it was made (never
+    // ctime backwards: a chmod since then keeps its later ctime).
+    a.mtime = mtime;
+    a.ctime = a.ctime.max(mtime);
+    let count = append(tx, ino, indx, &slice.encode())?;
+    if slice.id != 0 {
+        add_ref(tx, slice)?;
+    }
+    node::update(tx, ino, &a)?;
+    node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+    Ok(count)
+}
+
+/// A group commit's writes in one transaction (one WAL commit): each
+/// commit's writes run under a savepoint, so a commit that fails (a quota,
+/// a removed file) is rolled back alone — its usage with it — and the
+/// others still commit. A failure of the transaction itself (SQLite busy
+/// past its retries, an I/O error) fails every commit of the group.
+pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
+    if let Err(e) = inner.format() {
+        return fail_all(commits.len(), e);
+    }
+    let res = inner.write(|tx| {
+        let mut out = Vec::with_capacity(commits.len());
+        for writes in commits {
+            // Records that cannot be stored fail their commit untried.
+            if let Some(e) = writes.iter().find_map(|w| check_fits(&w.slice).err()) {
+                out.push(Err(e));
+                continue;
+            }
+            tx.execute_batch("SAVEPOINT sluice_commit")?;
+            let usage = tx.usage.borrow().clone();
+            let mut counts = Vec::with_capacity(writes.len());
+            let mut failed = None;
+            for w in writes {
+                match apply_write(tx, w.ino, w.indx, &w.slice, w.mtime) {
+                    Ok(n) => counts.push(n),
+                    Err(TxError::Fs(e)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            match failed {
+                None => {
+                    tx.execute_batch("RELEASE sluice_commit")?;
+                    out.push(Ok(counts));
+                }
+                Some(e) => {
+                    tx.execute_batch("ROLLBACK TO sluice_commit; RELEASE sluice_commit")?;
+                    *tx.usage.borrow_mut() = usage;
+                    out.push(Err(e));
+                }
+            }
         }
-        let new_len = u64::from(indx) * CHUNK_SIZE + end;
-        let (mut dlen, mut dspace) = (0, 0);
-        if new_len > a.length {
-            dlen = (new_len - a.length) as i64;
-            dspace = align4k(new_len) - align4k(a.length);
-            a.length = new_len;
-        }
-        a.mtime = mtime;
-        a.ctime = Timestamp::now();
-        let count = append(tx, ino, indx, &slice.encode())?;
-        if slice.id != 0 {
-            add_ref(tx, &slice)?;
-        }
-        node::update(tx, ino, &a)?;
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(count)
-    })
+        Ok(out)
+    });
+    match res {
+        Ok(out) => out
+            .into_iter()
+            .map(|r| match r {
+                Ok(counts) => CommitResult {
+                    counts,
+                    error: None,
+                },
+                Err(e) => CommitResult {
+                    counts: Vec::new(),
+                    error: Some(e),
+                },
+            })
+            .collect(),
+        Err(e) => fail_all(commits.len(), e),
+    }
+}
+
+/// `n` commits that all failed with `e` (the first gets it, the others its
+/// message: errors are not copied).
+fn fail_all(n: usize, e: Error) -> Vec<CommitResult> {
+    let msg = e.to_string();
+    let mut first = Some(e);
+    (0..n)
+        .map(|_| CommitResult {
+            counts: Vec::new(),
+            error: Some(
+                first
+                    .take()
+                    .unwrap_or_else(|| Error::Meta(format!("the group's commit failed: {msg}"))),
+            ),
+        })
+        .collect()
 }
 
 /// Replaces the chunk's first `old.len()` records by `new` if they are still

@@ -323,6 +323,8 @@ fn a_vfs_reads_staged_blocks_and_uploads_them_at_destroy() {
     };
     assert!(bucket_blocks().is_empty());
     vfs.unlink(&ctx, ROOT_INO, b"tmp").unwrap();
+    // The unlinked file's objects go in the background.
+    vol.meta.drain_deletes();
     assert_eq!(staged_on_disk(&opts.dir).unwrap().0, 5);
 
     let fh = vfs.open(&ctx, a.inode, libc::O_RDONLY as u32).unwrap();
