@@ -138,7 +138,7 @@ run_side() { # side condition round
     esac
     "$sluice" bench files "$dir" --json --count "$count" --checkpoint-files "$ckpt_files" \
         >"$work/results/$1-$2-$3.json"
-    echo "   $1: $(python3 -c 'import json,sys; print("  ".join(f"{o[\"phase\"]} {o[\"files_per_sec\"]:.0f}/s" for o in map(json.loads, open(sys.argv[1]))))' "$work/results/$1-$2-$3.json")"
+    echo "   $1: $(python3 -c 'import json,sys; print("  ".join("%s %.0f/s" % (o["phase"], o["files_per_sec"]) for o in map(json.loads, open(sys.argv[1]))))' "$work/results/$1-$2-$3.json")"
 }
 
 for cond in quiet busy; do

@@ -35,6 +35,19 @@ pub(crate) trait Deletes: Send + Sync + 'static {
     /// long) and forgets its `delfile` record; the slices that lose their
     /// last reference come back through [`Deleter::queue_slices`].
     fn delete_file_data(&self, ino: Ino, length: u64) -> Result<()>;
+    /// [`Deletes::delete_file_data`] for many files, in as few round trips
+    /// as the engine can; errors are logged per file (what failed stays
+    /// for `cleanup`).
+    fn delete_files_data(&self, files: &[(Ino, u64)]) -> Result<()> {
+        for (ino, length) in files {
+            if let Err(e) = self.delete_file_data(*ino, *length) {
+                log::warn!(
+                    "deleting the data of removed inode {ino} failed (cleanup retries): {e}"
+                );
+            }
+        }
+        Ok(())
+    }
     /// Syncs the metadata, deletes the slices' objects and forgets their
     /// references (what failed stays for `cleanup`).
     fn release_slices(&self, released: &[ReleasedSlice]);
@@ -178,12 +191,12 @@ fn run<B: Deletes>(shared: &Shared, backend: &Weak<B>) {
         let Some(backend) = backend.upgrade() else {
             return;
         };
-        for (ino, length) in files {
-            if let Err(e) = backend.delete_file_data(ino, length) {
-                log::warn!(
-                    "deleting the data of removed inode {ino} failed (cleanup retries): {e}"
-                );
-            }
+        let files: Vec<(Ino, u64)> = files.into_iter().collect();
+        if let Err(e) = backend.delete_files_data(&files) {
+            log::warn!(
+                "deleting the data of {} removed file(s) failed (cleanup retries): {e}",
+                files.len()
+            );
         }
         backend.release_slices(&slices);
     }

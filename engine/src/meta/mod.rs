@@ -200,6 +200,14 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Round trips to a remote engine's server so far (0 for a local one):
+    /// a command or a pipeline sent and answered is one. Tests assert the
+    /// cost of each operation in them, a count that does not depend on
+    /// load.
+    fn round_trips(&self) -> u64 {
+        0
+    }
+
     /// Writes the volume settings into an empty store and creates the root
     /// (and the trash directory). If a volume exists, succeeds only when it is
     /// the same volume (same name and UUID) and updates the settings that may

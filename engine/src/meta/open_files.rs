@@ -45,6 +45,11 @@ impl OpenFiles {
         Ok(Some(removed))
     }
 
+    /// Whether `ino` has open handles.
+    pub(crate) fn is_open(&self, ino: Ino) -> bool {
+        self.files.get(&ino).is_some_and(|f| f.count > 0)
+    }
+
     /// Marks `ino` to go at its last close, if it is open; whether it is.
     pub(crate) fn mark_removed(&mut self, ino: Ino) -> bool {
         match self.files.get_mut(&ino) {

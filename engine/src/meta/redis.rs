@@ -95,6 +95,9 @@ struct Inner {
     /// Files this client holds open; one unlinked while open is kept in
     /// `session{sid}` until the last close.
     open_files: Mutex<super::open_files::OpenFiles>,
+    /// Files whose last close here is not yet recorded in Redis
+    /// (`session::closed`).
+    closes: Mutex<Vec<Ino>>,
     releaser: RwLock<Option<SliceReleaser>>,
     /// Deletes removed files' data and released slices' objects in the
     /// background, once asked to ([`Meta::delete_in_background`]).
@@ -372,6 +375,7 @@ impl RedisMeta {
                 open_files: Mutex::default(),
                 releaser: RwLock::new(None),
                 deleter: Mutex::new(None),
+                closes: Mutex::new(Vec::new()),
                 heartbeat: Mutex::new(None),
                 trash_dir: Mutex::new(None),
                 work: Default::default(),
@@ -384,18 +388,15 @@ impl RedisMeta {
     pub fn session_id(&self) -> u64 {
         self.inner.sid.load(Ordering::Relaxed)
     }
-
-    /// The attributes of `ino` if `ctx` may open it with `flags`.
-    fn check_open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
-        let attr = self.getattr(ino)?;
-        rules::check_open(ctx, &attr, flags)?;
-        Ok(attr)
-    }
 }
 
 impl Deletes for Inner {
     fn delete_file_data(&self, ino: Ino, length: u64) -> Result<()> {
         Inner::delete_file_data(self, ino, length)
+    }
+
+    fn delete_files_data(&self, files: &[(Ino, u64)]) -> Result<()> {
+        Inner::delete_files_data(self, files)
     }
 
     fn release_slices(&self, released: &[ReleasedSlice]) {
@@ -453,6 +454,28 @@ impl Inner {
         Ok(value)
     }
 
+    /// [`Inner::write`], also returning what `EXEC` answered for each
+    /// queued write (by the position [`Tx::cmd`] returned).
+    fn write_returning<T>(
+        &self,
+        stripe: Ino,
+        f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
+    ) -> Result<(T, Vec<redis::Value>)> {
+        let fmt = match self.format.read().clone() {
+            Some(f) => Some(f),
+            None => self.read_format().ok().flatten(),
+        };
+        let (dir_stats, trash_days) = fmt.map_or((false, 0), |f| (f.dir_stats, f.trash_days));
+        let (value, mut post) = {
+            let _guard = self.stripes[(stripe % STRIPES as u64) as usize].lock();
+            self.pool
+                .transact(&self.keys, true, dir_stats, trash_days, &self.quotas, f)?
+        };
+        let results = std::mem::take(&mut post.results);
+        self.after_commit(post);
+        Ok((value, results))
+    }
+
     /// Runs `f` as a series of reads (nothing watched, nothing written).
     fn read<T>(&self, f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
         Ok(self
@@ -491,6 +514,7 @@ impl Inner {
             return;
         };
         let key = self.keys.slice_refs();
+        let mut gone = Vec::with_capacity(released.len());
         for s in released {
             if !releaser(*s) {
                 log::warn!(
@@ -500,12 +524,19 @@ impl Inner {
                 );
                 continue;
             }
-            let field = slice_field(s.id, s.size);
+            gone.push(slice_field(s.id, s.size));
+        }
+        // The references of every slice whose objects went, in one round
+        // trip.
+        for fields in gone.chunks(1024) {
             let r = self
                 .pool
-                .with_conn(|c| redis::cmd("HDEL").arg(&key).arg(&field).query::<()>(c));
+                .with_conn(|c| redis::cmd("HDEL").arg(&key).arg(fields).query::<()>(c));
             if let Err(e) = r {
-                log::warn!("dropping the reference of slice {}: {e}", s.id);
+                log::warn!(
+                    "dropping the references of {} released slice(s): {e}; cleanup retries them",
+                    fields.len()
+                );
             }
         }
     }
@@ -617,6 +648,10 @@ impl Meta for RedisMeta {
         true
     }
 
+    fn round_trips(&self) -> u64 {
+        self.inner.pool.round_trips()
+    }
+
     fn init(&self, format: &Format) -> Result<()> {
         self.inner.init(format)
     }
@@ -654,7 +689,12 @@ impl Meta for RedisMeta {
         Ok(())
     }
 
+    /// Also sends the records of closes not sent yet (`session::closed`):
+    /// a file another host's unlink kept for this session is deleted then.
     fn drain_deletes(&self) {
+        if let Err(e) = session::flush_closes(&self.inner) {
+            log::warn!("recording closed files failed (tried again later): {e}");
+        }
         let d = self.inner.deleter.lock().clone();
         if let Some(d) = d {
             d.drain();
@@ -740,7 +780,18 @@ impl Meta for RedisMeta {
                 "mknod makes neither directories nor symlinks".into(),
             ));
         }
-        namespace::mknod(&self.inner, ctx, parent, name, typ, mode, umask, rdev, b"")
+        namespace::mknod(
+            &self.inner,
+            ctx,
+            parent,
+            name,
+            typ,
+            mode,
+            umask,
+            rdev,
+            b"",
+            false,
+        )
     }
 
     fn mkdir(
@@ -761,6 +812,7 @@ impl Meta for RedisMeta {
             umask,
             0,
             b"",
+            false,
         )
     }
 
@@ -786,6 +838,7 @@ impl Meta for RedisMeta {
             0,
             0,
             target,
+            false,
         )
     }
 
@@ -851,7 +904,7 @@ impl Meta for RedisMeta {
         mode: u16,
         umask: u16,
     ) -> Result<(Ino, Attr)> {
-        let (ino, attr) = namespace::mknod(
+        namespace::mknod(
             &self.inner,
             ctx,
             parent,
@@ -861,16 +914,27 @@ impl Meta for RedisMeta {
             umask,
             0,
             b"",
-        )?;
-        session::opened(&self.inner, ino)?;
-        Ok((ino, attr))
+            true,
+        )
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
-        // Recorded first, so that an unlink on another host either sees
-        // this open or has removed the file before the attributes are read.
-        session::opened(&self.inner, ino)?;
-        let checked = self.check_open(ctx, ino, flags);
+        // Recorded first, in the round trip that reads the attributes, so
+        // that an unlink on another host either sees this open or has
+        // removed the file before the attributes are read.
+        let key = self.inner.keys.inode(ino);
+        let raw = session::opened(&self.inner, ino, Some(&key))?;
+        let checked = match raw {
+            None => Err(Error::NotFound),
+            Some(raw) => codec::decode_attr(&raw)
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "the attributes of inode {ino} ({} bytes) cannot be decoded",
+                        raw.len()
+                    ))
+                })
+                .and_then(|attr| rules::check_open(ctx, &attr, flags).map(|()| attr)),
+        };
         if checked.is_err()
             && let Err(e) = session::closed(&self.inner, ino)
         {

@@ -10,7 +10,7 @@ use super::Inner;
 use super::codec::encode_delayed;
 use super::keys::{parse_chunk_key, slice_field};
 use super::node;
-use super::tx::{Tx, TxError, TxResult};
+use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE, PROBE_SPAN};
 use crate::meta::copy_range::{self, CopyRange};
@@ -50,10 +50,10 @@ fn hole(pos: u32, len: u32) -> [u8; Slice::RECORD_LEN] {
     .encode()
 }
 
-fn push(tx: &mut Tx<'_>, op: &str, key: &str, record: &[u8]) {
+fn push(tx: &mut Tx<'_>, op: &str, key: &str, record: &[u8]) -> usize {
     let mut c = redis::cmd(op);
     c.arg(key).arg(record);
-    tx.cmd(c);
+    tx.cmd(c)
 }
 
 /// Drops one reference of each record's slice.
@@ -79,6 +79,10 @@ pub(super) fn read_chunk(inner: &Inner, ino: Ino, indx: u32) -> Result<Vec<Slice
     })
 }
 
+/// The most chunks of one removed file [`Inner::delete_files_data`] reads
+/// with others (1 GiB of file); a longer file is deleted on its own.
+const BATCH_CHUNKS: u64 = 16;
+
 /// Appends a written slice (JuiceFS `Write`).
 pub(super) fn write_chunk(
     inner: &Inner,
@@ -95,7 +99,7 @@ pub(super) fn write_chunk(
         )));
     }
     inner.format()?;
-    inner.write(ino, |tx| {
+    let (at, results) = inner.write_returning(ino, |tx| {
         let mut a = node::must_get(tx, ino)?;
         if a.typ != FileType::File {
             return Err(Error::Perm.into());
@@ -112,11 +116,15 @@ pub(super) fn write_chunk(
         // ctime backwards: a chmod since then keeps its later ctime).
         a.ctime = a.ctime.max(mtime);
         let key = tx.keys.chunk(ino, indx);
-        let count = tx.llen(&key)? as usize + 1;
-        push(tx, "RPUSH", &key, &slice.encode());
+        // RPUSH answers the list's new length: no LLEN first.
+        let at = push(tx, "RPUSH", &key, &slice.encode());
         node::put(tx, ino, &a);
         node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(count)
+        Ok(at)
+    })?;
+    Ok(match results.get(at) {
+        Some(redis::Value::Int(n)) => usize::try_from(*n).unwrap_or(1),
+        _ => 1,
     })
 }
 
@@ -584,6 +592,66 @@ impl Inner {
         let member = format!("{ino}:{length}");
         self.pool
             .with_conn(|c| redis::cmd("ZREM").arg(&key).arg(&member).query::<()>(c))
+    }
+
+    /// [`Inner::delete_file_data`] for many files in one transaction: one
+    /// round trip reads (and watches) every node and every chunk of them,
+    /// one commits. A file of more than [`BATCH_CHUNKS`] chunks goes alone
+    /// (its chunks are found as `delete_file_data` finds them: only those
+    /// that exist).
+    pub(super) fn delete_files_data(&self, files: &[(Ino, u64)]) -> Result<()> {
+        let chunks = |length: u64| length.div_ceil(CHUNK_SIZE).max(1);
+        type Files = Vec<(Ino, u64)>;
+        let (small, big): (Files, Files) = files
+            .iter()
+            .copied()
+            .partition(|(_, len)| chunks(*len) <= BATCH_CHUNKS);
+        for (ino, length) in big {
+            if let Err(e) = self.delete_file_data(ino, length) {
+                log::warn!(
+                    "deleting the data of removed inode {ino} failed (cleanup retries): {e}"
+                );
+            }
+        }
+        for batch in small.chunks(256) {
+            self.write(batch[0].0, |tx| {
+                let nodes: Vec<String> = batch.iter().map(|(i, _)| tx.keys.inode(*i)).collect();
+                let lists: Vec<Vec<String>> = batch
+                    .iter()
+                    .map(|(i, len)| {
+                        (0..chunks(*len) as u32)
+                            .map(|k| tx.keys.chunk(*i, k))
+                            .collect()
+                    })
+                    .collect();
+                let mut reads: Vec<Read<'_>> = nodes.iter().map(|k| Read::Get(k)).collect();
+                reads.extend(lists.iter().flatten().map(|k| Read::LRange(k)));
+                tx.prefetch(&reads)?;
+                let del = tx.keys.delfiles();
+                for (((ino, length), node), keys) in batch.iter().zip(&nodes).zip(&lists) {
+                    // An inode whose node is alive keeps its data (numbers
+                    // are never reused: a record a crash left).
+                    if tx.get(node)?.is_none() {
+                        for (indx, key) in keys.iter().enumerate() {
+                            let records = tx.lrange(key, -1)?;
+                            if records.is_empty() {
+                                continue;
+                            }
+                            match decode(*ino, indx as u32, &records) {
+                                Ok(slices) => unref(tx, &slices),
+                                Err(e) => log::error!("{e:?}; its slices are left for gc"),
+                            }
+                            tx.del(key);
+                        }
+                    }
+                    let mut c = redis::cmd("ZREM");
+                    c.arg(&del).arg(format!("{ino}:{length}"));
+                    tx.cmd(c);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// Deletes one chunk and drops its references.

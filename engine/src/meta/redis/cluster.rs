@@ -1,10 +1,13 @@
 //! Finding the Redis Cluster node that holds a volume's slot.
 
-use redis::{Connection, RedisResult, Value};
+use redis::{ConnectionLike, RedisResult, Value};
 
 /// The (host, port) of the master serving the slot of `key`; the host is
 /// empty when the node announces none (it is the one asked).
-pub(super) fn slot_master(c: &mut Connection, key: &str) -> RedisResult<Option<(String, u16)>> {
+pub(super) fn slot_master(
+    c: &mut dyn ConnectionLike,
+    key: &str,
+) -> RedisResult<Option<(String, u16)>> {
     let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(c)?;
     let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query(c)?;
     for range in ranges {

@@ -7,7 +7,7 @@ use super::codec::{decode_attr, decode_entry, encode_entry};
 use super::keys::counter;
 use super::node::{self, entry_stat};
 use super::session;
-use super::tx::{Tx, TxError, TxResult};
+use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::sqlite::namespace::{
     check_name, dot_entries, hour_name, trash_entry_name, type_only,
@@ -43,6 +43,20 @@ fn get_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>>
             Ok(Some(Edge { inode, typ }))
         }
     }
+}
+
+/// Reads a directory's attributes and one of its entries in one round
+/// trip (what a create, an unlink or a rename looks at first).
+fn prefetch_entry(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) -> TxResult<()> {
+    let (node, dir) = (tx.keys.inode(parent), tx.keys.entry(parent));
+    tx.prefetch(&[Read::Get(&node), Read::HGet(&dir, name)])
+}
+
+/// Reads a node's attributes and the sessions holding it open, in one
+/// round trip (what dropping a name of it looks at).
+fn prefetch_node(tx: &mut Tx<'_>, ino: Ino) -> TxResult<()> {
+    let (node, opened) = (tx.keys.inode(ino), tx.keys.opened(ino));
+    tx.prefetch(&[Read::Get(&node), Read::HGetAll(&opened)])
 }
 
 fn insert_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8], inode: Ino, typ: FileType) {
@@ -228,6 +242,7 @@ pub(super) fn mknod(
     umask: u16,
     rdev: u32,
     target: &[u8],
+    open: bool,
 ) -> Result<(Ino, Attr)> {
     if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
         return Err(Error::Perm);
@@ -238,7 +253,9 @@ pub(super) fn mknod(
     check_name(name)?;
     inner.format()?;
     let ino = inner.next_inode()?;
-    inner.write(parent, |tx| {
+    let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+    let made = inner.write(parent, |tx| {
+        prefetch_entry(tx, parent, name)?;
         let mut pa = writable_dir(tx, ctx, parent, true)?;
         if pa.flags & rules::FLAG_IMMUTABLE != 0 {
             return Err(Error::Perm.into());
@@ -281,6 +298,12 @@ pub(super) fn mknod(
         };
         insert_edge(tx, parent, name, ino, typ);
         node::put(tx, ino, &attr);
+        if open && sid > 0 {
+            // The creating open's record, with the node (as
+            // `session::opened` records later opens).
+            let key = tx.keys.opened(ino);
+            tx.hset(&key, sid.to_string().as_bytes(), b"1");
+        }
         match typ {
             FileType::Symlink => {
                 let key = tx.keys.symlink(ino);
@@ -298,7 +321,11 @@ pub(super) fn mknod(
         node::add_usage(tx, align4k(0), 1)?;
         node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
         Ok((ino, attr))
-    })
+    })?;
+    if open {
+        session::created_open(inner, ino);
+    }
+    Ok(made)
 }
 
 /// The target of a symlink.
@@ -321,9 +348,14 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
         // of each holder (or the cleanup of its session) deletes it.
         let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
         let here = session::mark_removed_if_open(inner, ino) && sid > 0;
-        let mut holders = session::other_holders(tx, sid, ino)?;
+        let mut holders = session::other_holders(tx, inner, sid, ino)?;
         if here {
             holders.push(sid);
+        } else if sid > 0 {
+            // A record of this session's last close not sent yet would
+            // make the file look held here to a cleanup elsewhere.
+            let opened = tx.keys.opened(ino);
+            tx.hdel(&opened, sid.to_string().as_bytes());
         }
         if !holders.is_empty() {
             for holder in holders {
@@ -364,6 +396,7 @@ pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> 
     check_name(name)?;
     let trash = trash_for(inner, parent)?;
     inner.write(parent, |tx| {
+        prefetch_entry(tx, parent, name)?;
         let mut pa = writable_dir(tx, ctx, parent, false)?;
         if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
             return Err(Error::Perm.into());
@@ -372,6 +405,7 @@ pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> 
         if e.typ == FileType::Directory as u8 {
             return Err(Error::IsDir.into());
         }
+        prefetch_node(tx, e.inode)?;
         let now = Timestamp::now();
         let Some(mut a) = node::get(tx, e.inode)? else {
             log::warn!("entry {name:?} in {parent} names missing inode {}", e.inode);

@@ -104,6 +104,9 @@ fn heartbeat_loop(
         if let Err(e) = r {
             log::warn!("session {sid} heartbeat failed: {e}");
         }
+        if let Err(e) = flush_closes(&inner) {
+            log::warn!("session {sid}: recording closed files failed (tried again later): {e}");
+        }
         if let Err(e) = inner.reload_quotas() {
             log::warn!("reloading the volume's limits and quotas failed: {e}");
         }
@@ -128,6 +131,7 @@ impl Inner {
 /// deleted, then the session goes.
 pub(super) fn close_session(inner: &Inner) -> Result<()> {
     inner.stop_heartbeat();
+    flush_closes(inner)?;
     let sid = inner.sid.swap(0, Ordering::Relaxed);
     if sid == 0 {
         return Ok(());
@@ -208,7 +212,7 @@ fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
         if a.nlink > 0 || a.typ != FileType::File {
             return Ok(());
         }
-        if !other_holders(tx, sid, ino)?.is_empty() {
+        if !other_holders(tx, inner, sid, ino)?.is_empty() {
             return Ok(());
         }
         tx.del(&opened);
@@ -227,64 +231,164 @@ fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
 
 /// Records one more open handle on `ino`. The first one of this session is
 /// also recorded in Redis (`open{ino}`), so that an unlink on another host
-/// keeps the file until this session closes it.
-pub(super) fn opened(inner: &Inner, ino: Ino) -> Result<()> {
+/// keeps the file until this session closes it. `attr_key` (the node's)
+/// is read in the same round trip, after the record (so an unlink elsewhere
+/// either sees this open or has removed the node before it is read);
+/// returns its value when read.
+pub(super) fn opened(inner: &Inner, ino: Ino, read: Option<&str>) -> Result<Option<Vec<u8>>> {
     let sid = inner.sid.load(Ordering::Relaxed);
-    // Serialises this session's first open and last close of `ino`, so that
-    // their records in Redis land in the order the counts changed.
+    // Serialises this session's first open and the record of its last
+    // close of `ino`, so that their records in Redis land in the order the
+    // counts changed.
     let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
     let first = inner.open_files.lock().open(ino);
-    if first && sid > 0 {
-        let key = inner.keys.opened(ino);
-        let r = inner
-            .pool
-            .with_conn(|c| redis::cmd("HSET").arg(&key).arg(sid).arg(1).query::<()>(c));
-        if let Err(e) = r {
-            // Undo the count; the open failed, so nothing is deleted.
-            let _ = inner.open_files.lock().close(ino);
-            return Err(e);
-        }
+    if !(first && sid > 0) {
+        return match read {
+            Some(key) => inner
+                .pool
+                .with_conn(|c| redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(c)),
+            None => Ok(None),
+        };
     }
-    Ok(())
+    let key = inner.keys.opened(ino);
+    let r = inner.pool.with_conn(|c| {
+        let mut p = redis::pipe();
+        p.cmd("HSET").arg(&key).arg(sid).arg(1).ignore();
+        match read {
+            Some(k) => {
+                p.cmd("GET").arg(k);
+                let (v,): (Option<Vec<u8>>,) = p.query(c)?;
+                Ok(v)
+            }
+            None => p.query::<()>(c).map(|()| None),
+        }
+    });
+    if r.is_err() {
+        // Undo the count; the open failed, so nothing is deleted.
+        let _ = inner.open_files.lock().close(ino);
+    }
+    r
 }
 
+/// Records a file this session just created as open (its first open),
+/// when the creating transaction already wrote the record.
+pub(super) fn created_open(inner: &Inner, ino: Ino) {
+    inner.open_files.lock().open(ino);
+}
+
+/// The most closes whose records wait to be sent; more are sent at once,
+/// on the closing thread.
+const MAX_DEFERRED_CLOSES: usize = 4096;
+
 /// Records a close; the last close of a file unlinked while open — here or
-/// on another host — deletes it.
+/// on another host — deletes it. The record of a last close (the removal of
+/// this session from `open{ino}`, and the check whether another host's
+/// unlink kept the file for it) costs a round trip, so it is deferred:
+/// records of many closes go in one pipeline at the next heartbeat, at the
+/// end of the session, or when [`MAX_DEFERRED_CLOSES`] wait. Until then an
+/// unlink elsewhere takes the file for still open here and keeps it for
+/// this session (`session{sid}`); the deferred record finds that and
+/// deletes it then. A file this session's own unlink kept is deleted at
+/// once.
 pub(super) fn closed(inner: &Inner, ino: Ino) -> Result<()> {
     let sid = inner.sid.load(Ordering::Relaxed);
-    let (removed, sustained) = {
+    let removed = {
         let _stripe = inner.stripes[(ino % super::STRIPES as u64) as usize].lock();
         let Some(removed) = inner.open_files.lock().close(ino)? else {
             return Ok(());
         };
-        let sustained = if sid > 0 {
-            let (opened, kept) = (inner.keys.opened(ino), inner.keys.sustained(sid));
-            inner.pool.with_conn(|c| {
-                let (member,): (bool,) = redis::pipe()
-                    .cmd("HDEL")
-                    .arg(&opened)
-                    .arg(sid)
-                    .ignore()
-                    .cmd("SISMEMBER")
-                    .arg(&kept)
-                    .arg(ino)
-                    .query(c)?;
-                Ok(member)
-            })?
-        } else {
-            false
-        };
-        (removed, sustained)
+        removed
     };
-    if removed || sustained {
-        delete_sustained(inner, sid, ino)?;
+    if removed {
+        return delete_sustained(inner, sid, ino);
+    }
+    if sid == 0 {
+        return Ok(());
+    }
+    let full = {
+        let mut pending = inner.closes.lock();
+        pending.push(ino);
+        pending.len() >= MAX_DEFERRED_CLOSES
+    };
+    if full {
+        flush_closes(inner)?;
     }
     Ok(())
 }
 
+/// Sends the records of the closes [`closed`] deferred, in pipelines of up
+/// to 1024 files; deletes the files another host's unlink kept for this
+/// session. A file opened again here meanwhile keeps its record. On a
+/// failure the records not sent wait for the next try.
+pub(super) fn flush_closes(inner: &Inner) -> Result<()> {
+    let sid = inner.sid.load(Ordering::Relaxed);
+    loop {
+        let batch: Vec<Ino> = {
+            let mut pending = inner.closes.lock();
+            let n = pending.len().min(1024);
+            pending.drain(..n).collect()
+        };
+        if batch.is_empty() || sid == 0 {
+            return Ok(());
+        }
+        // The stripes of the batch, in order (no deadlock with a thread
+        // holding one): an open of one of these files waits until its
+        // record is settled.
+        let mut stripes: Vec<usize> = batch
+            .iter()
+            .map(|i| (i % super::STRIPES as u64) as usize)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let guards: Vec<_> = stripes.iter().map(|s| inner.stripes[*s].lock()).collect();
+        let closed: Vec<Ino> = {
+            let open = inner.open_files.lock();
+            let mut v: Vec<Ino> = batch
+                .iter()
+                .copied()
+                .filter(|i| !open.is_open(*i))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let kept = inner.keys.sustained(sid);
+        let sent = inner.pool.with_conn(|c| {
+            let mut p = redis::pipe();
+            for ino in &closed {
+                p.cmd("HDEL").arg(inner.keys.opened(*ino)).arg(sid).ignore();
+                p.cmd("SISMEMBER").arg(&kept).arg(*ino);
+            }
+            p.query::<Vec<bool>>(c)
+        });
+        drop(guards);
+        let members = match sent {
+            Ok(m) => m,
+            Err(e) => {
+                inner.closes.lock().extend(batch);
+                return Err(e);
+            }
+        };
+        for (ino, sustained) in closed.iter().zip(members) {
+            if sustained {
+                delete_sustained(inner, sid, *ino)?;
+            }
+        }
+    }
+}
+
 /// The live sessions other than `sid` that hold `ino` open, as recorded in
-/// `open{ino}` (watched: an open elsewhere restarts the transaction).
-pub(super) fn other_holders(tx: &mut Tx<'_>, sid: u64, ino: Ino) -> TxResult<Vec<u64>> {
+/// `open{ino}` (watched: an open elsewhere restarts the transaction). This
+/// client's own session counts only while it holds the file open: its
+/// record of a last close may not be sent yet ([`closed`]).
+pub(super) fn other_holders(
+    tx: &mut Tx<'_>,
+    inner: &Inner,
+    sid: u64,
+    ino: Ino,
+) -> TxResult<Vec<u64>> {
+    let local = inner.sid.load(Ordering::Relaxed);
+    let open_here = inner.open_files.lock().is_open(ino);
     let key = tx.keys.opened(ino);
     let fields = tx.hgetall(&key)?;
     let all = tx.keys.all_sessions();
@@ -297,7 +401,7 @@ pub(super) fn other_holders(tx: &mut Tx<'_>, sid: u64, ino: Ino) -> TxResult<Vec
         else {
             continue;
         };
-        if s == sid {
+        if s == sid || (s == local && !open_here) {
             continue;
         }
         let expiry: Option<f64> = tx.now(redis::cmd("ZSCORE").arg(&all).arg(s))?;

@@ -8,10 +8,12 @@
 //! applied — and reported otherwise (the outcome is unknown).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::{Cmd, Connection, Pipeline, RedisError, Value};
+use redis::{Cmd, Connection, ConnectionLike, Pipeline, RedisError, RedisResult, Value};
 
 use super::keys::{Keys, slice_field};
 use crate::error::{Error, Result};
@@ -84,12 +86,56 @@ pub(super) struct PostCommit {
     pub(super) released: Vec<ReleasedSlice>,
     /// Files removed for good (a `delfiles` member each): delete their chunks.
     pub(super) deleted_files: Vec<(Ino, u64)>,
+    /// What `EXEC` answered for each queued write, by its position (the
+    /// value a command such as `RPUSH` returns).
+    pub(super) results: Vec<Value>,
+}
+
+/// A connection of the pool that counts its round trips: each command, or
+/// pipeline, sent and answered is one. The count is what the metadata path
+/// costs between hosts (tests assert it per operation, so a refactor cannot
+/// quietly add a round trip).
+pub(super) struct Conn {
+    inner: Connection,
+    trips: Arc<AtomicU64>,
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.trips.fetch_add(1, Ordering::Relaxed);
+        self.inner.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.inner.is_open()
+    }
 }
 
 /// A small pool of connections to one server.
 pub(super) struct Pool {
     client: redis::Client,
-    idle: Mutex<Vec<Connection>>,
+    idle: Mutex<Vec<Conn>>,
+    /// Round trips of every connection of the pool so far.
+    trips: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -105,20 +151,29 @@ impl Pool {
         Pool {
             client,
             idle: Mutex::new(Vec::new()),
+            trips: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    fn take(&self) -> std::result::Result<Connection, RedisError> {
+    /// Round trips to the server so far (connection set-up not counted).
+    pub(super) fn round_trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+
+    fn take(&self) -> std::result::Result<Conn, RedisError> {
         if let Some(c) = self.idle.lock().pop() {
             return Ok(c);
         }
         let c = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
         c.set_read_timeout(Some(READ_TIMEOUT))?;
         c.set_write_timeout(Some(WRITE_TIMEOUT))?;
-        Ok(c)
+        Ok(Conn {
+            inner: c,
+            trips: self.trips.clone(),
+        })
     }
 
-    fn give_back(&self, c: Connection) {
+    fn give_back(&self, c: Conn) {
         let mut idle = self.idle.lock();
         if idle.len() < 16 {
             idle.push(c);
@@ -134,7 +189,7 @@ impl Pool {
     /// that should fail fast.
     pub(super) fn probe<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> std::result::Result<T, RedisError>,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<T, RedisError>,
     ) -> std::result::Result<T, RedisError> {
         let mut c = self.take()?;
         let v = f(&mut c)?;
@@ -148,7 +203,7 @@ impl Pool {
     /// before it talks to the server: a round trip waits.
     pub(super) fn with_conn<T>(
         &self,
-        mut f: impl FnMut(&mut Connection) -> std::result::Result<T, RedisError>,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, RedisError>,
     ) -> Result<T> {
         sluice_api::wait::may_wait()?;
         let mut tries = 0;
@@ -183,7 +238,7 @@ fn backoff(tries: u32) {
 
 /// One transaction attempt on one connection.
 pub(super) struct Tx<'c> {
-    conn: &'c mut Connection,
+    conn: &'c mut Conn,
     pub(super) keys: &'c Keys,
     /// Read-only transactions watch nothing and queue nothing.
     writing: bool,
@@ -194,6 +249,16 @@ pub(super) struct Tx<'c> {
     queued: usize,
     /// String values as this transaction leaves them (None = deleted).
     strings: HashMap<String, Option<Vec<u8>>>,
+    /// String values as read in this attempt (watched: a change by another
+    /// client since makes the commit fail and the attempt run again).
+    read_strings: HashMap<String, Option<Vec<u8>>>,
+    /// Hash fields as read in this attempt.
+    read_fields: HashMap<(String, Vec<u8>), Option<Vec<u8>>>,
+    /// Whole hashes as read in this attempt.
+    read_hashes: HashMap<String, HashFields>,
+    /// Whole lists as read in this attempt (read before any change: a
+    /// transaction never reads a list it changed).
+    read_lists: HashMap<String, Vec<Vec<u8>>>,
     /// The raw values read, for what the decoders don't keep.
     raw: HashMap<String, Vec<u8>>,
     /// Hash fields as this transaction leaves them.
@@ -215,17 +280,127 @@ pub(super) struct Tx<'c> {
     pub(super) usage: UsageDelta,
 }
 
+/// A hash's fields and values, as `HGETALL` answers.
+type HashFields = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One value of a pipeline's answer, as `T`; a value of another shape is a
+/// corrupt answer (an error naming it, never a panic).
+fn parse<T: redis::FromRedisValue>(v: Value) -> TxResult<T> {
+    redis::from_redis_value(v).map_err(|e| {
+        TxError::Fs(Error::Corrupt(format!(
+            "Redis answered a read with a value of an unexpected shape: {e}"
+        )))
+    })
+}
+
+/// A read [`Tx::prefetch`] sends ahead, with others, in one round trip.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Read<'a> {
+    /// A string value (watched).
+    Get(&'a str),
+    /// A hash field (the hash watched).
+    HGet(&'a str, &'a [u8]),
+    /// A whole hash (watched).
+    HGetAll(&'a str),
+    /// A whole list (watched).
+    LRange(&'a str),
+}
+
 impl<'c> Tx<'c> {
     fn run<T: redis::FromRedisValue>(&mut self, cmd: &Cmd) -> TxResult<T> {
         self.talked = true;
         Ok(cmd.query(self.conn)?)
     }
 
-    /// WATCHes `key` (once) in a write transaction.
-    pub(super) fn watch(&mut self, key: &str) -> TxResult<()> {
-        if self.writing && !self.watched.contains(key) {
-            self.run::<()>(redis::cmd("WATCH").arg(key))?;
-            self.watched.insert(key.to_string());
+    /// Runs a read of `key` in one round trip with the `WATCH` of the key,
+    /// in a write transaction that has not watched it yet (a `WATCH` of its
+    /// own would cost a round trip more).
+    fn watched_read<T: redis::FromRedisValue>(&mut self, key: &str, read: Cmd) -> TxResult<T> {
+        if !self.writing || self.watched.contains(key) {
+            return self.run(&read);
+        }
+        let mut p = redis::pipe();
+        p.cmd("WATCH").arg(key).ignore();
+        p.add_command(read);
+        self.talked = true;
+        let (v,): (T,) = p.query(self.conn)?;
+        self.watched.insert(key.to_string());
+        Ok(v)
+    }
+
+    /// Reads `reads` in one round trip — the `WATCH` of their keys (in a
+    /// write transaction) and the reads, as one pipeline — and keeps the
+    /// values, so the [`Tx::get`] and [`Tx::hget`] calls that follow answer
+    /// without a round trip. What a transaction will read is often known
+    /// at its start (a parent's attributes and an entry of it); reading it
+    /// together is what keeps an operation to a few round trips.
+    pub(super) fn prefetch(&mut self, reads: &[Read<'_>]) -> TxResult<()> {
+        let todo: Vec<Read<'_>> = reads
+            .iter()
+            .copied()
+            .filter(|r| match r {
+                Read::Get(k) => {
+                    !self.strings.contains_key(*k) && !self.read_strings.contains_key(*k)
+                }
+                Read::HGet(k, f) => {
+                    let kf = (k.to_string(), f.to_vec());
+                    !self.fields.contains_key(&kf) && !self.read_fields.contains_key(&kf)
+                }
+                Read::HGetAll(k) => !self.read_hashes.contains_key(*k),
+                Read::LRange(k) => !self.read_lists.contains_key(*k),
+            })
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        let mut watch: Vec<&str> = Vec::new();
+        if self.writing {
+            for r in &todo {
+                let (Read::Get(k) | Read::HGet(k, _) | Read::HGetAll(k) | Read::LRange(k)) = r;
+                if !self.watched.contains(*k) && !watch.contains(k) {
+                    watch.push(k);
+                }
+            }
+            if !watch.is_empty() {
+                p.cmd("WATCH").arg(&watch).ignore();
+            }
+        }
+        for r in &todo {
+            match r {
+                Read::Get(k) => p.cmd("GET").arg(*k),
+                Read::HGet(k, f) => p.cmd("HGET").arg(*k).arg(*f),
+                Read::HGetAll(k) => p.cmd("HGETALL").arg(*k),
+                Read::LRange(k) => p.cmd("LRANGE").arg(*k).arg(0).arg(-1),
+            };
+        }
+        self.talked = true;
+        let values: Vec<Value> = p.query(self.conn)?;
+        for k in watch {
+            self.watched.insert(k.to_string());
+        }
+        for (r, v) in todo.iter().zip(values) {
+            match r {
+                Read::Get(k) => {
+                    let v: Option<Vec<u8>> = parse(v)?;
+                    if let Some(v) = &v {
+                        self.raw.insert(k.to_string(), v.clone());
+                    }
+                    self.read_strings.insert(k.to_string(), v);
+                }
+                Read::HGet(k, f) => {
+                    let v: Option<Vec<u8>> = parse(v)?;
+                    self.read_fields.insert((k.to_string(), f.to_vec()), v);
+                }
+                Read::HGetAll(k) => {
+                    let v: Vec<(Vec<u8>, Vec<u8>)> = parse(v)?;
+                    self.read_hashes.insert(k.to_string(), v);
+                }
+                Read::LRange(k) => {
+                    let v: Vec<Vec<u8>> = parse(v)?;
+                    self.read_lists.insert(k.to_string(), v);
+                }
+            }
         }
         Ok(())
     }
@@ -235,11 +410,16 @@ impl<'c> Tx<'c> {
         if let Some(v) = self.strings.get(key) {
             return Ok(v.clone());
         }
-        self.watch(key)?;
-        let v: Option<Vec<u8>> = self.run(redis::cmd("GET").arg(key))?;
+        if let Some(v) = self.read_strings.get(key) {
+            return Ok(v.clone());
+        }
+        let mut read = redis::cmd("GET");
+        read.arg(key);
+        let v: Option<Vec<u8>> = self.watched_read(key, read)?;
         if let Some(v) = &v {
             self.raw.insert(key.to_string(), v.clone());
         }
+        self.read_strings.insert(key.to_string(), v.clone());
         Ok(v)
     }
 
@@ -250,25 +430,32 @@ impl<'c> Tx<'c> {
 
     /// Reads a hash field.
     pub(super) fn hget(&mut self, key: &str, field: &[u8]) -> TxResult<Option<Vec<u8>>> {
-        if let Some(v) = self.fields.get(&(key.to_string(), field.to_vec())) {
+        let kf = (key.to_string(), field.to_vec());
+        if let Some(v) = self.fields.get(&kf) {
             return Ok(v.clone());
         }
-        self.watch(key)?;
-        self.run(redis::cmd("HGET").arg(key).arg(field))
-    }
-
-    /// Whether a hash field exists, without watching the (shared) hash.
-    pub(super) fn hexists_unwatched(&mut self, key: &str, field: &[u8]) -> TxResult<bool> {
-        if let Some(v) = self.fields.get(&(key.to_string(), field.to_vec())) {
-            return Ok(v.is_some());
+        if let Some(v) = self.read_fields.get(&kf) {
+            return Ok(v.clone());
         }
-        self.run(redis::cmd("HEXISTS").arg(key).arg(field))
+        let mut read = redis::cmd("HGET");
+        read.arg(key).arg(field);
+        let v: Option<Vec<u8>> = self.watched_read(key, read)?;
+        self.read_fields.insert(kf, v.clone());
+        Ok(v)
     }
 
     /// Every field of a hash, with this transaction's changes applied.
     pub(super) fn hgetall(&mut self, key: &str) -> TxResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.watch(key)?;
-        let mut all: Vec<(Vec<u8>, Vec<u8>)> = self.run(redis::cmd("HGETALL").arg(key))?;
+        let mut all: Vec<(Vec<u8>, Vec<u8>)> = match self.read_hashes.get(key) {
+            Some(all) => all.clone(),
+            None => {
+                let mut read = redis::cmd("HGETALL");
+                read.arg(key);
+                let all: Vec<(Vec<u8>, Vec<u8>)> = self.watched_read(key, read)?;
+                self.read_hashes.insert(key.to_string(), all.clone());
+                all
+            }
+        };
         let changed: Vec<(&Vec<u8>, &Option<Vec<u8>>)> = self
             .fields
             .iter()
@@ -291,21 +478,22 @@ impl<'c> Tx<'c> {
         if self.fields.keys().any(|(k, _)| k == key) {
             return Ok(self.hgetall(key)?.len() as u64);
         }
-        self.watch(key)?;
-        self.run(redis::cmd("HLEN").arg(key))
+        let mut read = redis::cmd("HLEN");
+        read.arg(key);
+        self.watched_read(key, read)
     }
 
     /// A whole list (chunks are never read after being changed in the same
     /// transaction).
     pub(super) fn lrange(&mut self, key: &str, stop: i64) -> TxResult<Vec<Vec<u8>>> {
-        self.watch(key)?;
-        self.run(redis::cmd("LRANGE").arg(key).arg(0).arg(stop))
-    }
-
-    /// A list's length.
-    pub(super) fn llen(&mut self, key: &str) -> TxResult<u64> {
-        self.watch(key)?;
-        self.run(redis::cmd("LLEN").arg(key))
+        if stop == -1
+            && let Some(all) = self.read_lists.get(key)
+        {
+            return Ok(all.clone());
+        }
+        let mut read = redis::cmd("LRANGE");
+        read.arg(key).arg(0).arg(stop);
+        self.watched_read(key, read)
     }
 
     /// Runs a command at once, outside the transaction (JuiceFS's `INCR
@@ -376,9 +564,10 @@ impl<'c> Tx<'c> {
         self.queue(c);
     }
 
-    /// Queues any other write.
-    pub(super) fn cmd(&mut self, cmd: Cmd) {
-        self.queue(cmd);
+    /// Queues any other write; its position, whose result the commit's
+    /// [`PostCommit::results`] holds.
+    pub(super) fn cmd(&mut self, cmd: Cmd) -> usize {
+        self.queue(cmd)
     }
 
     /// Drops one reference of a slice; if it was the last, the slice is
@@ -427,6 +616,7 @@ impl<'c> Tx<'c> {
                 post.released.push(*s);
             }
         }
+        post.results = results;
         Ok(Some(post))
     }
 }
@@ -473,6 +663,10 @@ impl Pool {
                             queue: redis::pipe(),
                             queued: 0,
                             strings: HashMap::new(),
+                            read_strings: HashMap::new(),
+                            read_fields: HashMap::new(),
+                            read_hashes: HashMap::new(),
+                            read_lists: HashMap::new(),
                             raw: HashMap::new(),
                             fields: HashMap::new(),
                             ref_checks: Vec::new(),
