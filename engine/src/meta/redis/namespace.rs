@@ -188,15 +188,18 @@ pub(super) fn lookup_name(
         return lookup(inner, ctx, parent, name);
     }
     let (ikey, dkey) = (inner.keys.inode(parent), inner.keys.entry(parent));
+    // By its digest (`EVALSHA`): the script is sent once per server, and
+    // again only when the server answers that it lost it (`NOSCRIPT`: a
+    // restart, a failover, a `SCRIPT FLUSH`).
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(LOOKUP_SCRIPT));
     let found: Vec<Vec<u8>> = inner.pool.with_conn(|c| {
-        redis::cmd("EVAL")
-            .arg(LOOKUP_SCRIPT)
-            .arg(2)
-            .arg(&ikey)
-            .arg(&dkey)
+        SCRIPT
+            .key(&ikey)
+            .key(&dkey)
             .arg(name)
             .arg(inner.keys.prefix())
-            .query(c)
+            .invoke(c)
     })?;
     let mut found = found.into_iter();
     let pa = found.next().ok_or(Error::NotFound)?;

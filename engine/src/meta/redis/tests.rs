@@ -1180,3 +1180,28 @@ fn round_trips_per_file_operation() {
     }
     vfs.destroy();
 }
+
+/// A lookup is one round trip by the script's digest; a server that lost
+/// its scripts (`SCRIPT FLUSH`, a restart, a failover) is sent the script
+/// again, and the lookup answers as before.
+#[test]
+fn lookups_survive_a_script_flush() {
+    let Some((_s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("lookup").0, f);
+    let before = m.round_trips();
+    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("lookup").0, f);
+    assert_eq!(m.round_trips() - before, 1, "a lookup is one round trip");
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut r)
+        .expect("flush");
+    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("after a flush").0, f);
+    assert!(matches!(
+        m.lookup(&c, ROOT_INO, b"none"),
+        Err(crate::Error::NotFound)
+    ));
+}
