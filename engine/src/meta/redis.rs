@@ -45,9 +45,9 @@ use crate::format::Format;
 use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::sqlite::{node as rules, statfs_from};
 use crate::meta::{
-    Attr, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta, QuotaChange, Quotas, ROOT_INO,
-    ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs, TRASH_INO, Timestamp,
-    TruncateVia, XattrMode, quota,
+    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
+    QuotaChange, Quotas, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser,
+    StatFs, TRASH_INO, Timestamp, TruncateVia, XattrMode, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -989,6 +989,10 @@ impl Meta for RedisMeta {
 
     fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize> {
         chunk::write_chunk(&self.inner, ino, indx, slice, mtime)
+    }
+
+    fn write_chunks(&self, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
+        chunk::write_chunks(&self.inner, commits)
     }
 
     fn compact_chunk(&self, ino: Ino, indx: u32, old: &[Slice], new: &[Slice]) -> Result<bool> {

@@ -17,8 +17,8 @@ use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::sqlite::align4k;
 use crate::meta::sqlite::node::{self as rules, MASK_W};
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO, Timestamp,
-    TruncateVia, WorkCounters,
+    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH, Slice,
+    TRASH_INO, Timestamp, TruncateVia, WorkCounters,
 };
 
 /// Chunk keys one pipeline probes.
@@ -91,6 +91,15 @@ pub(super) fn write_chunk(
     slice: Slice,
     mtime: Timestamp,
 ) -> Result<usize> {
+    check_fits(&slice)?;
+    inner.format()?;
+    let (at, results) =
+        inner.write_returning(ino, |tx| apply_write(tx, ino, indx, &slice, mtime))?;
+    Ok(slice_count(&results, at))
+}
+
+/// A slice that does not fit its chunk or its stored size is refused.
+fn check_fits(slice: &Slice) -> Result<()> {
     let end = u64::from(slice.pos) + u64::from(slice.len);
     if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
         return Err(Error::Invalid(format!(
@@ -98,34 +107,133 @@ pub(super) fn write_chunk(
             slice.id
         )));
     }
-    inner.format()?;
-    let (at, results) = inner.write_returning(ino, |tx| {
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ != FileType::File {
-            return Err(Error::Perm.into());
-        }
-        let new_len = u64::from(indx) * CHUNK_SIZE + end;
-        let (mut dlen, mut dspace) = (0, 0);
-        if new_len > a.length {
-            dlen = (new_len - a.length) as i64;
-            dspace = align4k(new_len) - align4k(a.length);
-            a.length = new_len;
-        }
-        a.mtime = mtime;
-        // A write moves mtime and ctime together, to when it was made (never
-        // ctime backwards: a chmod since then keeps its later ctime).
-        a.ctime = a.ctime.max(mtime);
-        let key = tx.keys.chunk(ino, indx);
-        // RPUSH answers the list's new length: no LLEN first.
-        let at = push(tx, "RPUSH", &key, &slice.encode());
-        node::put(tx, ino, &a);
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(at)
-    })?;
-    Ok(match results.get(at) {
+    Ok(())
+}
+
+/// The chunk's slice count after a write: what its `RPUSH` (queued at
+/// `at`) answered.
+fn slice_count(results: &[redis::Value], at: usize) -> usize {
+    match results.get(at) {
         Some(redis::Value::Int(n)) => usize::try_from(*n).unwrap_or(1),
         _ => 1,
-    })
+    }
+}
+
+/// The body of [`write_chunk`] inside the caller's transaction; returns
+/// where its `RPUSH` was queued (the list's new length is its answer: no
+/// `LLEN` first).
+fn apply_write(
+    tx: &mut Tx<'_>,
+    ino: Ino,
+    indx: u32,
+    slice: &Slice,
+    mtime: Timestamp,
+) -> TxResult<usize> {
+    let end = u64::from(slice.pos) + u64::from(slice.len);
+    let mut a = node::must_get(tx, ino)?;
+    if a.typ != FileType::File {
+        return Err(Error::Perm.into());
+    }
+    let new_len = u64::from(indx) * CHUNK_SIZE + end;
+    let (mut dlen, mut dspace) = (0, 0);
+    if new_len > a.length {
+        dlen = (new_len - a.length) as i64;
+        dspace = align4k(new_len) - align4k(a.length);
+        a.length = new_len;
+    }
+    a.mtime = mtime;
+    // A write moves mtime and ctime together, to when it was made (never
+    // ctime backwards: a chmod since then keeps its later ctime).
+    a.ctime = a.ctime.max(mtime);
+    let key = tx.keys.chunk(ino, indx);
+    let at = push(tx, "RPUSH", &key, &slice.encode());
+    node::put(tx, ino, &a);
+    node::add_file_stat(tx, ino, &a, dlen, dspace)?;
+    Ok(at)
+}
+
+/// A group commit's writes in one transaction: one round trip reads (and
+/// watches) every file's node, one commits them all. Each file's writes are
+/// all or none: a file refused (removed, a quota, a limit) is rolled back
+/// alone ([`Tx::rollback`]) and the others commit. A failure of Redis
+/// itself fails every file of the group.
+pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
+    if let Err(e) = inner.format() {
+        return fail_all(commits.len(), e);
+    }
+    let Some(first) = commits.iter().flatten().next().map(|w| w.ino) else {
+        return commits.iter().map(|_| CommitResult::default()).collect();
+    };
+    let res = inner.write_returning(first, |tx| {
+        let nodes: Vec<String> = commits
+            .iter()
+            .flatten()
+            .map(|w| tx.keys.inode(w.ino))
+            .collect();
+        let reads: Vec<Read<'_>> = nodes.iter().map(|k| Read::Get(k)).collect();
+        tx.prefetch(&reads)?;
+        let mut out = Vec::with_capacity(commits.len());
+        for writes in commits {
+            if let Some(e) = writes.iter().find_map(|w| check_fits(&w.slice).err()) {
+                out.push(Err(e));
+                continue;
+            }
+            let mark = tx.mark();
+            let mut ats = Vec::with_capacity(writes.len());
+            let mut failed = None;
+            for w in writes {
+                match apply_write(tx, w.ino, w.indx, &w.slice, w.mtime) {
+                    Ok(at) => ats.push(at),
+                    Err(TxError::Fs(e)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            match failed {
+                None => out.push(Ok(ats)),
+                Some(e) => {
+                    tx.rollback(mark);
+                    out.push(Err(e));
+                }
+            }
+        }
+        Ok(out)
+    });
+    match res {
+        Ok((out, results)) => out
+            .into_iter()
+            .map(|r| match r {
+                Ok(ats) => CommitResult {
+                    counts: ats.iter().map(|at| slice_count(&results, *at)).collect(),
+                    error: None,
+                },
+                Err(e) => CommitResult {
+                    counts: Vec::new(),
+                    error: Some(e),
+                },
+            })
+            .collect(),
+        Err(e) => fail_all(commits.len(), e),
+    }
+}
+
+/// `n` commits that all failed with `e` (the first gets it, the others its
+/// message: errors are not copied).
+fn fail_all(n: usize, e: Error) -> Vec<CommitResult> {
+    let msg = e.to_string();
+    let mut first = Some(e);
+    (0..n)
+        .map(|_| CommitResult {
+            counts: Vec::new(),
+            error: Some(
+                first
+                    .take()
+                    .unwrap_or_else(|| Error::Meta(format!("the group's commit failed: {msg}"))),
+            ),
+        })
+        .collect()
 }
 
 /// Replaces the chunk's first `old.len()` records by `new` if they are still

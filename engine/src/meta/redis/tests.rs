@@ -1205,3 +1205,54 @@ fn lookups_survive_a_script_flush() {
         Err(crate::Error::NotFound)
     ));
 }
+
+/// A group commit's writes on Redis: one round trip reads every file's
+/// node, one commits; a file that fails (here: removed) is rolled back
+/// alone.
+#[test]
+fn a_group_of_writes_is_two_round_trips_and_a_failure_stays_its_own() {
+    use crate::meta::ChunkWrite;
+    let Some((_s, m, _r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let mut files = Vec::new();
+    for name in [b"a".as_slice(), b"b", b"c"] {
+        let (f, _) = m.create(&c, ROOT_INO, name, 0o644, 0).expect("create");
+        m.close(f).expect("close");
+        files.push(f);
+    }
+    m.unlink(&c, ROOT_INO, b"b").expect("unlink");
+    let write = |ino: crate::meta::Ino, id: u64| ChunkWrite {
+        ino,
+        indx: 0,
+        slice: Slice {
+            pos: 0,
+            id,
+            size: 10,
+            off: 0,
+            len: 10,
+        },
+        mtime: Timestamp::now(),
+    };
+    let ids: Vec<u64> = (0..4).map(|_| m.new_slice_id().expect("id")).collect();
+    let before = m.round_trips();
+    let out = m.write_chunks(&[
+        vec![write(files[0], ids[0]), write(files[0], ids[1])],
+        vec![write(files[1], ids[2])],
+        vec![write(files[2], ids[3])],
+    ]);
+    assert_eq!(m.round_trips() - before, 2);
+    assert_eq!(out[0].counts, [1, 2]);
+    assert!(out[0].error.is_none());
+    assert!(
+        matches!(out[1].error, Some(crate::Error::NotFound)),
+        "{:?}",
+        out[1]
+    );
+    assert!(out[1].counts.is_empty());
+    assert_eq!(out[2].counts, [1]);
+    assert_eq!(m.getattr(files[0]).expect("a").length, 10);
+    assert_eq!(m.read_chunk(files[0], 0).expect("chunk").len(), 2);
+    assert_eq!(m.getattr(files[2]).expect("c").length, 10);
+}

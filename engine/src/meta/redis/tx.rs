@@ -245,7 +245,8 @@ pub(super) struct Tx<'c> {
     watched: HashSet<String>,
     /// Whether any command reached the server in this attempt.
     talked: bool,
-    queue: Pipeline,
+    /// The writes queued for `MULTI`/`EXEC`.
+    queue: Vec<Cmd>,
     queued: usize,
     /// String values as this transaction leaves them (None = deleted).
     strings: HashMap<String, Option<Vec<u8>>>,
@@ -511,7 +512,7 @@ impl<'c> Tx<'c> {
 
     fn queue(&mut self, cmd: Cmd) -> usize {
         debug_assert!(self.writing, "a read transaction queued a write");
-        self.queue.add_command(cmd);
+        self.queue.push(cmd);
         self.queued += 1;
         self.queued - 1
     }
@@ -578,6 +579,33 @@ impl<'c> Tx<'c> {
         self.ref_checks.push((at, ReleasedSlice { id, size }));
     }
 
+    /// Where the transaction's writes stand now, for [`Tx::rollback`].
+    pub(super) fn mark(&self) -> Mark {
+        Mark {
+            queued: self.queued,
+            strings: self.strings.clone(),
+            fields: self.fields.clone(),
+            ref_checks: self.ref_checks.len(),
+            released: self.post.released.len(),
+            deleted_files: self.post.deleted_files.len(),
+            usage: self.usage.clone(),
+        }
+    }
+
+    /// Forgets every write queued since `mark` (the reads and watches
+    /// stay): one part of a transaction that holds several (a group
+    /// commit's files) failed alone.
+    pub(super) fn rollback(&mut self, mark: Mark) {
+        self.queue.truncate(mark.queued);
+        self.queued = mark.queued;
+        self.strings = mark.strings;
+        self.fields = mark.fields;
+        self.ref_checks.truncate(mark.ref_checks);
+        self.post.released.truncate(mark.released);
+        self.post.deleted_files.truncate(mark.deleted_files);
+        self.usage = mark.usage;
+    }
+
     /// Sends the queued writes. `None`: a watched key changed.
     fn commit(&mut self) -> std::result::Result<Option<PostCommit>, RedisError> {
         let [_, used_space, used_inodes] = self.keys.dir_quota_keys();
@@ -602,8 +630,12 @@ impl<'c> Tx<'c> {
             // the connection is alive, so a failure means "not applied".
             redis::cmd("PING").query::<()>(self.conn)?;
         }
-        self.queue.atomic();
-        let Some(results) = self.queue.query::<Option<Vec<Value>>>(self.conn)? else {
+        let mut exec = redis::pipe();
+        exec.atomic();
+        for c in self.queue.drain(..) {
+            exec.add_command(c);
+        }
+        let Some(results) = exec.query::<Option<Vec<Value>>>(self.conn)? else {
             return Ok(None);
         };
         let mut post = std::mem::take(&mut self.post);
@@ -619,6 +651,17 @@ impl<'c> Tx<'c> {
         post.results = results;
         Ok(Some(post))
     }
+}
+
+/// What [`Tx::mark`] saw, to roll back to.
+pub(super) struct Mark {
+    queued: usize,
+    strings: HashMap<String, Option<Vec<u8>>>,
+    fields: HashMap<(String, Vec<u8>), Option<Vec<u8>>>,
+    ref_checks: usize,
+    released: usize,
+    deleted_files: usize,
+    usage: UsageDelta,
 }
 
 /// Where a transaction attempt failed.
@@ -660,7 +703,7 @@ impl Pool {
                             writing,
                             watched: HashSet::new(),
                             talked: false,
-                            queue: redis::pipe(),
+                            queue: Vec::new(),
                             queued: 0,
                             strings: HashMap::new(),
                             read_strings: HashMap::new(),
