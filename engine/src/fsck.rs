@@ -46,7 +46,7 @@ use crate::block_key::{block_count, block_key, block_len, chunks_prefix, parse_b
 use crate::compress::decompress;
 use crate::error::{Error, Result};
 use crate::format::Compression;
-use crate::meta::sqlite::align4k;
+use crate::meta::rules::align4k;
 use crate::meta::{Context, DirCursor, DirStat, FileType, Ino, ROOT_INO, Slice, TRASH_INO};
 use crate::object::is_not_found;
 use crate::volume::Volume;

@@ -349,7 +349,7 @@ impl Vfs {
         vol.meta.new_session(
             &serde_json::json!({
                 "Version": concat!("sluice ", env!("CARGO_PKG_VERSION")),
-                "HostName": crate::meta::sqlite::session::host_name(),
+                "HostName": crate::meta::session_info::host_name(),
                 "ProcessID": std::process::id(),
             })
             .to_string(),

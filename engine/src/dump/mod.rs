@@ -32,7 +32,7 @@ pub use write::{DumpOptions, DumpSummary, dump};
 #[cfg(test)]
 mod tests {
     use crate::meta::conformance::test_format;
-    use crate::meta::sqlite::align4k;
+    use crate::meta::rules::align4k;
     use crate::meta::{
         Context, Meta, QuotaChange, ROOT_INO, Slice, SqliteMeta, Timestamp, XattrMode,
     };

@@ -17,7 +17,7 @@ use super::json::{
 };
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::meta::sqlite::align4k;
+use crate::meta::rules::align4k;
 use crate::meta::{
     Attr, CHUNK_SIZE, Counters, DirQuota, DirStat, FileType, Ino, MAX_FILE_LENGTH, MAX_NAME_LEN,
     Meta, ROOT_INO, Restore, Slice, TRASH_INO, Timestamp,
@@ -684,7 +684,7 @@ fn run(
         l.sink.slice_refs(id, size, refs)?;
     }
     if !l.trash_done && format.trash_days > 0 {
-        let trash = crate::meta::sqlite::namespace::new_trash_attr(ROOT_INO);
+        let trash = crate::meta::trash::new_trash_attr(ROOT_INO);
         l.sink.node(TRASH_INO, &trash, &[])?;
     }
     let counters = Counters {

@@ -1658,7 +1658,7 @@ pub(crate) fn copy_file_range_shares_slices(m: &dyn Meta) {
         extents(m, src, 1000, n),
         "the copy shows what the source shows"
     );
-    let grown = crate::meta::sqlite::align4k(a.length) - crate::meta::sqlite::align4k(30_000);
+    let grown = crate::meta::rules::align4k(a.length) - crate::meta::rules::align4k(30_000);
     assert_eq!(used_space(m), used + grown as u64);
     for s in [s1, s2, s3, s4, d1] {
         assert!(m.slice_referenced(s.id, s.size).expect("ref"), "{s:?}");

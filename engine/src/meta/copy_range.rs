@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::chunk::visible;
 use crate::error::{Error, Result};
-use crate::meta::sqlite::align4k;
-use crate::meta::sqlite::node::{FLAG_APPEND, FLAG_IMMUTABLE};
+use crate::meta::rules::align4k;
+use crate::meta::rules::{FLAG_APPEND, FLAG_IMMUTABLE};
 use crate::meta::{Attr, CHUNK_SIZE, FileType, MAX_FILE_LENGTH, Slice, Timestamp};
 pub use sluice_api::meta::{CopyRange, MAX_COPY_LEN};
 

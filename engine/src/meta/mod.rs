@@ -15,7 +15,10 @@ mod open_files;
 pub mod quota;
 pub mod redis;
 pub mod restore;
+pub mod rules;
+pub mod session_info;
 pub mod sqlite;
+pub mod trash;
 pub mod url;
 
 pub use bounded::{WorkCounters, WorkStats};

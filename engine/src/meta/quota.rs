@@ -24,7 +24,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::meta::sqlite::align4k;
+use crate::meta::rules::align4k;
 use crate::meta::{Attr, Context, FileType, Ino, Meta, ROOT_INO, RenameFlags, TRASH_INO};
 
 /// A directory quota as stored: limits (0 or negative = no limit) and the

@@ -42,8 +42,9 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::rules;
+use crate::meta::rules::statfs_from;
 use crate::meta::sqlite::volume::{merge, settings_json};
-use crate::meta::sqlite::{node as rules, statfs_from};
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
     QuotaChange, Quotas, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser,

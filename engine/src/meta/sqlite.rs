@@ -39,6 +39,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::rules::{self, statfs_from};
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
     QuotaChange, Quotas, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs,
@@ -729,23 +730,6 @@ fn get_counter(c: &Connection, name: &str) -> TxResult<i64> {
     .unwrap_or(0))
 }
 
-/// JuiceFS's space accounting: a length rounded up to 4 KiB, and an empty
-/// node (directory, symlink, empty file) still counts 4 KiB.
-pub(crate) fn align4k(length: u64) -> i64 {
-    if length == 0 {
-        return 4096;
-    }
-    (((length - 1) >> 12) + 1).saturating_mul(4096) as i64
-}
-
-/// Whether an inode is the trash directory or one of its hourly children.
-pub(crate) fn is_trash(ino: Ino) -> bool {
-    ino >= crate::meta::TRASH_INO
-}
-
-/// The name `.trash` has in the root directory.
-pub(crate) const TRASH_NAME: &[u8] = b".trash";
-
 impl Meta for SqliteMeta {
     fn name(&self) -> &'static str {
         "sqlite3"
@@ -974,7 +958,7 @@ impl Meta for SqliteMeta {
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
         let attr = self.getattr(ino)?;
-        node::check_open(ctx, &attr, flags)?;
+        rules::check_open(ctx, &attr, flags)?;
         session::opened(&self.inner, ino);
         Ok(attr)
     }
@@ -985,7 +969,7 @@ impl Meta for SqliteMeta {
 
     fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
         let attr = self.getattr(ino)?;
-        node::check_access(ctx, &attr, (mask & 7) as u8)
+        rules::check_access(ctx, &attr, (mask & 7) as u8)
     }
 
     fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
@@ -1115,37 +1099,5 @@ impl Meta for SqliteMeta {
 
     fn deleted_files(&self) -> Result<Vec<Ino>> {
         self.inner.deleted_files()
-    }
-}
-
-/// JuiceFS's statfs for the whole volume: the capacity quota (or 1 PiB,
-/// doubled while usage passes 80 %), and the inode quota (or 10 Mi, doubled
-/// the same way).
-pub(crate) fn statfs_from(fmt: &Format, used: i64, inodes: i64) -> StatFs {
-    let used = used.max(0) as u64;
-    let total = if fmt.capacity > 0 {
-        fmt.capacity.max(used)
-    } else {
-        let mut t: u64 = 1 << 50;
-        while t.saturating_mul(8) < used.saturating_mul(10) {
-            t = t.saturating_mul(2);
-        }
-        t
-    };
-    let iused = inodes.max(0) as u64;
-    let iavail = if fmt.inodes > 0 {
-        fmt.inodes.saturating_sub(iused)
-    } else {
-        let mut a: u64 = 10 << 20;
-        while iused.saturating_mul(10) > (iused + a).saturating_mul(8) {
-            a = a.saturating_mul(2);
-        }
-        a
-    };
-    StatFs {
-        total_space: total,
-        avail_space: total - used,
-        used_inodes: iused,
-        avail_inodes: iavail,
     }
 }

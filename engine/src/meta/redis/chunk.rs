@@ -14,8 +14,8 @@ use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE, PROBE_SPAN};
 use crate::meta::copy_range::{self, CopyRange};
-use crate::meta::sqlite::align4k;
-use crate::meta::sqlite::node::{self as rules, MASK_W};
+use crate::meta::rules::align4k;
+use crate::meta::rules::{self, MASK_W};
 use crate::meta::{
     Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH, Slice,
     TRASH_INO, Timestamp, TruncateVia, WorkCounters,

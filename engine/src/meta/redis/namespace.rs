@@ -9,17 +9,17 @@ use super::node::{self, entry_stat};
 use super::session;
 use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
-use crate::meta::sqlite::namespace::{
-    check_name, dot_entries, hour_name, trash_entry_name, type_only,
-};
-use crate::meta::sqlite::node::{self as rules, MASK_R, MASK_W, MASK_X};
-use crate::meta::sqlite::{TRASH_NAME, align4k, is_trash};
+use crate::meta::rules::align4k;
+use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X};
+use crate::meta::rules::{check_name, dot_entries, type_only};
+use crate::meta::trash::{TRASH_NAME, is_trash};
+use crate::meta::trash::{hour_name, trash_entry_name};
 use crate::meta::{
     Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
     TRASH_INO, Timestamp,
 };
 
-pub(super) use crate::meta::sqlite::namespace::new_trash_attr;
+pub(super) use crate::meta::trash::new_trash_attr;
 
 /// A directory entry.
 #[derive(Debug, Clone, Copy)]

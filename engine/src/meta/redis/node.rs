@@ -5,7 +5,7 @@ use super::codec::{attr_tail, decode_attr, encode_attr};
 use super::keys::counter;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::Error;
-use crate::meta::sqlite::align4k;
+use crate::meta::rules::align4k;
 use crate::meta::{Attr, FileType, Ino, TRASH_INO};
 
 /// The attributes of `ino`, if the node exists.

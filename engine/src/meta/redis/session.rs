@@ -13,9 +13,9 @@ use super::node;
 use super::tx::{Tx, TxResult};
 use super::{Heartbeat, Inner, namespace};
 use crate::error::{Error, Result};
-use crate::meta::sqlite::align4k;
-use crate::meta::sqlite::namespace::parse_hour_name;
-use crate::meta::sqlite::session::session_info;
+use crate::meta::rules::align4k;
+use crate::meta::session_info::session_info;
+use crate::meta::trash::parse_hour_name;
 use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
 
 /// How often the session's expiry is pushed forward (JuiceFS: 12 s).

@@ -5,7 +5,7 @@ use super::node;
 use super::tx::{Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::XATTR_LIST_MAX;
-use crate::meta::sqlite::node::{self as rules, MASK_W};
+use crate::meta::rules::{self, MASK_W};
 use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
 /// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).

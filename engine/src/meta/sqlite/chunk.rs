@@ -7,11 +7,13 @@ use std::ops::RangeInclusive;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::node::{self, MASK_W};
-use super::{Inner, Tx, TxError, TxResult, align4k};
+use super::node;
+use super::{Inner, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
 use crate::meta::copy_range::{self, CopyRange};
+use crate::meta::rules::align4k;
+use crate::meta::rules::{self, MASK_W};
 use crate::meta::{
     Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH,
     ReleasedSlice, Slice, Timestamp, TruncateVia,
@@ -367,13 +369,13 @@ pub(super) fn truncate(
         let mut a = node::must_get(tx, ino)?;
         let in_trash = a.parent > crate::meta::TRASH_INO;
         if a.typ != FileType::File
-            || a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0
+            || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
             || (via == TruncateVia::Path && in_trash)
         {
             return Err(Error::Perm.into());
         }
         if via == TruncateVia::Path {
-            node::check_access(ctx, &a, MASK_W)?;
+            rules::check_access(ctx, &a, MASK_W)?;
         }
         if length == a.length {
             return Ok(a);
@@ -470,11 +472,11 @@ pub(super) fn fallocate(
             if a.typ == FileType::Directory {
                 return Err(Error::IsDir.into());
             }
-            if a.typ != FileType::File || a.flags & node::FLAG_IMMUTABLE != 0 {
+            if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
                 return Err(Error::Perm.into());
             }
-            node::check_access(ctx, &a, MASK_W)?;
-            if a.flags & node::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
+            rules::check_access(ctx, &a, MASK_W)?;
+            if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
                 return Err(Error::Perm.into());
             }
             let old = a.length;

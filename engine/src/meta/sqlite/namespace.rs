@@ -4,9 +4,14 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::node::{self, MASK_R, MASK_W, MASK_X};
-use super::{Inner, TRASH_NAME, Tx, TxError, TxResult, align4k, counter, is_trash, session};
+use super::node;
+use super::{Inner, Tx, TxError, TxResult, counter, session};
 use crate::error::{Error, Result};
+use crate::meta::rules::align4k;
+use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X};
+use crate::meta::rules::{check_name, dot_entries, entry_stat, type_only};
+use crate::meta::trash::{TRASH_NAME, is_trash};
+use crate::meta::trash::{hour_name, new_trash_attr, trash_entry_name};
 use crate::meta::{
     Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
     TRASH_INO, Timestamp,
@@ -62,35 +67,6 @@ fn has_children(c: &Connection, dir: Ino) -> TxResult<bool> {
     )?)
 }
 
-/// Rejects names no entry may have.
-pub(crate) fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() {
-        return Err(Error::Invalid("a name must not be empty".into()));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(Error::NameTooLong);
-    }
-    if name.contains(&b'/') || name.contains(&0) {
-        return Err(Error::Invalid("a name must not contain '/' or NUL".into()));
-    }
-    Ok(())
-}
-
-/// What an entry contributes to its directory's statistics:
-/// (data length, space, inodes).
-pub(crate) fn entry_stat(a: &Attr) -> (i64, i64, i64) {
-    let len = if a.typ == FileType::File { a.length } else { 0 };
-    (len as i64, align4k(len), 1)
-}
-
-/// The name a removed entry gets in the trash (JuiceFS `trashEntry`).
-pub(crate) fn trash_entry_name(parent: Ino, inode: Ino, name: &[u8]) -> Vec<u8> {
-    let mut s = format!("{parent}-{inode}-").into_bytes();
-    s.extend_from_slice(name);
-    s.truncate(MAX_NAME_LEN);
-    s
-}
-
 /// Gets a directory ready to receive a new entry, with JuiceFS's checks.
 /// `creating`: a directory removed into the trash takes no new entries.
 fn writable_dir(c: &Connection, ctx: &Context, dir: Ino, creating: bool) -> TxResult<Attr> {
@@ -101,7 +77,7 @@ fn writable_dir(c: &Connection, ctx: &Context, dir: Ino, creating: bool) -> TxRe
     if creating && a.parent > TRASH_INO {
         return Err(Error::NotFound.into());
     }
-    node::check_access(ctx, &a, MASK_W | MASK_X)?;
+    rules::check_access(ctx, &a, MASK_W | MASK_X)?;
     Ok(a)
 }
 
@@ -137,25 +113,6 @@ pub(super) fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
     Ok(Some(ino))
 }
 
-/// The attributes of the trash directory or one of its hourly children.
-pub(crate) fn new_trash_attr(parent: Ino) -> Attr {
-    let now = Timestamp::now();
-    Attr {
-        flags: 0,
-        typ: FileType::Directory,
-        mode: 0o555,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        nlink: 2,
-        length: 4096,
-        parent,
-    }
-}
-
 fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
     c.execute(
         "INSERT OR IGNORE INTO jfs_dir_stats (inode, data_length, used_space, used_inodes) \
@@ -165,56 +122,7 @@ fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
     Ok(())
 }
 
-/// The UTC hour `secs` falls in, as JuiceFS names hourly trash directories
-/// ("2006-01-02-15").
-pub(crate) fn hour_name(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let hour = secs.rem_euclid(86_400) / 3600;
-    let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}-{hour:02}")
-}
-
-/// The start of the hour an hourly trash directory is named after.
-pub(crate) fn parse_hour_name(name: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(name).ok()?;
-    let parts: Vec<&str> = s.split('-').collect();
-    if parts.len() != 4 || parts[0].len() != 4 || parts[1..].iter().any(|p| p.len() != 2) {
-        return None;
-    }
-    let y: i64 = parts[0].parse().ok()?;
-    let m: u32 = parts[1].parse().ok()?;
-    let d: u32 = parts[2].parse().ok()?;
-    let h: i64 = parts[3].parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(0..24).contains(&h) {
-        return None;
-    }
-    Some(days_from_civil(y, m, d) * 86_400 + h * 3600)
-}
-
 // Gregorian calendar conversions (Howard Hinnant's algorithms).
-pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// Looks up a name, with `.`, `..` and the root's `.trash`.
 pub(super) fn lookup(
     inner: &Inner,
@@ -230,7 +138,7 @@ pub(super) fn lookup(
         if pa.typ != FileType::Directory {
             return Err(Error::NotDir.into());
         }
-        node::check_access(ctx, &pa, MASK_X)?;
+        rules::check_access(ctx, &pa, MASK_X)?;
         match name {
             b"." => Ok((parent, pa)),
             b".." => {
@@ -277,7 +185,7 @@ pub(super) fn mknod(
     let ino = inner.next_inode()?;
     inner.write(|tx| {
         let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & node::FLAG_IMMUTABLE != 0 {
+        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
             return Err(Error::Perm.into());
         }
         if get_edge(tx, parent, name)?.is_some() {
@@ -291,7 +199,7 @@ pub(super) fn mknod(
             if typ == FileType::Directory {
                 mode |= 0o2000;
             }
-        } else if mode & 0o2010 == 0o2010 && !node::is_root(ctx) && !ctx.gids.contains(&pa.gid) {
+        } else if mode & 0o2010 == 0o2010 && !rules::is_root(ctx) && !ctx.gids.contains(&pa.gid) {
             mode &= !0o2000;
         }
         let attr = Attr {
@@ -388,7 +296,7 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
 
 /// Removes a non-directory entry; with a trash the node moves there.
 pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    if (parent == ROOT_INO && name == TRASH_NAME) || (is_trash(parent) && !node::is_root(ctx)) {
+    if (parent == ROOT_INO && name == TRASH_NAME) || (is_trash(parent) && !rules::is_root(ctx)) {
         return Err(Error::Perm);
     }
     if name == b"." || name == b".." {
@@ -398,7 +306,7 @@ pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> 
     let trash = trash_for(inner, parent)?;
     inner.write(|tx| {
         let mut pa = writable_dir(tx, ctx, parent, false)?;
-        if pa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
             return Err(Error::Perm.into());
         }
         let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
@@ -411,8 +319,8 @@ pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> 
             delete_edge(tx, parent, name)?;
             return Ok(());
         };
-        node::check_sticky(ctx, &pa, &a)?;
-        if a.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+        rules::check_sticky(ctx, &pa, &a)?;
+        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
             return Err(Error::Perm.into());
         }
         let mut trash = trash;
@@ -467,7 +375,7 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
     }
     if (parent == ROOT_INO && name == TRASH_NAME)
         || parent == TRASH_INO
-        || (is_trash(parent) && !node::is_root(ctx))
+        || (is_trash(parent) && !rules::is_root(ctx))
     {
         return Err(Error::Perm);
     }
@@ -475,7 +383,7 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
     let trash = trash_for(inner, parent)?;
     inner.write(|tx| {
         let mut pa = writable_dir(tx, ctx, parent, false)?;
-        if pa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
             return Err(Error::Perm.into());
         }
         let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
@@ -488,7 +396,7 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
         let now = Timestamp::now();
         let found = node::get(tx, e.inode)?;
         if let Some(a) = &found {
-            node::check_sticky(ctx, &pa, a)?;
+            rules::check_sticky(ctx, &pa, a)?;
         }
         delete_edge(tx, parent, name)?;
         tx.execute(
@@ -555,7 +463,7 @@ pub(super) fn rename(
     if (psrc == ROOT_INO && nsrc == TRASH_NAME) || (pdst == ROOT_INO && ndst == TRASH_NAME) {
         return Err(Error::Perm);
     }
-    if is_trash(pdst) || (is_trash(psrc) && !node::is_root(ctx)) {
+    if is_trash(pdst) || (is_trash(psrc) && !rules::is_root(ctx)) {
         return Err(Error::Perm);
     }
     for n in [nsrc, ndst] {
@@ -587,16 +495,16 @@ pub(super) fn rename(
         if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
             return Err(Error::NotDir.into());
         }
-        if spa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0
-            || dpa.flags & node::FLAG_IMMUTABLE != 0
+        if spa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0
+            || dpa.flags & rules::FLAG_IMMUTABLE != 0
         {
             return Err(Error::Perm.into());
         }
         if dpa.parent > TRASH_INO {
             return Err(Error::NotFound.into());
         }
-        node::check_access(ctx, &spa, MASK_W | MASK_X)?;
-        node::check_access(ctx, &dpa, MASK_W | MASK_X)?;
+        rules::check_access(ctx, &spa, MASK_W | MASK_X)?;
+        rules::check_access(ctx, &dpa, MASK_W | MASK_X)?;
         let se = get_edge(tx, psrc, nsrc)?.ok_or(TxError::Fs(Error::NotFound))?;
         let mut sa = node::must_get(tx, se.inode)?;
         if psrc == pdst && nsrc == ndst {
@@ -605,8 +513,8 @@ pub(super) fn rename(
         if sa.typ == FileType::Directory && is_under(tx, pdst, se.inode)? {
             return Err(Error::Invalid("cannot move a directory into itself".into()).into());
         }
-        node::check_sticky(ctx, &spa, &sa)?;
-        if sa.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+        rules::check_sticky(ctx, &spa, &sa)?;
+        if sa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
             return Err(Error::Perm.into());
         }
         let de = get_edge(tx, pdst, ndst)?;
@@ -617,10 +525,10 @@ pub(super) fn rename(
                 }
                 let da = node::get(tx, de.inode)?;
                 if let Some(da) = &da {
-                    if da.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 {
+                    if da.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
                         return Err(Error::Perm.into());
                     }
-                    node::check_sticky(ctx, &dpa, da)?;
+                    rules::check_sticky(ctx, &dpa, da)?;
                 }
                 if flags.exchange {
                     if de.typ == FileType::Directory as u8 && is_under(tx, psrc, de.inode)? {
@@ -779,7 +687,7 @@ pub(super) fn link(
     check_name(name)?;
     inner.write(|tx| {
         let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & node::FLAG_IMMUTABLE != 0 {
+        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
             return Err(Error::Perm.into());
         }
         if get_edge(tx, parent, name)?.is_some() {
@@ -789,7 +697,7 @@ pub(super) fn link(
         if a.typ == FileType::Directory {
             return Err(Error::Perm.into());
         }
-        if a.flags & (node::FLAG_APPEND | node::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
+        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
             return Err(Error::Perm.into());
         }
         let now = Timestamp::now();
@@ -805,24 +713,6 @@ pub(super) fn link(
         node::add_dir_stat(tx, parent, len, space, inodes)?;
         Ok(a)
     })
-}
-
-/// An attribute record that carries only a type (readdir without `plus`).
-pub(crate) fn type_only(typ: FileType) -> Attr {
-    Attr {
-        flags: 0,
-        typ,
-        mode: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        atime: Timestamp::default(),
-        mtime: Timestamp::default(),
-        ctime: Timestamp::default(),
-        nlink: 0,
-        length: 0,
-        parent: 0,
-    }
 }
 
 /// Lists a directory, `.` and `..` first.
@@ -874,36 +764,6 @@ pub(super) fn readdir_page(
     })
 }
 
-/// `.` and `..` of directory `ino` (attributes `a`) whose parent is `up`:
-/// with `plus`, their attributes (`up_attr`, or the directory's own when
-/// the parent is gone); otherwise their type alone. Both engines list them.
-pub(crate) fn dot_entries(
-    ino: Ino,
-    a: Attr,
-    up: Ino,
-    up_attr: Option<Attr>,
-    plus: bool,
-) -> Vec<Entry> {
-    let dir = || type_only(FileType::Directory);
-    let (attr, up_attr) = if plus {
-        (a.clone(), up_attr.unwrap_or(a))
-    } else {
-        (dir(), dir())
-    };
-    vec![
-        Entry {
-            inode: ino,
-            name: b".".to_vec(),
-            attr,
-        },
-        Entry {
-            inode: up,
-            name: b"..".to_vec(),
-            attr: up_attr,
-        },
-    ]
-}
-
 /// `.` and `..` of a directory, after checking that the caller may list it.
 fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
     let a = node::must_get(c, ino)?;
@@ -911,7 +771,7 @@ fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Ent
         return Err(Error::NotDir.into());
     }
     let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-    node::check_access(ctx, &a, mask)?;
+    rules::check_access(ctx, &a, mask)?;
     let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
     let up_attr = if plus { node::get(c, up)? } else { None };
     Ok(dot_entries(ino, a, up, up_attr, plus))
@@ -996,28 +856,4 @@ fn edges(
         }
     }
     Ok((rows_read, last))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hour_names_match_juicefs_layout() {
-        // 2026-12-02 15:21:53 UTC
-        assert_eq!(hour_name(1_796_224_913), "2026-12-02-15");
-        assert_eq!(hour_name(0), "1970-01-01-00");
-        let start = parse_hour_name(b"2026-12-02-15").expect("valid name");
-        assert_eq!(hour_name(start), "2026-12-02-15");
-        assert_eq!(start % 3600, 0);
-        assert!(parse_hour_name(b"2026-13-02-15").is_none());
-        assert!(parse_hour_name(b"not-a-trash-dir").is_none());
-    }
-
-    #[test]
-    fn trash_names_are_parent_inode_name_and_fit() {
-        assert_eq!(trash_entry_name(1, 4, b"f2"), b"1-4-f2".to_vec());
-        let long = vec![b'x'; 255];
-        assert_eq!(trash_entry_name(12, 34, &long).len(), MAX_NAME_LEN);
-    }
 }

@@ -11,8 +11,10 @@ use rusqlite::params;
 
 use super::namespace;
 use super::node;
-use super::{Heartbeat, Inner, TxResult, align4k, counter};
+use super::{Heartbeat, Inner, TxResult, counter};
 use crate::error::{Error, Result};
+use crate::meta::rules::align4k;
+use crate::meta::session_info::session_info;
 use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
 
 /// How often the session's expiry is pushed forward (JuiceFS: 12 s).
@@ -25,57 +27,6 @@ const DELFILE_GRACE_SECS: i64 = 3600;
 
 fn expire_at() -> i64 {
     Timestamp::now().secs + SESSION_TTL_SECS
-}
-
-/// The session info JuiceFS clients write: JSON with version, host, mount
-/// point and process. `info` is used as is when it is a JSON object already.
-pub(crate) fn session_info(info: &str) -> String {
-    if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(info).is_ok() {
-        return info.to_string();
-    }
-    serde_json::json!({
-        "Version": concat!("sluice-", env!("CARGO_PKG_VERSION")),
-        "HostName": host_name(),
-        "IPAddrs": [],
-        "MountPoint": info,
-        "MountTime": rfc3339(Timestamp::now()),
-        "ProcessID": std::process::id(),
-    })
-    .to_string()
-}
-
-/// This machine's host name, for the session record (`juicefs status`).
-/// From uname(2), not /proc/sys/kernel/hostname: sessions are opened after
-/// `sluice serve` has confined itself, and a system call needs no file the
-/// sandbox would have to allow.
-pub(crate) fn host_name() -> String {
-    // SAFETY: `utsname` is plain data (byte arrays); all zeros is a valid
-    // value, overwritten by the call.
-    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: `uts` is a valid, writable utsname.
-    if unsafe { libc::uname(&mut uts) } != 0 {
-        return String::new();
-    }
-    let bytes: Vec<u8> = uts
-        .nodename
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|c| c.to_ne_bytes()[0])
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// A time as Go's `time.Time` reads it from JSON (RFC 3339, UTC).
-fn rfc3339(t: Timestamp) -> String {
-    let (y, m, d) = namespace::civil_from_days(t.secs.div_euclid(86_400));
-    let sod = t.secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60,
-        t.nsecs
-    )
 }
 
 /// Registers a session and starts its heartbeat.
@@ -299,7 +250,7 @@ pub(super) fn cleanup_trash(inner: &Inner, edge: i64) -> Result<()> {
     let ctx = Context::internal();
     let hours = namespace::readdir(inner, &ctx, TRASH_INO, false)?;
     for h in hours.into_iter().skip(2) {
-        let Some(start) = namespace::parse_hour_name(&h.name) else {
+        let Some(start) = crate::meta::trash::parse_hour_name(&h.name) else {
             log::warn!("unexpected entry {:?} in the trash", h.name);
             continue;
         };
@@ -399,32 +350,4 @@ fn cleanup_delayed_slices(inner: &Inner, edge: i64) -> Result<()> {
         })?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_info_is_juicefs_json() {
-        let t = Timestamp {
-            secs: 1_796_224_914,
-            nsecs: 116_000_023,
-        };
-        assert_eq!(rfc3339(t), "2026-12-02T15:21:54.116000023Z");
-        let v: serde_json::Value = serde_json::from_str(&session_info("/mnt/x")).expect("json");
-        assert_eq!(v["MountPoint"], "/mnt/x");
-        assert!(v["MountTime"].as_str().is_some_and(|s| s.ends_with('Z')));
-        assert_eq!(
-            session_info("{\"MountPoint\":\"/m\"}"),
-            "{\"MountPoint\":\"/m\"}"
-        );
-    }
-
-    #[test]
-    fn the_host_name_is_the_kernels() {
-        let proc = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("a host name");
-        assert_eq!(host_name(), proc.trim());
-        assert!(!host_name().is_empty());
-    }
 }

@@ -4,11 +4,11 @@
 use rusqlite::params;
 use serde::Serialize;
 
-use super::namespace::new_trash_attr;
 use super::schema::{CREATE_TABLES, INITIAL_COUNTERS};
 use super::{Inner, node};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::trash::new_trash_attr;
 use crate::meta::{ROOT_INO, TRASH_INO};
 
 /// The settings as JuiceFS stores them: JSON, one field per line, no indent.

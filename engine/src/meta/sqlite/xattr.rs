@@ -2,10 +2,11 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::node::{self, MASK_W};
+use super::node;
 use super::{Inner, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::XATTR_LIST_MAX;
+use crate::meta::rules::{self, MASK_W};
 use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
 
 /// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
@@ -65,10 +66,10 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
 /// The node's attributes, if `ctx` may change its extended attributes.
 fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<Attr> {
     let a = node::must_get(c, ino)?;
-    if a.flags & (node::FLAG_IMMUTABLE | node::FLAG_APPEND) != 0 {
+    if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
         return Err(Error::Perm.into());
     }
-    node::check_access(ctx, &a, MASK_W)?;
+    rules::check_access(ctx, &a, MASK_W)?;
     Ok(a)
 }
 
