@@ -21,6 +21,7 @@ mod common;
 use std::fs;
 use std::io::{BufRead as _, BufReader};
 use std::os::fd::{AsRawFd as _, RawFd};
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
@@ -423,7 +424,8 @@ fn three_launchers(
         "--log-level debug logs at debug"
     );
 
-    // The options sluice maps: --cache=always, --readonly, --tag.
+    // The options sluice maps: --cache=always, --readonly, --tag,
+    // --socket-group, --rlimit-nofile.
     let socket = work.join("mapped.sock");
     let mut daemon = Daemon::start(
         &strings(&[
@@ -433,11 +435,22 @@ fn three_launchers(
             "--readonly",
             "--tag=vm-data",
             "--seccomp=kill",
+            "--socket-group=root",
+            "--rlimit-nofile=4321",
         ]),
         None,
         env,
     );
     daemon.wait_ready();
+    let mode = fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "--socket-group: the socket is the group's too");
+    let limits = fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).unwrap();
+    assert!(
+        limits
+            .lines()
+            .any(|l| l.starts_with("Max open files") && l.split_whitespace().nth(3) == Some("4321")),
+        "--rlimit-nofile=4321: {limits}"
+    );
     let mut guest = Guest::connect(&socket, &daemon);
     let seen = guest.read(&paths[..1]);
     assert_eq!(

@@ -242,23 +242,18 @@ fn in_sluice_mount(
         mount.mountpoint.display(),
         redact_url(&meta_url)
     );
-    // A sluice mount shows the volume's own inode numbers.
-    let want = if names.is_empty() {
-        ROOT_INO
-    } else {
-        stat.ino()
-    };
-    resolve(
+    // A sluice mount shows the volume's own inode numbers, its root as 1.
+    MountedDir {
         dir,
         meta_url,
         serve_args,
-        ROOT_INO,
-        &[],
+        mount_root: Vec::new(),
+        shown_ino: (!names.is_empty()).then(|| stat.ino()),
         names,
-        want,
-        None,
+        uuid: None,
         found,
-    )
+    }
+    .resolve()
 }
 
 /// What a JuiceFS mount's `.config` says.
@@ -346,22 +341,17 @@ fn in_juicefs_mount(
     let names = names_below(mp, dir);
     // JuiceFS shows the mounted directory as inode 1 and every other node
     // by its own number.
-    let want = if names.is_empty() {
-        None
-    } else {
-        Some(stat.ino())
-    };
-    resolve(
+    MountedDir {
         dir,
         meta_url,
         serve_args,
-        ROOT_INO,
-        &subdir,
+        mount_root: subdir,
+        shown_ino: (!names.is_empty()).then(|| stat.ino()),
         names,
-        want.unwrap_or(0),
-        Some(&config.uuid),
+        uuid: Some(config.uuid),
         found,
-    )
+    }
+    .resolve()
 }
 
 /// The `juicefs mount` process `pid`'s metadata URL, if its command line
@@ -445,84 +435,95 @@ fn meta_url_from_command_line(
     Ok((*url).clone())
 }
 
-/// Opens the volume at `meta_url`, finds the directory by its names below
-/// the mount's root (`mount_root` names from the volume's root), checks it
-/// is the node the mount shows (`want`; 0: the mount's root), and owns up
-/// what to serve.
-#[allow(clippy::too_many_arguments)]
-fn resolve(
-    dir: &Path,
+/// A directory of a mounted volume, before it is found in the volume.
+#[derive(Debug)]
+struct MountedDir<'a> {
+    /// The directory on the host.
+    dir: &'a Path,
+    /// The volume's metadata URL, password included.
     meta_url: String,
+    /// Further `sluice serve` flags from a settings file.
     serve_args: Vec<String>,
-    root: Ino,
-    mount_root: &[Vec<u8>],
+    /// The names of the mount's root from the volume's root (JuiceFS's
+    /// `--subdir`).
+    mount_root: Vec<Vec<u8>>,
+    /// The names of the directory below the mount's root.
     names: Vec<Vec<u8>>,
-    want: Ino,
-    uuid: Option<&str>,
+    /// The inode the mount shows for it; `None` for the mount's root.
+    shown_ino: Option<Ino>,
+    /// The mounted volume's UUID, where the mount says it.
+    uuid: Option<String>,
+    /// Where it came from, for the log.
     found: String,
-) -> anyhow::Result<Source> {
-    let shown = redact_url(&meta_url);
-    let meta =
-        open_meta(&meta_url).with_context(|| format!("cannot open the volume at {shown}"))?;
-    let format = meta
-        .load()
-        .with_context(|| format!("cannot read the volume at {shown}"))?;
-    if let Some(uuid) = uuid
-        && !uuid.is_empty()
-        && format.uuid != uuid
-    {
-        bail!(
-            "the volume at {shown} is {} ({}), not the mounted one ({uuid}): its settings \
-             name another volume",
-            format.name,
-            format.uuid
-        );
-    }
-    let walk = |from: Ino, names: &[Vec<u8>]| -> anyhow::Result<Ino> {
-        let ctx = Context::internal();
-        let mut ino = from;
-        for name in names {
-            let (child, attr) = meta.lookup(&ctx, ino, name).with_context(|| {
-                format!(
-                    "the volume at {shown} has no {:?} where the mount shows {}",
-                    String::from_utf8_lossy(name),
-                    dir.display()
-                )
-            })?;
-            if attr.typ != FileType::Directory {
-                bail!(
-                    "{:?} is not a directory in the volume at {shown}",
-                    String::from_utf8_lossy(name)
-                );
-            }
-            ino = child;
+}
+
+impl MountedDir<'_> {
+    /// Opens the volume, finds the directory by its names and checks it is
+    /// the node the mount shows.
+    fn resolve(self) -> anyhow::Result<Source> {
+        let shown = redact_url(&self.meta_url);
+        let meta = open_meta(&self.meta_url)
+            .with_context(|| format!("cannot open the volume at {shown}"))?;
+        let format = meta
+            .load()
+            .with_context(|| format!("cannot read the volume at {shown}"))?;
+        if let Some(uuid) = self.uuid.as_deref().filter(|u| !u.is_empty())
+            && format.uuid != uuid
+        {
+            bail!(
+                "the volume at {shown} is {} ({}), not the mounted one ({uuid}): its settings \
+                 name another volume",
+                format.name,
+                format.uuid
+            );
         }
-        Ok(ino)
-    };
-    let top = walk(root, mount_root)?;
-    let ino = walk(top, &names)?;
-    let want = if want == 0 { top } else { want };
-    if ino != want {
-        bail!(
-            "the volume at {shown} does not hold {} (its path there is inode {ino}, the mount \
-             shows inode {want}): the metadata URL names another volume",
-            dir.display()
-        );
+        let dir = self.dir;
+        let walk = |from: Ino, names: &[Vec<u8>]| -> anyhow::Result<Ino> {
+            let ctx = Context::internal();
+            let mut ino = from;
+            for name in names {
+                let (child, attr) = meta.lookup(&ctx, ino, name).with_context(|| {
+                    format!(
+                        "the volume at {shown} has no {:?} where the mount shows {}",
+                        String::from_utf8_lossy(name),
+                        dir.display()
+                    )
+                })?;
+                if attr.typ != FileType::Directory {
+                    bail!(
+                        "{:?} is not a directory in the volume at {shown}",
+                        String::from_utf8_lossy(name)
+                    );
+                }
+                ino = child;
+            }
+            Ok(ino)
+        };
+        let top = walk(ROOT_INO, &self.mount_root)?;
+        let ino = walk(top, &self.names)?;
+        let want = self.shown_ino.unwrap_or(top);
+        if ino != want {
+            bail!(
+                "the volume at {shown} does not hold {} (its path there is inode {ino}, the \
+                 mount shows inode {want}): the metadata URL names another volume",
+                dir.display()
+            );
+        }
+        let files_owner = local_files_owner(&self.meta_url, &format.storage, &format.bucket);
+        let mut names = self.mount_root;
+        names.extend(self.names);
+        Ok(Source {
+            meta_url: self.meta_url,
+            serve_args: self.serve_args,
+            shared_dir: Some(SharedDir {
+                ino,
+                host_path: dir.to_path_buf(),
+                names,
+            }),
+            files_owner,
+            found: self.found,
+        })
     }
-    let files_owner = local_files_owner(&meta_url, &format.storage, &format.bucket);
-    let mut all_names = mount_root.to_vec();
-    all_names.extend(names);
-    Ok(Source {
-        meta_url,
-        serve_args,
-        shared_dir: Some(SharedDir {
-            ino,
-            host_path: dir.to_path_buf(),
-            names: all_names,
-        }),
-        files_owner,
-        found,
-    })
 }
 
 /// The owner of the volume's SQLite database, else of its `file://`
