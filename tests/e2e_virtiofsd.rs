@@ -92,6 +92,8 @@ fn fill(dir: &Path, files: &[(&'static str, Vec<u8>)]) -> Vec<(&'static str, Str
 struct Daemon {
     child: Child,
     stderr: Arc<Mutex<String>>,
+    /// Reads stderr until the daemon closes it.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -126,14 +128,18 @@ impl Daemon {
         let stderr = Arc::new(Mutex::new(String::new()));
         let pipe = child.stderr.take().expect("piped stderr");
         let sink = stderr.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 let mut s = sink.lock().unwrap();
                 s.push_str(&line);
                 s.push('\n');
             }
         });
-        Daemon { child, stderr }
+        Daemon {
+            child,
+            stderr,
+            reader: Some(reader),
+        }
     }
 
     fn stderr(&self) -> String {
@@ -164,8 +170,10 @@ impl Daemon {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader thread take the last lines.
-                std::thread::sleep(Duration::from_millis(50));
+                // The daemon's end closed its stderr: the reader has every line.
+                if let Some(reader) = self.reader.take() {
+                    let _ = reader.join();
+                }
                 return status;
             }
             assert!(
@@ -494,13 +502,25 @@ fn kata_and_cloud_hypervisor_lines_serve_a_sluice_mount() {
     );
     let shared = mnt.join("guests/vm1");
     let expected = fill(&shared, &tree(common::seed("e2e_virtiofsd sluice")));
-    three_launchers(
+    // A settings file whose URL is the mount's: its SLUICE_ARGS apply.
+    let volumes = vol.dir.path().join("volumes");
+    fs::create_dir(&volumes).unwrap();
+    fs::write(
+        volumes.join("dropin.env"),
+        format!("META_URL={}\nSLUICE_ARGS=--no-metrics\n", vol.meta_url),
+    )
+    .unwrap();
+    let kata_go = three_launchers(
         &shared,
         &expected,
         &vol.dir.path().join("meta.db"),
         &mnt,
-        &[],
+        &[("SLUICE_VOLUMES_DIR", volumes.as_path())],
         vol.dir.path(),
+    );
+    assert!(
+        kata_go.contains("dropin.env") && !kata_go.contains("metrics on http"),
+        "the settings file's URL and flags were used: {kata_go}"
     );
     host.unmount();
 }
