@@ -34,7 +34,9 @@ pub struct ServeArgs {
     /// The tag the guest mounts (`mount -t virtiofs TAG /data`), at most 36 bytes.
     #[arg(long, default_value = "sluice")]
     pub tag: String,
-    /// Request queues offered to the guest (QEMU's num-request-queues must match).
+    /// Request queues offered to the guest: QEMU's num-request-queues (Cloud
+    /// Hypervisor's num_queues) may be at most this; a queue the VMM never
+    /// starts costs an idle thread.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
     /// The NUMA node that holds the guest's memory, for the placement plan.
