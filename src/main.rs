@@ -109,10 +109,11 @@ fn raise_open_file_limit() {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     raise_open_file_limit();
-    // libvirt starts its virtio-fs backend (`<binary path='/usr/bin/sluice'/>`)
-    // with virtiofsd's command line: `--fd=N -o source=...`.
+    // libvirt, Kata Containers and Cloud Hypervisor users start their
+    // virtio-fs backend with virtiofsd's command line (`--fd=N -o
+    // source=...`, `--socket-path P --shared-dir DIR ...`); that mode sets
+    // up logging as virtiofsd's options say (`--log-level`, `--syslog`).
     // (Lossy: a command line that is not UTF-8 goes on to clap, which says so.)
     let argv: Vec<String> = std::env::args_os()
         .skip(1)
@@ -121,6 +122,7 @@ fn main() -> ExitCode {
     let result = if cmd::libvirt::is_virtiofsd_command_line(&argv) {
         cmd::libvirt::run(&argv)
     } else {
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
         run(Cli::parse())
     };
     match result {

@@ -1,11 +1,15 @@
 //! libvirt starts sluice as it starts virtiofsd: a real `libvirtd`
 //! (Debian's `libvirt-daemon-system`) defines and starts a TCG domain whose
-//! `<filesystem>` names the built `sluice` as its `<binary>`; libvirt runs
-//! `sluice --fd=N -o source=DIR`, sluice reads `DIR/sluice.env` and serves
-//! the volume; the guest (Debian's 6.12 cloud kernel, `vm-images/build.sh`)
-//! mounts the tag, reads a file the host wrote through a `sluice mount` and
-//! writes one back; after `virsh destroy` the sluice libvirt started is
-//! gone (QEMU's disconnect ends it, `--once`, as does libvirt's SIGTERM).
+//! `<filesystem>` names the built `sluice` as its `<binary>` and a
+//! directory of a `sluice mount` as its `<source dir>`; libvirt runs
+//! `sluice --fd=N -o source=DIR`, and sluice serves that directory from the
+//! volume itself (its metadata database open in the daemon, no FUSE hop).
+//! With `SLUICE_JUICEFS_BIN`, a second `<filesystem>` names a directory of
+//! a `juicefs mount` the same way. The guest (Debian's 6.12 cloud kernel,
+//! `vm-images/build.sh`) mounts the tags, reads the files the host wrote
+//! through the mounts (SHA-256 checked) and writes one back to each; after
+//! `virsh destroy` the sluices libvirt started are gone (QEMU's disconnect
+//! ends them, as it ends virtiofsd, and so does libvirt's SIGTERM).
 //!
 //! The libvirtd: the system one when it answers on its socket; otherwise a
 //! private root `libvirtd` with its own configuration and client socket
@@ -232,7 +236,7 @@ const DOMAIN_XML: &str = "\
       <source dir='@SOURCE@'/>
       <target dir='data'/>
     </filesystem>
-    <serial type='file'>
+@JUICEFS@    <serial type='file'>
       <source path='@CONSOLE@'/>
       <target port='0'/>
     </serial>
@@ -241,13 +245,128 @@ const DOMAIN_XML: &str = "\
 </domain>
 ";
 
+/// The second `<filesystem>`: a directory of a JuiceFS mount.
+const JUICEFS_FS_XML: &str = "\
+    <filesystem type='mount' accessmode='passthrough'>
+      <driver type='virtiofs' queue='1024'/>
+      <binary path='@SLUICE@'/>
+      <source dir='@JFS_SOURCE@'/>
+      <target dir='jfs'/>
+    </filesystem>
+";
+
 const GUEST_SCRIPT: &str = r#"set -e
 echo "E2E read $(sha256sum from-host.bin | cut -d' ' -f1)"
 head -c 1000001 /dev/urandom >from-guest.bin
 echo "E2E wrote $(sha256sum from-guest.bin | cut -d' ' -f1)"
 sync
-echo "E2E done"
 "#;
+
+/// What the guest does with the JuiceFS tag, when there is one.
+const GUEST_JUICEFS_SCRIPT: &str = r#"mkdir -p /mnt/jfs
+mount -t virtiofs jfs /mnt/jfs
+echo "E2E jfsread $(sha256sum /mnt/jfs/from-host.bin | cut -d' ' -f1)"
+head -c 500001 /dev/urandom >/mnt/jfs/from-guest.bin
+echo "E2E jfswrote $(sha256sum /mnt/jfs/from-guest.bin | cut -d' ' -f1)"
+sync
+"#;
+
+/// A foreground `juicefs mount` (of a volume it formats), unmounted, or
+/// killed, on drop.
+struct JuicefsMount {
+    bin: PathBuf,
+    path: PathBuf,
+    child: Option<Child>,
+    database: PathBuf,
+}
+
+impl JuicefsMount {
+    /// Formats a SQLite + local-directory volume in `dir` and mounts it on
+    /// `dir/jfs`.
+    fn start(bin: &Path, dir: &Path) -> JuicefsMount {
+        let database = dir.join("jfs.db");
+        let meta_url = format!("sqlite3://{}", database.display());
+        let out = Command::new(bin)
+            .args([
+                "format",
+                &meta_url,
+                "libvirtjfs",
+                "--storage",
+                "file",
+                "--bucket",
+            ])
+            .arg(format!("{}/", dir.join("bucket").display()))
+            .output()
+            .expect("juicefs runs");
+        assert!(
+            out.status.success(),
+            "juicefs format: {}",
+            common::text(&out)
+        );
+        let path = dir.join("jfs");
+        fs::create_dir_all(&path).unwrap();
+        let child = Command::new(bin)
+            .args(["mount", &meta_url])
+            .arg(&path)
+            .arg("--cache-dir")
+            .arg(dir.join("cache"))
+            .args([
+                "--no-usage-report",
+                "--no-bgjob",
+                "--attr-cache=0",
+                "--entry-cache=0",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("juicefs mount starts");
+        let mut m = JuicefsMount {
+            bin: bin.to_owned(),
+            path,
+            child: Some(child),
+            database,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while common::mount_type(&m.path).as_deref() != Some("fuse.juicefs") {
+            if let Some(s) = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("juicefs mount exited ({s}) before mounting");
+            }
+            assert!(Instant::now() < deadline, "juicefs did not mount in 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+}
+
+impl Drop for JuicefsMount {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new(&self.bin)
+                .arg("umount")
+                .arg(&self.path)
+                .output();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            common::lazy_unmount(&self.path);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Whether process `pid` holds `file` open.
+fn holds_open(pid: u32, file: &Path) -> bool {
+    let file = fs::canonicalize(file).unwrap();
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .any(|e| fs::read_link(e.path()).is_ok_and(|l| l == file))
+        })
+        .unwrap_or(false)
+}
 
 /// Live processes (not zombies) whose command line has `needle` as one argument.
 fn processes_with_arg(needle: &str) -> Vec<u32> {
@@ -304,21 +423,33 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         state ^= state << 17;
         chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
     }
-    fs::write(host_mnt.join("from-host.bin"), &input).unwrap();
-    fs::write(host_mnt.join("guest.sh"), GUEST_SCRIPT).unwrap();
-    let input_sha = hex(&sha256_file(&host_mnt.join("from-host.bin")));
-
-    // libvirt's <source dir=…>: the folder holding sluice.env.
-    let source = vol.dir.path().join("vm1");
-    fs::create_dir(&source).unwrap();
-    fs::write(
-        source.join("sluice.env"),
-        format!(
-            "META_URL={}\nSLUICE_ARGS=--tag data --queues 1\n",
-            vol.meta_url
-        ),
-    )
-    .unwrap();
+    // libvirt's <source dir=…>: a directory of the sluice mount.
+    let source = host_mnt.join("guests/vm1");
+    fs::create_dir_all(&source).unwrap();
+    fs::write(source.join("from-host.bin"), &input).unwrap();
+    let input_sha = hex(&sha256_file(&source.join("from-host.bin")));
+    // And, with JuiceFS, one of a juicefs mount.
+    let jfs_dir = tempfile::tempdir().unwrap();
+    let jfs = match std::env::var_os("SLUICE_JUICEFS_BIN") {
+        Some(bin) => Some(JuicefsMount::start(Path::new(&bin), jfs_dir.path())),
+        None => {
+            eprintln!("no JuiceFS filesystem: SLUICE_JUICEFS_BIN is not set");
+            None
+        }
+    };
+    let jfs_source = jfs.as_ref().map(|j| j.path.join("guests/vm1"));
+    let mut jfs_input_sha = None;
+    if let Some(dir) = &jfs_source {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("from-host.bin"), &input[..300_007]).unwrap();
+        jfs_input_sha = Some(hex(&sha256_file(&dir.join("from-host.bin"))));
+    }
+    let script = if jfs.is_some() {
+        format!("{GUEST_SCRIPT}{GUEST_JUICEFS_SCRIPT}echo \"E2E done\"\n")
+    } else {
+        format!("{GUEST_SCRIPT}echo \"E2E done\"\n")
+    };
+    fs::write(source.join("guest.sh"), script).unwrap();
 
     // QEMU runs as libvirt's qemu user: the kernel, the initramfs and the
     // console file live in a folder it may enter.
@@ -344,6 +475,13 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         .replace("@NAME@", &name)
         .replace("@KERNEL@", &kernel.display().to_string())
         .replace("@INITRD@", &initrd.display().to_string())
+        .replace(
+            "@JUICEFS@",
+            &jfs_source
+                .as_ref()
+                .map(|d| JUICEFS_FS_XML.replace("@JFS_SOURCE@", &d.display().to_string()))
+                .unwrap_or_default(),
+        )
         .replace("@SLUICE@", SLUICE)
         .replace("@SOURCE@", &source.display().to_string())
         .replace("@CONSOLE@", &console_log.display().to_string());
@@ -383,6 +521,14 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         fs::canonicalize(SLUICE).unwrap(),
         "the backend's program"
     );
+    let jfs_arg = jfs_source
+        .as_ref()
+        .map(|d| format!("source={}", d.display()));
+    let jfs_backend = jfs_arg.as_ref().map(|arg| {
+        let found = processes_with_arg(arg);
+        assert_eq!(found.len(), 1, "one JuiceFS backend: {found:?}\n{}", logs());
+        found[0]
+    });
 
     // The guest holds after its script (sluice.hold=1), so the VM is up
     // until libvirt destroys it.
@@ -407,9 +553,10 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         test_start.elapsed()
     );
     let console = fs::read_to_string(&console_log).unwrap_or_default();
+    // QEMU set up one request queue (its default) of the 16 sluice offers.
     assert!(
-        console.contains("SLUICE-GUEST-VIRTIOFS device=virtio0 tag=data"),
-        "the guest saw no virtio-fs tag 'data': {}",
+        console.contains("tag=data request_queues=1"),
+        "the guest saw no virtio-fs tag 'data' with one request queue: {}",
         logs()
     );
     assert!(
@@ -427,6 +574,26 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
         "sluice left while the domain runs: {}",
         logs()
     );
+    // Each backend serves from the volume itself: it holds the metadata
+    // database open.
+    assert!(
+        holds_open(backend, &vol.dir.path().join("meta.db")),
+        "the backend does not hold the volume's database: {}",
+        logs()
+    );
+    if let (Some(jfs), Some(pid)) = (&jfs, jfs_backend) {
+        assert!(
+            holds_open(pid, &jfs.database),
+            "the JuiceFS backend does not hold the volume's database: {}",
+            logs()
+        );
+        assert_eq!(
+            guest_value(&console, "jfsread"),
+            jfs_input_sha,
+            "the JuiceFS directory's from-host.bin SHA-256 in the guest: {}",
+            logs()
+        );
+    }
 
     // libvirt stops what it started.
     libvirt.virsh_ok(&["destroy", &name]);
@@ -442,23 +609,33 @@ fn libvirt_starts_and_stops_sluice_as_the_virtiofs_backend() {
     assert_eq!(libvirt.virsh_ok(&["domstate", &name]).trim(), "shut off");
     let backend_text = fs::read_to_string(&backend_log).unwrap_or_default();
     assert!(
-        backend_text.contains("started as a virtio-fs backend"),
-        "sluice's log (libvirt's virtiofsd log) lacks its start line: {}",
+        backend_text.contains("started as a virtio-fs backend")
+            && backend_text.contains("Waiting for vhost-user socket connection"),
+        "sluice's log (libvirt's virtiofsd log) lacks its start or readiness line: {}",
         logs()
     );
 
-    // What the guest wrote, as the host sees it.
+    // What the guest wrote, as the host sees it through the mounts.
     let wrote = guest_value(&console, "wrote").expect("the guest's E2E wrote line");
     assert_eq!(
-        hex(&sha256_file(&host_mnt.join("from-guest.bin"))),
+        hex(&sha256_file(&source.join("from-guest.bin"))),
         wrote,
         "from-guest.bin's SHA-256 on the host"
     );
     assert_eq!(
-        fs::metadata(host_mnt.join("from-guest.bin")).unwrap().len(),
+        fs::metadata(source.join("from-guest.bin")).unwrap().len(),
         1_000_001
     );
+    if let Some(dir) = &jfs_source {
+        let wrote = guest_value(&console, "jfswrote").expect("the guest's E2E jfswrote line");
+        assert_eq!(
+            hex(&sha256_file(&dir.join("from-guest.bin"))),
+            wrote,
+            "the JuiceFS directory's from-guest.bin SHA-256 through juicefs mount"
+        );
+    }
     drop(domain);
+    drop(jfs);
     host.unmount();
     eprintln!("checked at +{:?}", test_start.elapsed());
 }
@@ -471,6 +648,17 @@ fn capabilities_and_descriptor() {
     assert!(out.status.success(), "{}", common::text(&out));
     let caps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(caps["type"], "fs");
+    // libvirt's vhost-user parser (qemu_vhost_user.c) reads "features" as
+    // an array of strings and acts on "separate-options" (then it passes
+    // `--shared-dir DIR --cache …`, which sluice takes) and
+    // "migrate-precopy" (which sluice cannot do, so does not list).
+    let features: Vec<&str> = caps["features"]
+        .as_array()
+        .expect("a features array")
+        .iter()
+        .map(|f| f.as_str().expect("features are strings"))
+        .collect();
+    assert_eq!(features, ["separate-options"]);
 
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("vhost-user");
@@ -539,10 +727,10 @@ fn capabilities_and_descriptor() {
     );
 
     // A virtiofsd option sluice does not know stops the start, by name.
-    let out = common::sluice(&["--fd=3", "-o", "source=/nonexistent,killpriv_v2"]);
+    let out = common::sluice(&["--fd=3", "-o", "source=/nonexistent,frobnicate"]);
     assert!(!out.status.success());
     assert!(
-        common::text(&out).contains("killpriv_v2"),
+        common::text(&out).contains("-o frobnicate"),
         "{}",
         common::text(&out)
     );

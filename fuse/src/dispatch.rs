@@ -28,7 +28,7 @@ use crate::log_limit::{LogLimit, suppressed_note};
 use crate::metrics::{Observed, OpMetrics};
 use crate::reply::{self, DirentPacker, ReplyHead, Timeouts};
 use crate::request::{BadRequest, Limits, Operation, Request, WriteData, opcode_name};
-use sluice_api::filesystem::Filesystem;
+use sluice_api::filesystem::{Filesystem, OpenOut};
 use sluice_api::source::{Limited, WriteSource};
 
 /// Where replies go. The transport implements it: `writev` on `/dev/fuse`,
@@ -84,6 +84,46 @@ pub struct Config {
     pub max_background: u16,
     /// Background requests at which the kernel starts throttling.
     pub congestion_threshold: u16,
+    /// Whether the client keeps file data in its page cache across opens
+    /// (OPEN and CREATE replies' `FOPEN_*` flags).
+    pub data_cache: DataCache,
+}
+
+/// What OPEN and CREATE replies tell the client about its page cache for
+/// the file: virtiofsd's `--cache` policies, the data half of them (the
+/// metadata half is [`Config::timeouts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DataCache {
+    /// As the file system says for each open (the engine's `Vfs` asks for
+    /// neither flag: the client drops a file's cached pages when it opens
+    /// it again, and sooner when another client changed it, by
+    /// `AUTO_INVAL_DATA`).
+    #[default]
+    Auto,
+    /// `FOPEN_DIRECT_IO` on every open: reads and writes go to the file
+    /// system, the client caches no file data.
+    Never,
+    /// `FOPEN_KEEP_CACHE` on every open: the client keeps its cached
+    /// pages across opens.
+    Always,
+}
+
+impl DataCache {
+    /// `open` with this policy applied.
+    fn apply(self, mut open: OpenOut) -> OpenOut {
+        match self {
+            DataCache::Auto => {}
+            DataCache::Never => {
+                open.direct_io = true;
+                open.keep_cache = false;
+            }
+            DataCache::Always => {
+                open.keep_cache = true;
+                open.direct_io = false;
+            }
+        }
+        open
+    }
 }
 
 impl Default for Config {
@@ -94,6 +134,7 @@ impl Default for Config {
             max_pages: 256,
             max_background: 128,
             congestion_threshold: 96,
+            data_cache: DataCache::Auto,
         }
     }
 }
@@ -608,7 +649,8 @@ impl<F: Filesystem> Dispatcher<F> {
                 ReplyHead::entry(u, &reply::entry_out(&fs.link(&ctx, old, ino, new_name)?, t))
             }
             Operation::Open { flags } => {
-                ReplyHead::open(u, &reply::open_out(&fs.open(&ctx, ino, flags)?))
+                let open = self.config.data_cache.apply(fs.open(&ctx, ino, flags)?);
+                ReplyHead::open(u, &reply::open_out(&open))
             }
             Operation::Create {
                 name,
@@ -617,6 +659,7 @@ impl<F: Filesystem> Dispatcher<F> {
                 flags,
             } => {
                 let (entry, open) = fs.create(&ctx, ino, name, mode, umask, flags)?;
+                let open = self.config.data_cache.apply(open);
                 ReplyHead::create(u, &reply::entry_out(&entry, t), &reply::open_out(&open))
             }
             Operation::Read { fh, offset, size } => {
@@ -1128,6 +1171,35 @@ mod tests {
             .unwrap();
         assert_eq!(header(&out.0[0]).error, 0);
         d
+    }
+
+    /// virtiofsd's `--cache` data policies on an OPEN reply: `never`
+    /// bypasses the client's page cache, `always` keeps it across opens,
+    /// `auto` passes on what the file system said.
+    #[test]
+    fn data_cache_sets_the_open_flags() {
+        let from_fs = |keep_cache, direct_io| OpenOut {
+            fh: 7,
+            attr: crate::reply::tests::attr(sluice_api::meta::FileType::File, 1),
+            keep_cache,
+            direct_io,
+        };
+        let flags =
+            |policy: DataCache, open: OpenOut| reply::open_out(&policy.apply(open)).open_flags;
+        assert_eq!(flags(DataCache::Auto, from_fs(false, false)), 0);
+        assert_eq!(
+            flags(DataCache::Auto, from_fs(true, false)),
+            abi::fopen::KEEP_CACHE
+        );
+        assert_eq!(
+            flags(DataCache::Never, from_fs(true, false)),
+            abi::fopen::DIRECT_IO
+        );
+        assert_eq!(
+            flags(DataCache::Always, from_fs(false, true)),
+            abi::fopen::KEEP_CACHE
+        );
+        assert_eq!(Config::default().data_cache, DataCache::Auto);
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub mod session;
 pub mod waiters;
 
 pub use dev::{DevError, Mount, MountOptions, unmount};
-pub use dispatch::{Config, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};
+pub use dispatch::{Config, DataCache, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};
 pub use export::Export;
 pub use metrics::{OpMetrics, OpSnapshot};
 pub use reply::{ReplyHead, Timeouts};

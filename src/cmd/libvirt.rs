@@ -1,32 +1,60 @@
-//! libvirt starts sluice as it starts virtiofsd: `<binary path='/usr/bin/sluice'/>`
-//! in a `<filesystem>` with `<driver type='virtiofs'/>`.
+//! sluice as a drop-in for virtiofsd: libvirt, Kata Containers and Cloud
+//! Hypervisor users start it with virtiofsd's command line, and it serves
+//! the shared directory from the volume itself.
 //!
-//! libvirt runs the binary with virtiofsd's command line, which no `sluice`
-//! subcommand takes, so `main` hands any command line that starts with one
-//! of virtiofsd's options ([`is_virtiofsd_command_line`]) to [`run`].
-//! libvirt 9.0 (Debian 12) passes `--fd=N` (a listening socket it created
-//! and labelled for QEMU), `-o source=DIR[,cache=…][,sandbox=…][,xattr|
-//! no_xattr][,flock|no_flock][,posix_lock|no_posix_lock]`,
-//! `--thread-pool-size=N` and `-d`; management tools probe a backend with
-//! `--print-capabilities`. sluice takes the volume from the `<source
-//! dir=…>` path: a directory holding [`CONFIG_FILE`], or such a file itself
-//! (`META_URL=`, `SLUICE_ARGS=`, the format of
-//! `packaging/systemd/example.env`), and serves it on the inherited socket
-//! until the VM leaves (`--once`). Options that tune only virtiofsd's own
-//! passthrough are accepted and logged as ignored; any other option is an
-//! error, never a silent guess.
+//! `main` hands any command line whose first argument is an option (other
+//! than `--help`/`--version`) to [`run`]: no `sluice` subcommand starts with
+//! one. The launchers' lines, as they pass them:
+//!
+//! - libvirt: `--fd=N` (a listening socket it created and labelled for
+//!   QEMU), `-o source=DIR,cache=…,sandbox=…,xattr,…` or, once it reads
+//!   "separate-options" from `--print-capabilities`, `--shared-dir DIR
+//!   --cache … --sandbox … --xattr`; `--thread-pool-size`,
+//!   `--rlimit-nofile`, `-d`/`--log-level debug`;
+//! - Kata's Go runtime: `--syslog --cache=auto --shared-dir=DIR --fd=3
+//!   --thread-pool-size=1 --announce-submounts` (it creates the socket, and
+//!   stops the daemon with SIGKILL);
+//! - Kata's runtime-rs: `--socket-path P --shared-dir DIR --cache auto
+//!   --thread-pool-size=1 -o announce_submounts [--xattr]`; it starts the VM
+//!   once stderr shows [`super::serve::READY_LINE`];
+//! - Cloud Hypervisor's documentation: `--socket-path=P --shared-dir=DIR
+//!   --cache=never --thread-pool-size=N`.
+//!
+//! [`options`] reads the line: `--readonly`, `--seccomp`, `--tag`,
+//! `--socket-group`, `--cache`, `--log-level`, `--syslog` and
+//! `--rlimit-nofile` map onto sluice's settings; options that tune only
+//! virtiofsd's passthrough are accepted with one log line each; id maps,
+//! xattr maps and migration are refused with the reason. [`shared_dir`]
+//! finds the volume and the directory: a directory of a sluice or JuiceFS
+//! mount is served natively (metadata engine and objects opened here, the
+//! directory exported by inode, no FUSE hop); a `sluice.env` settings file
+//! (the earlier form) serves the volume it names. The socket, the options
+//! and the directory are all checked before anything is served: bad input
+//! ends in one error line and a non-zero exit, never a half-started daemon.
+//! The daemon then runs as `sluice serve … --once`: it exits when the VMM
+//! disconnects, as virtiofsd does.
 //!
 //! `sluice install-libvirt` writes the vhost-user backend descriptor (QEMU's
-//! `docs/interop/vhost-user.json`, `"type": "fs"`). `docs/qemu-libvirt.md`,
-//! "libvirt starts sluice", has the domain XML.
+//! `docs/interop/vhost-user.json`, `"type": "fs"`). `docs/qemu-libvirt.md`
+//! has the domain XML, the Kata configuration and the Cloud Hypervisor
+//! command line.
+
+mod options;
+mod shared_dir;
+mod syslog;
 
 use std::os::fd::{BorrowedFd, FromRawFd as _, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser};
+use log::LevelFilter;
 
-/// The file in `<source dir=…>` that names the volume and serve's flags.
+use super::serve::{DropIn, ServeArgs};
+
+/// The file in `<source dir=…>` that names the volume and serve's flags
+/// (the settings-file form) and the format of the files keyed by volume
+/// name in `/etc/sluice/volumes/`.
 pub const CONFIG_FILE: &str = "sluice.env";
 
 /// The descriptor's file name: after the distributions' `50-*` virtiofsd
@@ -39,21 +67,24 @@ pub const DESCRIPTOR_NAME: &str = "90-sluice.json";
 /// Debian package puts it in `/usr/share/qemu/vhost-user/` instead).
 pub const DEFAULT_DESCRIPTOR_DIR: &str = "/etc/qemu/vhost-user";
 
-/// What `--print-capabilities` prints: the backend type and no optional
-/// features (so a newer libvirt keeps passing virtiofsd's `-o` options,
-/// the form parsed here, not its "separate-options" form).
-pub const CAPABILITIES: &str = "{\n  \"type\": \"fs\",\n  \"features\": []\n}\n";
+/// What `--print-capabilities` prints (QEMU's vhost-user.json "Backend
+/// programs conventions"): the backend type and the features sluice has.
+/// "separate-options": it takes virtiofsd 1.x's own options, so libvirt
+/// passes `--shared-dir DIR --cache …` instead of `-o source=DIR,…`. No
+/// "migrate-precopy": sluice cannot hand a device's state to another host.
+pub const CAPABILITIES: &str =
+    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"separate-options\"\n  ]\n}\n";
 
-/// virtiofsd's options that may come first on its command line: a command
-/// line starting with one of these is libvirt's (or a person's) virtiofsd
-/// command line, not a `sluice` subcommand.
-const VIRTIOFSD_FIRST_OPTIONS: [&str; 5] = [
-    "--fd",
-    "--print-capabilities",
-    "--socket-path",
-    "--shared-dir",
-    "-o",
-];
+/// Request queues a drop-in daemon offers unless its settings say
+/// `--queues`: the VMM uses as many as it was told (QEMU's
+/// `num-request-queues`, Cloud Hypervisor's `num_queues`; one by default,
+/// and Kata asks for one), up to this many. A queue the VMM never starts
+/// costs an idle thread.
+pub const DEFAULT_QUEUES: usize = 16;
+
+/// sluice's own top-level options: a command line starting with any other
+/// option is virtiofsd's.
+const SLUICE_TOP_LEVEL_OPTIONS: [&str; 4] = ["-h", "--help", "-V", "--version"];
 
 /// `sluice install-libvirt`: write the vhost-user backend descriptor.
 #[derive(Debug, Args)]
@@ -103,140 +134,13 @@ pub fn install(args: InstallArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether `args` (the program name excluded) is virtiofsd's command line.
+/// Whether `args` (the program name excluded) is virtiofsd's command line:
+/// it starts with an option, and `sluice` itself takes none but `--help`
+/// and `--version` before its subcommand.
 pub fn is_virtiofsd_command_line(args: &[String]) -> bool {
     args.first().is_some_and(|first| {
-        let name = first.split_once('=').map_or(first.as_str(), |(n, _)| n);
-        VIRTIOFSD_FIRST_OPTIONS.contains(&name)
+        first.starts_with('-') && !SLUICE_TOP_LEVEL_OPTIONS.contains(&first.as_str())
     })
-}
-
-/// What libvirt asked for, in sluice's terms.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Invocation {
-    /// `--print-capabilities`: print [`CAPABILITIES`] and exit.
-    pub print_capabilities: bool,
-    /// `--fd=N`: the listening socket libvirt created.
-    pub fd: Option<RawFd>,
-    /// `--socket-path=P` (or `-o vhost_user_socket=P`): create the socket.
-    pub socket_path: Option<PathBuf>,
-    /// `-o source=PATH` or `--shared-dir=PATH`: libvirt's `<source dir=…>`.
-    pub source: Option<PathBuf>,
-    /// virtiofsd options accepted without effect, for the log.
-    pub ignored: Vec<String>,
-}
-
-/// Splits virtiofsd's `-o a,b=c` list; `,,` is an escaped comma (libvirt
-/// doubles commas in the source path).
-fn split_options(list: &str) -> Vec<String> {
-    let mut out = vec![String::new()];
-    let mut chars = list.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == ',' && chars.peek() != Some(&',') {
-            out.push(String::new());
-            continue;
-        }
-        if c == ',' {
-            chars.next();
-        }
-        if let Some(s) = out.last_mut() {
-            s.push(c);
-        }
-    }
-    out.into_iter().filter(|s| !s.is_empty()).collect()
-}
-
-/// virtiofsd's `-o` flags that only tune its own passthrough file system.
-const IGNORED_FLAGS: [&str; 9] = [
-    "xattr",
-    "no_xattr",
-    "flock",
-    "no_flock",
-    "posix_lock",
-    "no_posix_lock",
-    "announce_submounts",
-    "writeback",
-    "no_writeback",
-];
-
-/// virtiofsd's `--name=value` options that only tune its own work.
-const IGNORED_VALUED: [&str; 5] = [
-    "--thread-pool-size",
-    "--cache",
-    "--sandbox",
-    "--log-level",
-    "--rlimit-nofile",
-];
-
-/// virtiofsd's valueless options that only tune its own work.
-const IGNORED_SWITCHES: [&str; 14] = [
-    "-d",
-    "--debug",
-    "-f",
-    "--foreground",
-    "--syslog",
-    "--xattr",
-    "--no-xattr",
-    "--announce-submounts",
-    "--posix-lock",
-    "--no-posix-lock",
-    "--flock",
-    "--no-flock",
-    "--writeback",
-    "--no-writeback",
-];
-
-/// Parses virtiofsd's command line (the program name excluded).
-pub fn parse(args: &[String]) -> anyhow::Result<Invocation> {
-    let mut inv = Invocation::default();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |what: &str| -> anyhow::Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => args
-                    .next()
-                    .cloned()
-                    .with_context(|| format!("{what} needs a value")),
-            }
-        };
-        match name {
-            "--print-capabilities" => inv.print_capabilities = true,
-            "--fd" => {
-                let v = value("--fd")?;
-                inv.fd = Some(
-                    v.parse()
-                        .with_context(|| format!("--fd={v}: not a number"))?,
-                );
-            }
-            "--socket-path" => inv.socket_path = Some(value("--socket-path")?.into()),
-            "--shared-dir" => inv.source = Some(value("--shared-dir")?.into()),
-            "-o" => {
-                for opt in split_options(&value("-o")?) {
-                    match opt.split_once('=') {
-                        Some(("source", dir)) => inv.source = Some(dir.into()),
-                        Some(("vhost_user_socket", p)) => inv.socket_path = Some(p.into()),
-                        Some(("cache" | "sandbox" | "log_level", _)) => inv.ignored.push(opt),
-                        None if IGNORED_FLAGS.contains(&opt.as_str()) => inv.ignored.push(opt),
-                        _ => bail!("virtiofsd option -o {opt} is not supported by sluice"),
-                    }
-                }
-            }
-            _ if IGNORED_VALUED.contains(&name) => {
-                let v = value(name)?;
-                inv.ignored.push(format!("{name}={v}"));
-            }
-            _ if IGNORED_SWITCHES.contains(&name) && inline.is_none() => {
-                inv.ignored.push(name.to_owned())
-            }
-            _ => bail!("virtiofsd option {arg} is not supported by sluice"),
-        }
-    }
-    Ok(inv)
 }
 
 /// The contents of [`CONFIG_FILE`]: the volume and serve's further flags.
@@ -282,22 +186,12 @@ pub fn parse_config(text: &str) -> anyhow::Result<SourceConfig> {
     })
 }
 
-/// The settings file for libvirt's `<source dir=…>` path: the path itself
-/// when it is a file, else [`CONFIG_FILE`] inside it.
-pub fn config_path(source: &Path) -> PathBuf {
-    if source.is_file() {
-        source.to_path_buf()
-    } else {
-        source.join(CONFIG_FILE)
-    }
-}
-
 /// `sluice serve`'s arguments, parsed the way the subcommand parses them.
 #[derive(Debug, Parser)]
 #[command(name = "sluice serve")]
 struct ServeCommand {
     #[command(flatten)]
-    args: super::serve::ServeArgs,
+    args: ServeArgs,
 }
 
 /// Fails unless `fd` is an open descriptor of this process.
@@ -305,6 +199,50 @@ fn check_open(fd: RawFd) -> anyhow::Result<()> {
     // SAFETY: fcntl(F_GETFD) only reads the descriptor table entry.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         bail!("--fd={fd}: no such open file descriptor");
+    }
+    Ok(())
+}
+
+/// An integer socket option of `fd`.
+fn socket_option(fd: RawFd, option: libc::c_int) -> std::io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of the sizes given;
+    // getsockopt only reads the descriptor's socket state.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// Fails unless `fd` is a listening Unix stream socket: what a launcher
+/// that creates the socket (libvirt, Kata's Go runtime) must pass. Checked
+/// before anything else is opened.
+fn check_listening(fd: RawFd) -> anyhow::Result<()> {
+    check_open(fd)?;
+    let fix = "the launcher must pass a listening Unix socket (socket, bind, listen)";
+    match socket_option(fd, libc::SO_DOMAIN) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => {
+            bail!("--fd={fd} is not a socket; {fix}")
+        }
+        Err(e) => return Err(e).with_context(|| format!("--fd={fd}")),
+        Ok(domain) if domain != libc::AF_UNIX => bail!("--fd={fd} is not a Unix socket; {fix}"),
+        Ok(_) => {}
+    }
+    if socket_option(fd, libc::SO_TYPE)? != libc::SOCK_STREAM {
+        bail!("--fd={fd} is not a stream socket; {fix}");
+    }
+    if socket_option(fd, libc::SO_ACCEPTCONN)? == 0 {
+        bail!("--fd={fd} is a socket that is not listening (connected, or never listened); {fix}");
     }
     Ok(())
 }
@@ -317,13 +255,15 @@ fn bound_path(fd: RawFd) -> anyhow::Result<PathBuf> {
     // borrowed: it is only duplicated here.
     let copy = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
     let listener = std::os::unix::net::UnixListener::from(copy);
-    let addr = listener.local_addr().context("--fd: not a Unix socket")?;
+    let addr = listener
+        .local_addr()
+        .with_context(|| format!("--fd={fd}: not a Unix socket"))?;
     addr.as_pathname()
         .map(Path::to_path_buf)
-        .context("--fd: the socket has no path")
+        .with_context(|| format!("--fd={fd}: the socket has no path"))
 }
 
-/// Takes the listening socket libvirt passed down as `--fd=N`.
+/// Takes the listening socket the launcher passed down as `--fd=N`.
 pub fn inherited_socket(fd: RawFd) -> anyhow::Result<OwnedFd> {
     check_open(fd)?;
     // SAFETY: the descriptor is open (checked above) and was handed to this
@@ -335,44 +275,170 @@ pub fn inherited_socket(fd: RawFd) -> anyhow::Result<OwnedFd> {
     Ok(owned)
 }
 
-/// Runs sluice as libvirt's virtio-fs backend: `args` without the program name.
+/// Sets the open-file limit to `n`, soft and hard, as virtiofsd's
+/// `--rlimit-nofile` does (0 leaves it).
+fn set_open_file_limit(n: u64) -> anyhow::Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    // SAFETY: setrlimit reads a valid rlimit struct we own.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("--rlimit-nofile={n}: cannot set the open-file limit"));
+    }
+    Ok(())
+}
+
+/// Sets up logging as virtiofsd does: `--log-level` (default info; a
+/// `RUST_LOG` in the environment wins, as in virtiofsd), to stderr or, with
+/// `--syslog`, to the system log.
+fn init_logging(level: Option<LevelFilter>, syslog: bool) {
+    let level = level.unwrap_or(LevelFilter::Info);
+    if syslog && std::env::var_os("RUST_LOG").is_none() {
+        match syslog::Syslog::connect(level) {
+            Ok(logger) => {
+                if logger.install().is_ok() {
+                    return;
+                }
+            }
+            Err(e) => eprintln!("sluice: cannot log to syslog ({e}); logging to stderr"),
+        }
+    }
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or(level.to_string().to_ascii_lowercase()),
+    )
+    .init();
+}
+
+/// What `-h`/`--help` prints in this mode.
+const USAGE: &str = "\
+sluice as a virtiofsd drop-in: serves a directory of a sluice or JuiceFS
+mount to a VM over vhost-user, from the volume itself.
+
+Usage: sluice --shared-dir DIR (--socket-path PATH | --fd N) [OPTIONS]
+
+Mapped:   --shared-dir, -o source=    the directory (in a sluice or JuiceFS mount)
+          --socket-path, --fd         where the VMM connects (--socket-group G)
+          --readonly, --tag T, --seccomp none|kill|log|trap
+          --cache never|metadata|auto|always (entry/attribute timeouts, page cache)
+          --log-level L, -d, --syslog, --rlimit-nofile N, --print-capabilities
+Ignored:  --thread-pool-size, --sandbox, --xattr, --posix-acl, --announce-submounts,
+          --inode-file-handles, --writeback, --allow-direct-io, --allow-mmap, ... (logged)
+Refused:  --uid-map, --gid-map, --translate-uid/gid, --xattrmap, --migration-*
+
+Settings: /etc/sluice/volumes/NAME.env (META_URL=, SLUICE_ARGS=); see
+docs/qemu-libvirt.md. `sluice --help` lists sluice's own commands.
+";
+
+/// Runs sluice with virtiofsd's command line: `args` without the program name.
 pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let inv = parse(args)?;
+    let inv = options::parse(args)?;
+    if inv.help {
+        print!("{USAGE}");
+        return Ok(());
+    }
+    if inv.version {
+        println!("sluice {} (virtiofsd drop-in)", env!("CARGO_PKG_VERSION"));
+        return Ok(());
+    }
     if inv.print_capabilities {
         print!("{CAPABILITIES}");
         return Ok(());
     }
-    let source = inv
-        .source
-        .as_deref()
-        .context("no -o source=PATH (or --shared-dir): libvirt's <source dir=...>")?;
-    let file = config_path(source);
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
-    let config = parse_config(&text).with_context(|| format!("in {}", file.display()))?;
-    for opt in &inv.ignored {
-        log::info!("virtiofsd option {opt} has no effect on sluice (ignored)");
-    }
-    let mut argv = vec!["sluice serve".to_owned(), config.meta_url];
-    match (inv.fd, &inv.socket_path) {
+    init_logging(inv.log_level, inv.syslog);
+    // Where the VMM connects, checked before anything is opened.
+    let socket = match (inv.fd, &inv.socket_path) {
         (Some(fd), None) => {
-            let path = bound_path(fd)?;
-            argv.extend(["--socket".into(), path.display().to_string()]);
-            argv.extend(["--listen-fd".into(), fd.to_string()]);
+            if inv.socket_group.is_some() {
+                bail!(
+                    "--socket-group gives a socket sluice creates (--socket-path) to a group; \
+                     the socket of --fd is the launcher's"
+                );
+            }
+            check_listening(fd)?;
+            bound_path(fd)?
         }
-        (None, Some(path)) => argv.extend(["--socket".into(), path.display().to_string()]),
+        (None, Some(path)) => path.clone(),
         (Some(_), Some(_)) => bail!("--fd and --socket-path together: give one"),
-        (None, None) => bail!("no --fd=N or --socket-path: where does QEMU connect?"),
+        (None, None) => bail!("no --socket-path=PATH or --fd=N: where does the VMM connect?"),
+    };
+    let shared = inv
+        .shared_dir
+        .as_deref()
+        .context("no --shared-dir=DIR (or -o source=DIR): the directory to share")?;
+    let source = shared_dir::find(shared, &shared_dir::volumes_dir())?;
+    for (opt, why) in &inv.ignored {
+        log::info!("virtiofsd option {opt} has no effect on sluice: {why}");
+    }
+    for note in &inv.notes {
+        log::info!("virtiofsd option {note}");
+    }
+    if let Some(n) = inv.rlimit_nofile {
+        set_open_file_limit(n)?;
+    }
+    let mut argv = vec!["sluice serve".to_owned(), source.meta_url.clone()];
+    argv.extend(["--socket".into(), socket.display().to_string()]);
+    if let Some(fd) = inv.fd {
+        argv.extend(["--listen-fd".into(), fd.to_string()]);
     }
     argv.push("--once".into());
-    argv.extend(config.serve_args);
-    let command = ServeCommand::try_parse_from(&argv)
-        .with_context(|| format!("SLUICE_ARGS in {}", file.display()))?;
+    let given = |flag: &str| {
+        source
+            .serve_args
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    if !given("--queues") {
+        argv.extend(["--queues".into(), DEFAULT_QUEUES.to_string()]);
+    }
+    // A volume mounted on this host: its local files stay its owner's.
+    if let Some(uid) = source.files_owner
+        && !given("--user")
+    {
+        argv.extend(["--user".into(), uid.to_string()]);
+    }
+    argv.extend(source.serve_args.iter().cloned());
+    let mut serve = ServeCommand::try_parse_from(&argv)
+        .context("the volume's SLUICE_ARGS are not `sluice serve` flags")?
+        .args;
+    if source.shared_dir.is_some() && serve.export.is_some() {
+        bail!(
+            "--export in SLUICE_ARGS and --shared-dir {} both name the directory to serve; \
+             drop --export",
+            shared.display()
+        );
+    }
+    serve.read_only |= inv.read_only;
+    if let Some(tag) = &inv.tag {
+        serve.tag = tag.clone();
+    }
+    if let Some(mode) = inv.seccomp {
+        serve.sandbox.seccomp = mode;
+    }
+    if inv.socket_group.is_some() {
+        serve.socket_group = inv.socket_group.clone();
+    }
+    serve.drop_in = DropIn {
+        shared_dir: source.shared_dir,
+        timeouts: Some(inv.timeout()),
+        data_cache: inv.cache.data_cache(),
+        ready_line: true,
+    };
+    // Not the readiness line's words: Kata's runtime-rs starts the VM on
+    // the first stderr line that holds them.
     log::info!(
-        "started as a virtio-fs backend; settings from {}",
-        file.display()
+        "started as a virtio-fs backend (virtiofsd's command line): serving {}, cache {:?} \
+         ({:?} timeouts), for the VMM on {}",
+        source.found,
+        inv.cache,
+        inv.timeout(),
+        socket.display(),
     );
-    super::serve::run(command.args)
+    super::serve::run(serve)
 }
 
 #[cfg(test)]
@@ -383,82 +449,33 @@ mod tests {
         a.iter().map(|s| s.to_string()).collect()
     }
 
-    /// libvirt 9.0's command line for `<filesystem>` with a `<binary>`,
-    /// every `<driver>`/`<binary>` setting given.
     #[test]
-    fn libvirt_command_line_maps_to_fd_and_source() {
-        let line = args(&[
-            "--fd=23",
-            "-o",
-            "source=/srv/vol,,a,cache=always,sandbox=chroot,xattr,no_flock,posix_lock",
-            "--thread-pool-size=16",
-            "-d",
-        ]);
-        assert!(is_virtiofsd_command_line(&line));
-        let inv = parse(&line).unwrap();
-        assert_eq!(inv.fd, Some(23));
-        assert_eq!(inv.source, Some(PathBuf::from("/srv/vol,a")));
-        assert_eq!(
-            inv.ignored,
-            [
-                "cache=always",
-                "sandbox=chroot",
-                "xattr",
-                "no_flock",
-                "posix_lock",
-                "--thread-pool-size=16",
-                "-d"
-            ]
-        );
-    }
-
-    /// The Rust virtiofsd's spelling, which newer libvirt uses for a backend
-    /// that reports "separate-options" (sluice does not, but takes it).
-    #[test]
-    fn separate_options_parse_too() {
-        let inv = parse(&args(&[
-            "--socket-path",
-            "/run/vm.sock",
-            "--shared-dir",
-            "/etc/sluice/vm1",
-            "--cache",
-            "auto",
-            "--xattr",
-            "--announce-submounts",
-        ]))
-        .unwrap();
-        assert_eq!(inv.socket_path, Some(PathBuf::from("/run/vm.sock")));
-        assert_eq!(inv.source, Some(PathBuf::from("/etc/sluice/vm1")));
-        assert_eq!(inv.ignored.len(), 3);
-    }
-
-    #[test]
-    fn unknown_options_are_errors() {
-        assert!(parse(&args(&["--fd=3", "-o", "source=/x,killpriv_v2"])).is_err());
-        assert!(parse(&args(&["--inode-file-handles=mandatory"])).is_err());
-        assert!(parse(&args(&["--fd=x"])).is_err());
-        assert!(parse(&args(&["--xattr=1"])).is_err());
-        assert!(
-            parse(&args(&["--print-capabilities"]))
-                .unwrap()
-                .print_capabilities
-        );
-    }
-
-    #[test]
-    fn subcommands_are_not_virtiofsd_command_lines() {
+    fn option_lines_are_virtiofsd_command_lines() {
         assert!(!is_virtiofsd_command_line(&args(&["serve", "--fd=3"])));
         assert!(!is_virtiofsd_command_line(&args(&["--help"])));
+        assert!(!is_virtiofsd_command_line(&args(&["-V"])));
         assert!(!is_virtiofsd_command_line(&[]));
         assert!(is_virtiofsd_command_line(&args(&["--print-capabilities"])));
         assert!(is_virtiofsd_command_line(&args(&["--socket-path=/x"])));
+        // Kata's Go runtime starts with --syslog.
+        assert!(is_virtiofsd_command_line(&args(&["--syslog", "--fd=3"])));
+        assert!(is_virtiofsd_command_line(&args(&["-o", "source=/x"])));
     }
 
+    /// The capabilities as libvirt reads them (qemu_vhost_user.c): a JSON
+    /// object whose "type" is "fs" and whose "features" are strings, of
+    /// which libvirt acts on "separate-options" and "migrate-precopy".
     #[test]
-    fn capabilities_are_json_of_type_fs() {
+    fn capabilities_are_what_libvirt_reads() {
         let v: serde_json::Value = serde_json::from_str(CAPABILITIES).unwrap();
         assert_eq!(v["type"], "fs");
-        assert_eq!(v["features"], serde_json::json!([]));
+        let features: Vec<&str> = v["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        assert_eq!(features, ["separate-options"]);
     }
 
     /// The packaged descriptor is what `install-libvirt --binary /usr/bin/sluice` writes.
@@ -481,5 +498,29 @@ mod tests {
         assert_eq!(c.serve_args, ["--queues", "2", "--read-only"]);
         assert!(parse_config("SOKET=/x\nMETA_URL=a").is_err());
         assert!(parse_config("SLUICE_ARGS=").is_err());
+    }
+
+    /// An inherited descriptor must be a listening Unix stream socket.
+    #[test]
+    fn only_a_listening_socket_is_taken_as_fd() {
+        use std::os::fd::AsRawFd as _;
+        let dir = tempfile::tempdir().unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(dir.path().join("l")).unwrap();
+        check_listening(listener.as_raw_fd()).unwrap();
+        assert_eq!(
+            bound_path(listener.as_raw_fd()).unwrap(),
+            dir.path().join("l")
+        );
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let e = check_listening(file.as_raw_fd()).unwrap_err().to_string();
+        assert!(e.contains("not a socket"), "{e}");
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let e = check_listening(a.as_raw_fd()).unwrap_err().to_string();
+        assert!(e.contains("not listening"), "{e}");
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let e = check_listening(udp.as_raw_fd()).unwrap_err().to_string();
+        assert!(e.contains("not a Unix socket"), "{e}");
+        let e = check_listening(1 << 20).unwrap_err().to_string();
+        assert!(e.contains("no such open file descriptor"), "{e}");
     }
 }

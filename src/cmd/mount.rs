@@ -356,7 +356,7 @@ fn mount_type(path: &Path) -> anyhow::Result<Option<String>> {
 }
 
 /// Undoes the octal escapes (`\040` for space) of /proc/self/mountinfo.
-fn unescape_mountinfo(s: &str) -> Vec<u8> {
+pub(crate) fn unescape_mountinfo(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

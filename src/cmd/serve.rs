@@ -2,13 +2,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use sluice_engine::meta::{Context, FileType, Ino, Meta, MetaUrl, ROOT_INO};
+use sluice_engine::meta::{Context, FileType, Ino, Meta, MetaUrl, ROOT_INO, TRASH_INO};
 use sluice_engine::object::disk_cache::DiskCacheConfig;
 use sluice_engine::object::writeback::volume_dir;
 use sluice_engine::vfs::{AtimeMode, DEFAULT_UPLOAD_DRAIN, Filesystem as _, Vfs, VfsConfig};
-use sluice_fuse::{Config, Dispatcher, Export, OpMetrics};
+use sluice_engine::volume::Volume;
+use sluice_fuse::{Config, DataCache, Dispatcher, Export, OpMetrics, Timeouts};
 use sluice_numa::memory::PageLocations;
 use sluice_numa::{PlacementOptions, Plan, Topology, VmRequest};
 use sluice_vhost::{DeviceConfig, FuseHandler, GuestIoMode, QueueStats, VirtioFsDevice};
@@ -32,7 +34,9 @@ pub struct ServeArgs {
     /// The tag the guest mounts (`mount -t virtiofs TAG /data`), at most 36 bytes.
     #[arg(long, default_value = "sluice")]
     pub tag: String,
-    /// Request queues offered to the guest (QEMU's num-request-queues must match).
+    /// Request queues offered to the guest: QEMU's num-request-queues (Cloud
+    /// Hypervisor's num_queues) may be at most this; a queue the VMM never
+    /// starts costs an idle thread.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
     /// The NUMA node that holds the guest's memory, for the placement plan.
@@ -118,6 +122,54 @@ pub struct ServeArgs {
     pub sandbox: SandboxArgs,
     #[command(flatten)]
     pub metrics: super::metrics_args::MetricsArgs,
+    /// What the virtiofsd drop-in (src/cmd/libvirt.rs) sets; not on the
+    /// command line.
+    #[arg(skip)]
+    pub drop_in: DropIn,
+}
+
+/// How the virtiofsd drop-in runs `serve`: what virtiofsd's command line
+/// asked for that `serve`'s own flags do not say.
+#[derive(Debug, Clone, Default)]
+pub struct DropIn {
+    /// The directory served as the guest's root (virtiofsd's
+    /// `--shared-dir`), found in the volume; instead of `--export`.
+    pub shared_dir: Option<SharedDir>,
+    /// The entry and attribute timeouts in replies (virtiofsd's
+    /// `--cache`); `None`: one second, as `serve` gives.
+    pub timeouts: Option<Duration>,
+    /// Whether the guest caches file data (virtiofsd's `--cache`).
+    pub data_cache: DataCache,
+    /// Print virtiofsd's readiness line on stderr once the socket accepts
+    /// (Kata's runtime-rs waits for it before it starts the VM).
+    pub ready_line: bool,
+}
+
+/// The readiness line virtiofsd prints (and Kata's runtime-rs waits for).
+pub const READY_LINE: &str = "Waiting for vhost-user socket connection...";
+
+/// A directory of the volume served as the guest's root, by inode: a
+/// rename on the host does not change what the guest sees (as virtiofsd,
+/// which holds the directory open); its removal ends the daemon.
+#[derive(Debug, Clone)]
+pub struct SharedDir {
+    /// Its inode in the volume.
+    pub ino: Ino,
+    /// The host path it was given as (a mount's directory), for messages.
+    pub host_path: PathBuf,
+    /// Its names from the volume's root, to notice a rename.
+    pub names: Vec<Vec<u8>>,
+}
+
+/// Where a served shared directory is now.
+#[derive(Debug, PartialEq, Eq)]
+enum SharedDirState {
+    /// Under its names.
+    InPlace,
+    /// In the volume, under other names.
+    Moved,
+    /// Removed, or in the trash: the guest's root is gone.
+    Gone(String),
 }
 
 /// Ends the current VM's file-system session (set while a VM is connected).
@@ -203,10 +255,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
          (simd {}, guest I/O {})",
         volume.name(),
-        args.export
-            .as_deref()
-            .map(|e| format!(" (directory /{})", e.trim_start_matches('/')))
-            .unwrap_or_default(),
+        match (&args.drop_in.shared_dir, &args.export) {
+            (Some(dir), _) => format!(
+                " (directory {}, inode {})",
+                dir.host_path.display(),
+                dir.ino
+            ),
+            (None, Some(e)) => format!(" (directory /{})", e.trim_start_matches('/')),
+            (None, None) => String::new(),
+        },
         if args.read_only { " read-only" } else { "" },
         args.tag,
         args.queues,
@@ -259,12 +316,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .spawn(move || {
                 let sig = super::mount::wait_for_signal(&signals);
                 log::info!("signal {sig}: ending the VM's session and exiting");
-                if let Some(stop) = current.lock().take() {
-                    stop();
-                }
-                volume.store.drain_uploads(DEFAULT_UPLOAD_DRAIN);
-                log::info!("the VM's writes are committed; exiting");
-                std::process::exit(0);
+                end_session_and_exit(&current, &volume, 0);
             })?;
     }
     if let Some(notifier) = &notifier {
@@ -275,6 +327,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ));
         notifier.start_watchdog(queue_probe(queue_stats.clone()))?;
     }
+    if let Some(dir) = &args.drop_in.shared_dir {
+        watch_shared_dir(dir.clone(), volume.clone(), current.clone())?;
+    }
+    let dispatch_config = Config {
+        timeouts: args
+            .drop_in
+            .timeouts
+            .map(|t| Timeouts { entry: t, attr: t })
+            .unwrap_or_default(),
+        data_cache: args.drop_in.data_cache,
+        ..Config::default()
+    };
+    let mut ready_line = args.drop_in.ready_line;
     loop {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
@@ -294,9 +359,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         })?)?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
-        let root = match &args.export {
-            Some(path) => export_root(&vfs, path)?,
-            None => ROOT_INO,
+        let root = match (&args.drop_in.shared_dir, &args.export) {
+            (Some(dir), _) => dir.ino,
+            (None, Some(path)) => export_root(&vfs, path)?,
+            (None, None) => ROOT_INO,
         };
         *slot.lock() = Some(vfs.reader().clone());
         *view.lock() = Some(crate::metrics::SessionView {
@@ -306,7 +372,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let handler = Arc::new(FuseHandler::new(
             Dispatcher::new(
                 Export::new(vfs, root, args.read_only).with_limits(client_limits),
-                Config::default(),
+                dispatch_config,
             )
             .with_metrics(ops.clone()),
         ));
@@ -319,16 +385,29 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .context("cannot create the virtio-fs device")?;
         let stats = device.stats();
         log::info!("waiting for a VM on {}", args.socket.display());
+        if std::mem::take(&mut ready_line) {
+            eprintln!("{READY_LINE}");
+        }
         let served = device.serve(&mut listener);
+        let mut idle = 0;
         for (queue, q) in stats.iter().enumerate() {
             let (requests, bytes_in, bytes_out, batches) = q.snapshot();
             let (fixed, direct, pread) = q.guest_io_snapshot();
+            // A request queue the VMM never used (it may start fewer than
+            // `--queues`) is counted, not listed.
+            if requests == 0 && queue > 1 {
+                idle += 1;
+                continue;
+            }
             log::info!(
                 "queue {queue}: {requests} requests in {batches} batches, \
                  {bytes_in} bytes in, {bytes_out} bytes out; file READ bytes: \
                  {fixed} io_uring, {direct} io_uring O_DIRECT, {pread} pread \
                  (since the daemon started)"
             );
+        }
+        if idle > 0 {
+            log::info!("{idle} more request queue(s) answered no requests");
         }
         slot.lock().take();
         view.lock().take();
@@ -338,6 +417,111 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if args.once {
             return Ok(());
         }
+    }
+}
+
+/// Ends the connected VM's file-system session (its buffered writes are
+/// committed, as at a guest's DESTROY), waits for the uploads and exits
+/// with `code`.
+fn end_session_and_exit(current: &SessionStop, volume: &Volume, code: i32) -> ! {
+    if let Some(stop) = current.lock().take() {
+        stop();
+    }
+    volume.store.drain_uploads(DEFAULT_UPLOAD_DRAIN);
+    log::info!("the VM's writes are committed; exiting");
+    std::process::exit(code);
+}
+
+/// The most parents a walk to the volume's root follows (a longer chain is
+/// corrupt metadata; the walk then gives up and calls the directory in place).
+const MAX_PARENTS: usize = 1 << 12;
+
+/// How often the shared directory's place in the volume is checked.
+const SHARED_DIR_CHECK: Duration = Duration::from_secs(1);
+
+/// Watches the drop-in's shared directory: a rename is logged once (the
+/// guest goes on seeing the same directory, as with virtiofsd); its
+/// removal ends the session and the daemon with exit status 1, since the
+/// guest's whole file system is gone.
+fn watch_shared_dir(
+    dir: SharedDir,
+    volume: Arc<Volume>,
+    current: SessionStop,
+) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("shared-dir".into())
+        .spawn(move || {
+            let mut moved = false;
+            loop {
+                std::thread::sleep(SHARED_DIR_CHECK);
+                match shared_dir_state(volume.meta.as_ref(), &dir) {
+                    SharedDirState::InPlace => moved = false,
+                    SharedDirState::Moved => {
+                        if !moved {
+                            log::warn!(
+                                "the shared directory {} was renamed or moved in the volume; \
+                                 the guest goes on seeing it (as with virtiofsd)",
+                                dir.host_path.display()
+                            );
+                        }
+                        moved = true;
+                    }
+                    SharedDirState::Gone(why) => {
+                        log::error!(
+                            "the shared directory {} {why} while served: the guest's file \
+                             system is gone; ending its session and exiting",
+                            dir.host_path.display()
+                        );
+                        end_session_and_exit(&current, &volume, 1);
+                    }
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Where `dir` is in the volume now. A metadata error other than "no such
+/// node" is taken as "in place": a Redis hiccup must not end the VM's
+/// file system.
+fn shared_dir_state(meta: &dyn Meta, dir: &SharedDir) -> SharedDirState {
+    let gone = |e: &sluice_engine::Error| matches!(e, sluice_engine::Error::NotFound);
+    let attr = match meta.getattr(dir.ino) {
+        Ok(a) => a,
+        Err(e) if gone(&e) => return SharedDirState::Gone("was removed".into()),
+        Err(_) => return SharedDirState::InPlace,
+    };
+    if attr.typ != FileType::Directory || attr.nlink == 0 {
+        return SharedDirState::Gone("was removed".into());
+    }
+    // Its parents up to the volume's root: none may be the trash.
+    let mut parent = attr.parent;
+    let mut ino = dir.ino;
+    for _ in 0..MAX_PARENTS {
+        if ino == ROOT_INO {
+            break;
+        }
+        if parent >= TRASH_INO {
+            return SharedDirState::Gone("was removed into the volume's trash".into());
+        }
+        ino = parent;
+        parent = match meta.getattr(ino) {
+            Ok(a) => a.parent,
+            Err(e) if gone(&e) => return SharedDirState::Gone("was removed".into()),
+            Err(_) => return SharedDirState::InPlace,
+        };
+    }
+    let ctx = Context::internal();
+    let mut at = ROOT_INO;
+    for name in &dir.names {
+        match meta.lookup(&ctx, at, name) {
+            Ok((ino, _)) => at = ino,
+            Err(_) => return SharedDirState::Moved,
+        }
+    }
+    if at == dir.ino {
+        SharedDirState::InPlace
+    } else {
+        SharedDirState::Moved
     }
 }
 
