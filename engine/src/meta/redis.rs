@@ -53,7 +53,7 @@ use crate::meta::{
 
 use super::deleter::{Deleter, Deletes};
 use keys::{Keys, counter, slice_field};
-use tx::{Pool, PostCommit, Tx, TxError, TxResult};
+use tx::{Pool, PostCommit, Source, Tx, TxError, TxResult};
 
 /// How many inode numbers one counter increment reserves (JuiceFS `inodeBatch`).
 const INODE_BATCH: u64 = 1024;
@@ -96,6 +96,8 @@ struct Inner {
     /// Files this client holds open; one unlinked while open is kept in
     /// `session{sid}` until the last close.
     open_files: Mutex<super::open_files::OpenFiles>,
+    /// Replicas every fsync waits for (`?fsync-replicas=N`; 0: none).
+    fsync_replicas: u32,
     /// Files whose last close here is not yet recorded in Redis
     /// (`session::closed`).
     closes: Mutex<Vec<Ino>>,
@@ -243,22 +245,25 @@ impl TlsOptions {
 impl RedisMeta {
     /// Connects to the Redis server a JuiceFS metadata URL names:
     /// `redis://[[user]:pass@]host[:port][/db]`, the same with `rediss://`
-    /// for TLS (options in [`TlsOptions`]), or `unix://[/path]?db=N`.
-    /// Without a password in the URL, `REDIS_PASSWORD` or `META_PASSWORD`
-    /// from the environment is used, as JuiceFS does.
+    /// for TLS (options in [`TlsOptions`]), `unix://[/path]?db=N`, or the
+    /// master of a Redis Sentinel deployment, as JuiceFS writes it:
+    /// `redis://[[user]:pass@]MASTER_NAME,SENTINEL[:PORT][,SENTINEL[:PORT]...][/db]`
+    /// (sentinels on port 26379 unless given; their own password from
+    /// `SENTINEL_PASSWORD`). Without a password in the URL,
+    /// `REDIS_PASSWORD` or `META_PASSWORD` from the environment is used, as
+    /// JuiceFS does. `?fsync-replicas=N` makes every fsync wait until N
+    /// replicas hold every write so far ([`Meta::sync`]).
     pub fn open(url: &str) -> Result<RedisMeta> {
         use redis::IntoConnectionInfo;
         let shown = crate::redact::redact_url(url);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let hosts = base
-            .split_once("://")
-            .map_or("", |(_, rest)| rest.rsplit('@').next().unwrap_or(rest));
-        if hosts.split('/').next().is_some_and(|h| h.contains(',')) {
-            return Err(Error::NotSupported(format!(
-                "Redis Sentinel and multi-host URLs ({shown}) are not supported yet; \
-                 name one Redis server (or one node of a cluster)"
-            )));
-        }
+        let (scheme, rest) = base.split_once("://").unwrap_or(("", base));
+        let (userinfo, hosts) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        let (host_list, db_part) = hosts.split_once('/').unwrap_or((hosts, ""));
+        let sentinel = host_list.contains(',');
         let lower = base.to_ascii_lowercase();
         let is_unix = lower.starts_with("unix://");
         let is_tls = lower.starts_with("rediss://");
@@ -266,10 +271,17 @@ impl RedisMeta {
         // JuiceFS options (timeouts, retries) the driver doesn't know are
         // dropped; its TLS options are ours.
         let mut kept: Vec<&str> = Vec::new();
+        let mut fsync_replicas = 0u32;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = p.split_once('=').unwrap_or((p, ""));
             if is_unix && matches!(key, "db" | "user" | "pass") {
                 kept.push(p);
+            } else if key == "fsync-replicas" {
+                fsync_replicas = value.parse().map_err(|_| {
+                    Error::Invalid(format!(
+                        "{shown}: fsync-replicas takes a number of replicas, not {value:?}"
+                    ))
+                })?;
             } else if tls
                 .take(key, value)
                 .map_err(|e| Error::Invalid(format!("{shown}: {e}")))?
@@ -283,7 +295,12 @@ impl RedisMeta {
                 log::debug!("ignoring Redis URL option {key}");
             }
         }
-        let clean = if kept.is_empty() {
+        let clean = if sentinel {
+            // The node settings (user, password, db) as the driver reads
+            // them from a URL, on a stand-in host.
+            let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+            format!("{scheme}://{user}localhost/{db_part}")
+        } else if kept.is_empty() {
             base.to_string()
         } else {
             format!("{base}?{}", kept.join("&"))
@@ -319,6 +336,17 @@ impl RedisMeta {
             Some(c) => redis::Client::build_with_tls(info, c.clone()),
             None => redis::Client::open(info),
         };
+        if sentinel {
+            let pool = sentinel_pool(&shown, host_list, &info, is_tls, certs.as_ref())?;
+            pool.probe(|c| redis::cmd("PING").query::<()>(c))
+                .map_err(unreachable)?;
+            return Ok(RedisMeta::with(
+                shown,
+                pool,
+                Keys::default(),
+                fsync_replicas,
+            ));
+        }
         // A cluster node refuses SELECT, so the first contact uses db 0.
         let db = info.redis_settings().db();
         let first = Pool::new(client(with_db(info.clone(), 0)).map_err(unusable)?);
@@ -363,11 +391,16 @@ impl RedisMeta {
         } else {
             (Pool::new(client(info).map_err(unusable)?), Keys::default())
         };
-        Ok(RedisMeta {
+        Ok(RedisMeta::with(shown, pool, keys, fsync_replicas))
+    }
+
+    fn with(shown: String, pool: Pool, keys: Keys, fsync_replicas: u32) -> RedisMeta {
+        RedisMeta {
             inner: Arc::new(Inner {
                 addr: shown,
                 pool,
                 keys,
+                fsync_replicas,
                 stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
                 format: RwLock::new(None),
                 inodes: Mutex::new(IdRange::default()),
@@ -382,13 +415,92 @@ impl RedisMeta {
                 work: Default::default(),
                 quotas: Quotas::default(),
             }),
-        })
+        }
     }
 
     /// This client's session id (0 before `new_session`).
     pub fn session_id(&self) -> u64 {
         self.inner.sid.load(Ordering::Relaxed)
     }
+}
+
+/// How long an fsync waits for `fsync-replicas` replicas.
+const FSYNC_REPLICA_WAIT_MS: u64 = 10_000;
+
+/// The pool of a Sentinel URL's master: `hosts` is `MASTER_NAME,SENTINEL
+/// [:PORT],...`; `node` holds the user, password and db for the master.
+fn sentinel_pool(
+    shown: &str,
+    hosts: &str,
+    node: &redis::ConnectionInfo,
+    tls: bool,
+    certs: Option<&redis::TlsCertificates>,
+) -> Result<Pool> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    let mut parts = hosts.split(',');
+    let name = parts.next().unwrap_or_default();
+    if name.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{shown}: a Sentinel URL names the master first: redis://MASTER_NAME,HOST:PORT,..."
+        )));
+    }
+    let mut sentinels = Vec::new();
+    for h in parts {
+        let (host, port) = match h.rsplit_once(':') {
+            Some((host, port)) => (
+                host,
+                port.parse::<u16>().map_err(|_| {
+                    Error::Invalid(format!("{shown}: {h:?} is not HOST[:PORT] of a sentinel"))
+                })?,
+            ),
+            None => (h, 26379),
+        };
+        if host.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{shown}: a sentinel without a host"
+            )));
+        }
+        sentinels.push(if tls {
+            redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host.to_string(), port)
+        });
+    }
+    let settings = node.redis_settings();
+    let bad = |e: redis::RedisError| Error::Invalid(format!("{shown}: {e}"));
+    let mut b = SentinelClientBuilder::new(sentinels, name, SentinelServerType::Master)
+        .map_err(bad)?
+        .set_client_to_redis_db(settings.db());
+    if let Some(u) = settings.username() {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = settings.password() {
+        b = b.set_client_to_redis_password(p);
+    }
+    if let Some(p) = std::env::var("SENTINEL_PASSWORD")
+        .ok()
+        .filter(|p| !p.is_empty())
+    {
+        b = b.set_client_to_sentinel_password(p);
+    }
+    if let Some(c) = certs {
+        b = b
+            .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_redis_certificates(c.clone())
+            .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+            .set_client_to_sentinel_certificates(c.clone());
+    }
+    let client = b.build().map_err(bad)?;
+    Ok(Pool::with_source(Source::Sentinel {
+        client: Mutex::new(client),
+        name: name.to_string(),
+        master: Mutex::new(None),
+    }))
 }
 
 impl Deletes for Inner {
@@ -705,6 +817,44 @@ impl Meta for RedisMeta {
     /// A commit is durable when Redis acknowledges it only with
     /// `appendonly yes` and `appendfsync always` (Redis then replies after
     /// its fsync); there is nothing more to do at fsync time.
+    /// With `?fsync-replicas=N`: waits until N replicas hold every write
+    /// so far (`WAIT`), so an fsync'ed change survives the loss of the
+    /// master — a failover promotes a replica that has it. `WAIT` covers
+    /// the writes of the connection it runs on; a no-op write there first
+    /// (`INCRBY nextinode 0`, after every commit this process made so far
+    /// was acknowledged) makes that every write of this process — on that
+    /// server: when some of them went to another (the old master, still
+    /// taking writes while a failover chose a new one), the sync fails
+    /// (`Pool::settled`), since a failover can discard them. Fails too when
+    /// fewer replicas answer within [`FSYNC_REPLICA_WAIT_MS`].
+    fn sync(&self) -> Result<()> {
+        let want = self.inner.fsync_replicas;
+        if want == 0 {
+            return Ok(());
+        }
+        let key = self.inner.keys.counter(counter::NEXT_INODE);
+        let acked: i64 = self.inner.pool.settled(|c| {
+            let (acked,): (i64,) = redis::pipe()
+                .cmd("INCRBY")
+                .arg(&key)
+                .arg(0)
+                .ignore()
+                .cmd("WAIT")
+                .arg(want)
+                .arg(FSYNC_REPLICA_WAIT_MS)
+                .query(c)?;
+            Ok(acked)
+        })?;
+        if acked < i64::from(want) {
+            return Err(Error::Meta(format!(
+                "only {acked} of the {want} replicas fsync waits for (fsync-replicas) acknowledged \
+                 the writes within {} s",
+                FSYNC_REPLICA_WAIT_MS / 1000
+            )));
+        }
+        Ok(())
+    }
+
     fn durability_gap(&self) -> Option<String> {
         let get = |name: &str| -> Result<Option<String>> {
             let pair: Vec<String> = self

@@ -154,7 +154,13 @@ mod tests {
         assert!(err("rediss://127.0.0.1:1/1").contains("cannot reach Redis"));
         assert!(err("rediss://127.0.0.1:1/1?insecure-skip-verify=maybe").contains("true or false"));
         assert!(err("redis://127.0.0.1:1/1").contains("cannot reach Redis"));
-        assert!(err("redis://:pw@mymaster,h1,h2:26379/2").contains("Sentinel"));
+        // A Sentinel URL whose sentinels do not answer.
+        assert!(
+            err("redis://:pw@mymaster,127.0.0.1:1,127.0.0.1:2/2").contains("cannot reach Redis")
+        );
+        assert!(err("redis://mymaster,127.0.0.1:notaport/2").contains("HOST[:PORT]"));
+        assert!(err("redis://,127.0.0.1:1/2").contains("names the master first"));
+        assert!(err("redis://127.0.0.1:1/2?fsync-replicas=two").contains("number of replicas"));
         assert!(err("mysql://u:p@(h:3306)/db").contains("not supported"));
         assert!(err("/tmp/x.db").contains("no scheme"));
         assert!(err("ftp://x").contains("unknown metadata engine"));

@@ -1256,3 +1256,212 @@ fn a_group_of_writes_is_two_round_trips_and_a_failure_stays_its_own() {
     assert_eq!(m.read_chunk(files[0], 0).expect("chunk").len(), 2);
     assert_eq!(m.getattr(files[2]).expect("c").length, 10);
 }
+
+/// A free port on loopback.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A redis-server process the test started (killed when dropped).
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A replica of `master` on a port of its own.
+fn start_replica(dir: &Path, master: u16) -> (Proc, u16) {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--replicaof", "127.0.0.1", &master.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the replica");
+    wait_ready(port, false);
+    (Proc(child), port)
+}
+
+/// A sentinel watching `master` as `mymaster` (quorum 2), quick to act.
+fn start_sentinel(dir: &Path, master: u16) -> (Proc, u16) {
+    let port = free_port();
+    let conf = dir.join(format!("sentinel-{port}.conf"));
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor mymaster 127.0.0.1 {master} 2\n\
+             sentinel down-after-milliseconds mymaster 1000\n\
+             sentinel failover-timeout mymaster 10000\n\
+             sentinel parallel-syncs mymaster 1\n",
+            dir.display()
+        ),
+    )
+    .expect("sentinel.conf");
+    let child = Command::new("redis-server")
+        .arg(&conf)
+        .arg("--sentinel")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a sentinel");
+    wait_ready(port, false);
+    (Proc(child), port)
+}
+
+/// Waits until `check` holds (20 s at most).
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The master a sentinel names for `mymaster`.
+fn master_of(sentinel: u16) -> Option<u16> {
+    let mut c = redis::Client::open(format!("redis://127.0.0.1:{sentinel}/").as_str())
+        .and_then(|c| c.get_connection())
+        .ok()?;
+    let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg("mymaster")
+        .query(&mut c)
+        .ok()?;
+    addr.and_then(|(_, p)| p.parse().ok())
+}
+
+/// A volume on a Redis Sentinel deployment (JuiceFS's URL form), its
+/// master killed while files are written and fsync'ed: the mount carries on
+/// on the promoted replica, and every file fsync'ed (with
+/// `?fsync-replicas=1`: fsync waits until the replica holds every write) is
+/// there, whole, after the failover.
+#[test]
+fn a_sentinel_failover_loses_nothing_fsynced() {
+    use crate::vfs::{Filesystem as _, Vfs, VfsConfig};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(mut master) = RedisServer::start(false) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Two replicas: after the failover one is the master, and the other
+    // follows it, so fsync still has a replica to wait for.
+    let (_replica, replica_port) = start_replica(dir.path(), master.port);
+    let (_second, second_port) = start_replica(dir.path(), master.port);
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(start_sentinel(dir.path(), master.port));
+    }
+    let ports: Vec<u16> = sentinels.iter().map(|(_, p)| *p).collect();
+    eventually("the replica to be in sync", || {
+        let mut c = raw(&master, 0);
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut c)
+            .unwrap_or_default();
+        info.matches("state=online").count() == 2
+    });
+    eventually("the sentinels to see the master", || {
+        ports.iter().all(|p| master_of(*p) == Some(master.port))
+    });
+    let url = format!(
+        "redis://mymaster,{}/1?fsync-replicas=1",
+        ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let meta: Arc<dyn Meta> = Arc::new(RedisMeta::open(&url).expect("open by sentinel"));
+    crate::volume::format_volume(
+        &*meta,
+        "sentinel",
+        &dir.path().join("bucket"),
+        4096,
+        crate::format::Compression::None,
+        0,
+    )
+    .expect("format");
+    let vfs = Arc::new(
+        Vfs::new(
+            crate::volume::open_volume(meta.clone()).expect("volume"),
+            VfsConfig {
+                cleanup_interval: None,
+                ..VfsConfig::default()
+            },
+        )
+        .expect("vfs"),
+    );
+    let done = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (vfs, done) = (vfs.clone(), done.clone());
+        std::thread::spawn(move || {
+            let ctx = Context::default();
+            let mut fsynced = Vec::new();
+            for i in 0..60u32 {
+                let name = format!("f{i}");
+                let data = vec![i as u8; 4096];
+                // The operation in flight when the master dies may fail
+                // (its outcome is unknown): that file is not counted.
+                let r = vfs
+                    .create(
+                        &ctx,
+                        ROOT_INO,
+                        name.as_bytes(),
+                        0o644,
+                        0,
+                        libc::O_RDWR as u32,
+                    )
+                    .and_then(|(e, out)| {
+                        vfs.write_buf(&ctx, e.inode, out.fh, 0, &data, false)?;
+                        let synced = vfs.fsync(&ctx, e.inode, out.fh, false);
+                        vfs.release(&ctx, e.inode, out.fh)?;
+                        synced
+                    });
+                match r {
+                    Ok(()) => fsynced.push(i),
+                    Err(e) => eprintln!("{name}: {e} (during the failover)"),
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+            fsynced
+        })
+    };
+    eventually("20 files", || done.load(Ordering::SeqCst) >= 20);
+    master.kill();
+    let fsynced = writer.join().expect("the writer");
+    eventually("the failover", || {
+        ports
+            .iter()
+            .all(|p| matches!(master_of(*p), Some(m) if m == replica_port || m == second_port))
+    });
+    assert!(
+        fsynced.len() >= 50,
+        "the mount did not carry on after the failover: {} files fsync'ed",
+        fsynced.len()
+    );
+    // Read back through a new client of the new master.
+    vfs.destroy();
+    drop(vfs);
+    let again = RedisMeta::open(&url).expect("open after the failover");
+    again.load().expect("load");
+    let c = Context::default();
+    for i in fsynced {
+        let (ino, attr) = again
+            .lookup(&c, ROOT_INO, format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("f{i} was fsync'ed and is gone: {e}"));
+        assert_eq!(attr.length, 4096, "f{i}");
+        assert_eq!(again.read_chunk(ino, 0).expect("chunk").len(), 1, "f{i}");
+    }
+}

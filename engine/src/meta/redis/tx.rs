@@ -98,6 +98,8 @@ pub(super) struct PostCommit {
 pub(super) struct Conn {
     inner: Connection,
     trips: Arc<AtomicU64>,
+    /// The server it talks to (for Sentinel: the master it was opened on).
+    server: String,
 }
 
 impl ConnectionLike for Conn {
@@ -130,29 +132,140 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// Where a pool's connections go.
+pub(super) enum Source {
+    /// One server (or one node of a cluster).
+    Server(redis::Client),
+    /// The master of a Redis Sentinel deployment: asked of the sentinels
+    /// for each new connection, so a failover is followed once the old
+    /// master's connections fail (or answer `READONLY`) and are replaced.
+    Sentinel {
+        /// The sentinels, and the master's name.
+        client: Mutex<redis::sentinel::SentinelClient>,
+        /// The master's name.
+        name: String,
+        /// The master's address at the last connection (for the log line
+        /// of a failover).
+        master: Mutex<Option<String>>,
+    },
+}
+
+impl Source {
+    /// A new connection, and the server it goes to.
+    fn connect(&self) -> std::result::Result<(Connection, String), RedisError> {
+        match self {
+            Source::Server(c) => Ok((
+                c.get_connection_with_timeout(CONNECT_TIMEOUT)?,
+                c.get_connection_info().addr().to_string(),
+            )),
+            Source::Sentinel {
+                client,
+                name,
+                master,
+            } => {
+                let c = client.lock().get_client()?;
+                let addr = c.get_connection_info().addr().to_string();
+                let mut last = master.lock();
+                match last.as_deref() {
+                    Some(a) if a == addr => {}
+                    Some(a) => log::warn!(
+                        "Redis Sentinel: the master of {name} is now {addr} (was {a}); carrying on there"
+                    ),
+                    None => log::info!("Redis Sentinel: the master of {name} is {addr}"),
+                }
+                *last = Some(addr.clone());
+                drop(last);
+                Ok((c.get_connection_with_timeout(CONNECT_TIMEOUT)?, addr))
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Source::Server(c) => c.get_connection_info().addr().to_string(),
+            Source::Sentinel { name, .. } => format!("the master {name} (Sentinel)"),
+        }
+    }
+}
+
 /// A small pool of connections to one server.
 pub(super) struct Pool {
-    client: redis::Client,
+    source: Source,
     idle: Mutex<Vec<Conn>>,
     /// Round trips of every connection of the pool so far.
     trips: Arc<AtomicU64>,
+    /// The server new connections go to: a connection to another (the old
+    /// master of a failover) is dropped rather than kept.
+    current: Mutex<String>,
+    /// The servers this client talked to since the last [`Pool::settled`]
+    /// (a Sentinel failover can leave it writing to the old master while
+    /// a new one is chosen: an fsync must not vouch for those writes).
+    used: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
-            .field("addr", self.client.get_connection_info().addr())
+            .field("addr", &self.source.describe())
             .finish_non_exhaustive()
     }
 }
 
 impl Pool {
     pub(super) fn new(client: redis::Client) -> Pool {
+        Pool::with_source(Source::Server(client))
+    }
+
+    /// A pool whose connections go where `source` says.
+    pub(super) fn with_source(source: Source) -> Pool {
         Pool {
-            client,
+            source,
             idle: Mutex::new(Vec::new()),
             trips: Arc::new(AtomicU64::new(0)),
+            current: Mutex::new(String::new()),
+            used: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Notes that `c` is used (see `used`).
+    fn used(&self, c: &Conn) {
+        let mut used = self.used.lock();
+        if !used.contains(&c.server) {
+            used.insert(c.server.clone());
+        }
+    }
+
+    /// Runs `f` on a connection as [`Pool::with_conn`] does, and passes
+    /// only if every command this client sent since the last success went
+    /// to the server `f` ran on: what an fsync needs to vouch for writes
+    /// with `WAIT`, which covers one server's replication stream.
+    pub(super) fn settled<T>(
+        &self,
+        mut f: impl FnMut(&mut Conn) -> std::result::Result<T, RedisError>,
+    ) -> Result<T> {
+        // What was used before this sync; what is used from now on is the
+        // next sync's to check.
+        let before = std::mem::take(&mut *self.used.lock());
+        let mut on = String::new();
+        let v = match self.with_conn(|c| {
+            on = c.server.clone();
+            f(c)
+        }) {
+            Ok(v) => v,
+            Err(e) => {
+                self.used.lock().extend(before);
+                return Err(e);
+            }
+        };
+        let others: Vec<String> = before.into_iter().filter(|s| *s != on).collect();
+        if !others.is_empty() {
+            return Err(Error::Meta(format!(
+                "the Redis master changed (a failover) since changes this sync covers were \
+                 sent to {}; they may be lost (now on {on})",
+                others.join(", ")
+            )));
+        }
+        Ok(v)
     }
 
     /// Round trips to the server so far (connection set-up not counted).
@@ -164,16 +277,29 @@ impl Pool {
         if let Some(c) = self.idle.lock().pop() {
             return Ok(c);
         }
-        let c = self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+        let (c, server) = self.source.connect()?;
+        {
+            let mut current = self.current.lock();
+            if *current != server {
+                // A failover moved the master: connections to the old one
+                // go, and are not taken again.
+                *current = server.clone();
+                self.idle.lock().clear();
+            }
+        }
         c.set_read_timeout(Some(READ_TIMEOUT))?;
         c.set_write_timeout(Some(WRITE_TIMEOUT))?;
         Ok(Conn {
             inner: c,
             trips: self.trips.clone(),
+            server,
         })
     }
 
     fn give_back(&self, c: Conn) {
+        if c.server != *self.current.lock() {
+            return;
+        }
         let mut idle = self.idle.lock();
         if idle.len() < 16 {
             idle.push(c);
@@ -209,6 +335,7 @@ impl Pool {
         let mut tries = 0;
         loop {
             let r = self.take().and_then(|mut c| {
+                self.used(&c);
                 let r = f(&mut c);
                 if r.as_ref().err().is_none_or(|e| !is_connection_error(e)) {
                     self.give_back(c);
@@ -695,6 +822,7 @@ impl Pool {
             let attempt = match self.take() {
                 Err(e) => Attempt::Retry(e),
                 Ok(mut conn) => {
+                    self.used(&conn);
                     let mut keep = true;
                     let a = {
                         let mut tx = Tx {
