@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create a volume (or check that the metadata already holds this one).
+    /// Create a volume, or format one again (keeping every setting not given).
     Format(cmd::format::FormatArgs),
     /// Mount a volume on this host through the kernel's FUSE.
     Mount(cmd::mount::MountArgs),
