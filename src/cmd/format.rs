@@ -8,6 +8,7 @@ use sluice_engine::Error;
 use sluice_engine::format::{Compression, Credentials, Format, Secret, juicefs_block_size};
 use sluice_engine::meta::{MetaUrl, open_meta};
 use sluice_engine::object::S3Options;
+use sluice_engine::size::{SizeRange, Unit, format_size, size_parser};
 use sluice_engine::volume::{FormatRequest, Storage, format_volume_with, set_volume_limits};
 
 /// Arguments of `sluice format`.
@@ -51,7 +52,7 @@ pub struct FormatArgs {
     /// to a power of two, from 64K to 16M (3M stores 2M; a bare number is
     /// KiB); a new volume: 4M. Fixed for the life of the volume: left out,
     /// a volume formatted again keeps its own.
-    #[arg(long, value_parser = parse_block_size)]
+    #[arg(long, value_parser = size_parser(Unit::Kib, SizeRange::ANY))]
     pub block_size: Option<u64>,
     /// Block compression: none, lz4 or zstd (a new volume: none). Fixed
     /// for the life of the volume: left out, a volume formatted again keeps
@@ -73,15 +74,6 @@ pub struct FormatArgs {
     pub inodes: Option<u64>,
 }
 
-/// Reads `--block-size`: a size with a unit, or a bare number of KiB (as
-/// `juicefs format` reads it).
-fn parse_block_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let bare = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    let with_unit = if bare { format!("{t}K") } else { t.to_string() };
-    sluice_benches::size::parse_size(&with_unit).map_err(|e| e.to_string())
-}
-
 /// The block size, in KiB, `sluice format` stores for `--block-size
 /// requested` (bytes): JuiceFS's, with a warning when it is not the one
 /// asked for.
@@ -92,7 +84,7 @@ fn block_size_kib(requested: u64) -> u32 {
             "--block-size {}: JuiceFS stores only powers of two from 64 KiB to 16 MiB, and \
              rounds this request to {} KiB; so does sluice, so that JuiceFS reads the volume \
              as sluice does",
-            sluice_benches::size::format_size(requested),
+            format_size(requested),
             stored >> 10
         );
     }

@@ -11,6 +11,7 @@ pub mod gc;
 pub mod info;
 pub mod libvirt;
 pub mod limit_args;
+pub mod memory_args;
 pub mod metrics_args;
 pub mod mount;
 pub mod objbench;

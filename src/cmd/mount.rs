@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use sluice_engine::meta::MetaUrl;
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 use sluice_engine::vfs::{AtimeMode, Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
@@ -36,17 +37,8 @@ pub struct MountArgs {
     /// Seconds the kernel caches name lookups.
     #[arg(long, default_value_t = 1.0)]
     pub entry_cache: f64,
-    /// Write buffer per file, in MiB; a file commits in the background beyond it.
-    #[arg(long, default_value_t = 64)]
-    pub buffer_size: usize,
-    /// Memory block cache, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub cache_size: usize,
-    /// Fault in the whole memory cache at start (in the background), so
-    /// blocks are read into warm memory: the cache's memory is then resident
-    /// from the start instead of growing with use.
-    #[arg(long)]
-    pub cache_prefault: bool,
+    #[command(flatten)]
+    pub memory: super::memory_args::MemoryArgs,
     /// Threads serving the mount (each with its own /dev/fuse clone).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -73,10 +65,16 @@ pub struct MountArgs {
         default_value = "noatime"
     )]
     pub atime_mode: AtimeMode,
-    /// How far the kernel reads ahead of a sequential reader, in MiB (the
-    /// mount's `read_ahead_kb`); 0 keeps the kernel's default of 128 KiB.
-    #[arg(long, default_value_t = 4, value_name = "MIB")]
-    pub kernel_readahead: u32,
+    /// How far the kernel reads ahead of a sequential reader (the mount's
+    /// `read_ahead_kb`): a size up to 1G (a bare number is MiB); 0 keeps
+    /// the kernel's default of 128 KiB.
+    #[arg(
+        long,
+        default_value = "4M",
+        value_name = "SIZE",
+        value_parser = size_parser(Unit::Mib, SizeRange::new(0, 1 << 30))
+    )]
+    pub kernel_readahead: u64,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
@@ -106,14 +104,9 @@ const FSTYPE: &str = "fuse.sluice";
 /// Runs `sluice mount`.
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let mountpoint = check_mountpoint(&args.mountpoint)?;
-    if args.kernel_readahead > 1024 {
-        bail!(
-            "--kernel-readahead is in MiB; {} is more than 1 GiB",
-            args.kernel_readahead
-        );
-    }
     // Settings are checked before a background mount detaches.
     args.commit.apply(VfsConfig::default())?;
+    args.memory.apply(VfsConfig::default())?;
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
@@ -123,8 +116,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if !seconds_ok(args.attr_cache) || !seconds_ok(args.entry_cache) {
         bail!("--attr-cache and --entry-cache take a number of seconds ≥ 0");
     }
-    if args.threads == 0 || args.buffer_size == 0 {
-        bail!("--threads and --buffer-size must be at least 1");
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
     }
     if args.max_waiting > 0 && !(1..=1024).contains(&args.waiters) {
         bail!("--waiters must be between 1 and 1024 (or --max-waiting 0)");
@@ -140,15 +133,13 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     let vfs = Vfs::new(
         volume,
-        args.commit.apply(args.readahead.apply(VfsConfig {
-            cache_bytes: args.cache_size << 20,
-            cache_prefault: args.cache_prefault,
-            buffer_bytes: args.buffer_size << 20,
-            disk_cache,
-            atime: args.atime_mode,
-            read_only: args.read_only,
-            ..VfsConfig::default()
-        })?)?,
+        args.commit
+            .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+                disk_cache,
+                atime: args.atime_mode,
+                read_only: args.read_only,
+                ..VfsConfig::default()
+            })?)?)?,
     )
     .context("cannot start the file system")?;
     let options = MountOptions {
@@ -460,14 +451,15 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// Widens the kernel's readahead for the mount to `mib` MiB (0: leaves it).
-/// The stat inside waits for the session to have answered INIT, which is
-/// where the kernel sets its own value.
-fn set_kernel_readahead(mountpoint: &Path, mib: u32) {
-    if mib == 0 {
+/// Widens the kernel's readahead for the mount to `bytes` (0: leaves it),
+/// in whole KiB. The stat inside waits for the session to have answered
+/// INIT, which is where the kernel sets its own value.
+fn set_kernel_readahead(mountpoint: &Path, bytes: u64) {
+    let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+    if kib == 0 {
         return;
     }
-    if let Err(e) = sluice_fuse::dev::set_kernel_readahead(mountpoint, mib.saturating_mul(1024)) {
+    if let Err(e) = sluice_fuse::dev::set_kernel_readahead(mountpoint, kib) {
         log::warn!("the kernel's readahead for this mount stays at its default: {e}");
     }
 }

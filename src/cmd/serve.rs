@@ -38,17 +38,8 @@ pub struct ServeArgs {
     /// The NUMA node that holds the guest's memory, for the placement plan.
     #[arg(long, default_value_t = 0)]
     pub node: usize,
-    /// Memory block cache, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub cache_size: usize,
-    /// Fault in the whole memory cache at start (in the background), so
-    /// blocks are read into warm memory: the cache's memory is then resident
-    /// from the start instead of growing with use.
-    #[arg(long)]
-    pub cache_prefault: bool,
-    /// Write buffer per file, in MiB.
-    #[arg(long, default_value_t = 64)]
-    pub buffer_size: usize,
+    #[command(flatten)]
+    pub memory: super::memory_args::MemoryArgs,
     /// Serve one VM connection, then exit (default: accept the VM again after
     /// it disconnects or reboots).
     #[arg(long)]
@@ -128,9 +119,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before any thread starts, so that every thread inherits the mask and
     // only the signal thread (started once the sandbox is up) takes them.
     let signals = super::mount::block_termination_signals();
-    if args.queues == 0 || args.cache_size == 0 || args.buffer_size == 0 {
-        bail!("--queues, --cache-size and --buffer-size must be at least 1");
+    if args.queues == 0 {
+        bail!("--queues must be at least 1");
     }
+    args.memory.apply(VfsConfig::default())?;
     args.readahead.apply(VfsConfig::default())?;
     args.commit.apply(VfsConfig::default())?;
     let client_limits = args.limits.apply(&mut VfsConfig::default())?;
@@ -279,19 +271,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let mut vfs_config = args.commit.apply(args.readahead.apply(VfsConfig {
-            cache_bytes: args.cache_size << 20,
-            cache_prefault: args.cache_prefault,
-            buffer_bytes: args.buffer_size << 20,
-            // Between VMs the server lives on and keeps uploading; only
-            // its last session waits for the uploads.
-            upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
-            disk_cache: disk_cache.clone(),
-            prefetch_cpus: prefetch_cpus.clone(),
-            atime: args.atime_mode,
-            read_only: args.read_only,
-            ..VfsConfig::default()
-        })?)?;
+        let mut vfs_config =
+            args.commit
+                .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+                    // Between VMs the server lives on and keeps uploading; only
+                    // its last session waits for the uploads.
+                    upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
+                    disk_cache: disk_cache.clone(),
+                    prefetch_cpus: prefetch_cpus.clone(),
+                    atime: args.atime_mode,
+                    read_only: args.read_only,
+                    ..VfsConfig::default()
+                })?)?)?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match &args.export {
