@@ -157,22 +157,29 @@ fn another_bucket_needs_change_bucket_and_a_copy_of_the_objects() {
         "a refused format created {elsewhere_s}"
     );
     assert_eq!(settings(&vol.meta_url), before);
-    // With the flag, an empty place is still refused: the data is not there.
-    let out = sluice(&[
-        "format",
-        &vol.meta_url,
-        "movevol",
-        "--bucket",
-        elsewhere_s,
-        "--change-bucket",
-    ]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out).contains("copy the volume's objects there first"),
-        "{}",
-        text(&out)
-    );
-    assert_eq!(settings(&vol.meta_url), before);
+    // With the flag, a place that does not hold the data is still refused
+    // (missing, or an empty directory), and nothing is made there.
+    for _ in 0..2 {
+        let out = sluice(&[
+            "format",
+            &vol.meta_url,
+            "movevol",
+            "--bucket",
+            elsewhere_s,
+            "--change-bucket",
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            text(&out).contains("copy the volume's objects there first"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(settings(&vol.meta_url), before);
+        if elsewhere.exists() {
+            assert_eq!(std::fs::read_dir(&elsewhere).expect("ls").count(), 0);
+        }
+        std::fs::create_dir_all(&elsewhere).expect("an empty directory");
+    }
     // A copy of the objects is where the volume may move.
     let copy = vol.dir.path().join("copy");
     let status = std::process::Command::new("cp")

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::format::{Compression, Credentials, Format, is_juicefs_block_size};
 use crate::meta::Meta;
 use crate::object::{ObjectStore, S3Options, STORAGE_KINDS, is_not_found, open_store};
+use crate::redact::redact_url;
 
 /// An open volume: its settings, metadata engine and object store.
 #[derive(Debug)]
@@ -278,14 +279,31 @@ pub fn format_volume_with(meta: &dyn Meta, req: &FormatRequest) -> Result<Format
     let moved = previous
         .as_ref()
         .is_some_and(|p| p.bucket != format.bucket || p.storage != format.storage);
-    // A new bucket is created; a volume's own (or, with --change-bucket,
-    // the one its objects were copied to) must exist.
+    let copy_first = || {
+        Error::Invalid(format!(
+            "bucket {} does not hold volume {name} (no {} with its UUID): copy the volume's \
+             objects there first (everything under {}{name}/), then run format \
+             --change-bucket again",
+            redact_url(&format.bucket),
+            uuid_key(name),
+            previous
+                .as_ref()
+                .map(|p| redact_url(&p.bucket))
+                .unwrap_or_default()
+        ))
+    };
+    if moved && format.storage == "file" && !Path::new(&format.bucket).is_dir() {
+        return Err(copy_first());
+    }
+    // A new volume's bucket is created; a volume's own (or, with
+    // --change-bucket, the one its objects were copied to) must exist: one
+    // that vanished with its disk is not made again, empty.
     let store = open_store(
         &format.storage,
         &format.bucket,
         &credentials,
         &s3,
-        previous.is_none() || !moved,
+        previous.is_none(),
     )?;
     let key = uuid_key(name);
     match store.get(&key) {
@@ -297,14 +315,24 @@ pub fn format_volume_with(meta: &dyn Meta, req: &FormatRequest) -> Result<Format
         }
         Ok(_) => {}
         Err(e) if is_not_found(&e) => {
-            if moved && volume_has_data(meta)? {
-                return Err(Error::Invalid(format!(
-                    "bucket {} does not hold volume {name} (no {key} with its UUID): copy the \
-                     volume's objects there first (everything under {}{name}/), then run \
-                     format --change-bucket again",
-                    format.bucket,
-                    previous.as_ref().map(|p| p.bucket.as_str()).unwrap_or("")
-                )));
+            if previous.is_some() && volume_has_data(meta)? {
+                if moved {
+                    return Err(copy_first());
+                }
+                // Its own bucket without the UUID (JuiceFS formats with
+                // JFS_NO_CHECK_OBJECT_STORAGE skip it): written back only
+                // where the volume's objects are.
+                if store.list(&format!("{name}/chunks/"))?.is_empty() {
+                    return Err(Error::Invalid(format!(
+                        "bucket {} holds none of volume {name}'s objects, yet the volume has \
+                         stored data: is the disk that holds the bucket mounted?",
+                        redact_url(&format.bucket)
+                    )));
+                }
+                log::info!(
+                    "writing the missing {key} back into {}",
+                    redact_url(&format.bucket)
+                );
             }
             store.put(&key, format.uuid.as_bytes(), None)?
         }
@@ -395,9 +423,9 @@ fn reformat(existing: &Format, req: &FormatRequest) -> Result<Format> {
                  pointing the volume there would leave every file without its data. To move the \
                  volume, copy its objects there, then add --change-bucket; to keep it where it \
                  is, leave --bucket out",
-                crate::redact::redact_url(&existing.bucket),
+                redact_url(&existing.bucket),
                 existing.storage,
-                crate::redact::redact_url(&bucket),
+                redact_url(&bucket),
                 storage.kind
             )));
         }
@@ -484,7 +512,8 @@ pub fn open_volume_with(meta: Arc<dyn Meta>, s3: &S3Options) -> Result<Arc<Volum
     };
     let store: Arc<dyn ObjectStore> =
         open_store(&format.storage, &format.bucket, &credentials, s3, false)?;
-    match store.get(&uuid_key(&format.name)) {
+    let key = uuid_key(&format.name);
+    match store.get(&key) {
         Ok(u) if u != format.uuid.as_bytes() => {
             return Err(Error::Invalid(format!(
                 "bucket {} belongs to another volume (its juicefs_uuid differs)",
@@ -492,9 +521,20 @@ pub fn open_volume_with(meta: Arc<dyn Meta>, s3: &S3Options) -> Result<Arc<Volum
             )));
         }
         Ok(_) => {}
-        Err(e) if is_not_found(&e) => {
-            store.put(&uuid_key(&format.name), format.uuid.as_bytes(), None)?
+        // A volume that stored data has its UUID in its bucket (format
+        // wrote it): without it the bucket is not the one that holds the
+        // data (an empty directory where a disk failed to mount), and
+        // writing there would hide the loss until reads fail.
+        Err(e) if is_not_found(&e) && volume_has_data(meta.as_ref())? => {
+            return Err(Error::Invalid(format!(
+                "bucket {} does not hold volume {:?} (no {key}), yet the volume has stored \
+                 data: is the disk that holds the bucket mounted? (If the objects are there, \
+                 `sluice format` run again on the volume writes the UUID back.)",
+                redact_url(&format.bucket),
+                format.name
+            )));
         }
+        Err(e) if is_not_found(&e) => store.put(&key, format.uuid.as_bytes(), None)?,
         Err(e) => return Err(e),
     }
     Ok(Arc::new(Volume {
@@ -526,9 +566,10 @@ pub fn format_volume_url(
     )
 }
 
-/// [`open_volume`] on the metadata engine a URL names (`sqlite3://PATH`).
+/// [`open_volume`] on the metadata engine a URL names (`sqlite3://PATH`,
+/// which must exist: see [`crate::meta::open_existing_meta`]).
 pub fn open_volume_url(meta_url: &str) -> Result<Arc<Volume>> {
-    open_volume(crate::meta::open_meta(meta_url)?)
+    open_volume(crate::meta::open_existing_meta(meta_url)?)
 }
 
 #[cfg(test)]

@@ -124,27 +124,40 @@ impl ControlServer {
             .with_context(|| format!("cannot listen on {}", path.display()))?;
         Ok(BoundControl {
             path: path.to_owned(),
-            listener,
+            listener: Some(listener),
         })
     }
 }
 
-/// A bound control socket whose server is not started yet.
+/// A bound control socket whose server is not started yet; its file is
+/// removed when it is dropped unstarted (a daemon whose start failed).
 #[derive(Debug)]
 pub struct BoundControl {
     path: PathBuf,
-    listener: std::os::unix::net::UnixListener,
+    listener: Option<std::os::unix::net::UnixListener>,
+}
+
+impl Drop for BoundControl {
+    fn drop(&mut self) {
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl BoundControl {
     /// Starts serving requests against `slot` (and `metrics`, for
     /// `sluice stats`).
     pub fn start(
-        self,
+        mut self,
         slot: ReaderSlot,
         metrics: Option<Arc<Metrics>>,
     ) -> anyhow::Result<ControlServer> {
-        let BoundControl { path, listener } = self;
+        let path = self.path.clone();
+        let listener = self
+            .listener
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the control socket was started twice"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()

@@ -18,6 +18,7 @@ pub mod objbench;
 pub mod quota;
 pub mod readahead_args;
 pub mod serve;
+pub mod socket_cleanup;
 pub mod stats;
 pub mod status;
 pub mod warmup;

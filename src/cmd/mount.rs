@@ -23,8 +23,14 @@ use super::writeback_args::WritebackArgs;
 pub struct MountArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
     pub meta_url: MetaUrl,
-    /// An existing, empty directory to mount on.
+    /// An existing, empty directory to mount on (see --nonempty).
     pub mountpoint: PathBuf,
+    /// Mount on a directory that is not empty: its files stay hidden
+    /// under the mount until it goes (libfuse 2's `nonempty`). JuiceFS
+    /// always does; sluice refuses unless asked, so that a mistyped mount
+    /// point does not hide data without a word.
+    #[arg(long)]
+    pub nonempty: bool,
     /// Return once the mount is ready and keep serving it in the background.
     #[arg(long, short = 'd')]
     pub background: bool,
@@ -103,7 +109,7 @@ const FSTYPE: &str = "fuse.sluice";
 
 /// Runs `sluice mount`.
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
-    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let mountpoint = check_mountpoint(&args.mountpoint, args.nonempty)?;
     // Settings are checked before a background mount detaches.
     args.commit.apply(VfsConfig::default())?;
     args.memory.apply(VfsConfig::default())?;
@@ -272,8 +278,9 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The mount point must be an existing directory that is not mounted yet.
-fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+/// The mount point must be an existing directory that is not mounted yet,
+/// and empty unless `nonempty`.
+fn check_mountpoint(path: &Path, nonempty: bool) -> anyhow::Result<PathBuf> {
     let path = std::path::absolute(path)?;
     match std::fs::metadata(&path) {
         Ok(m) if m.is_dir() => {}
@@ -295,6 +302,21 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
             "{} is already a mount point ({fstype}); unmount it first",
             path.display()
         );
+    }
+    if !nonempty {
+        let first = std::fs::read_dir(&path)
+            .with_context(|| format!("cannot list the mount point {}", path.display()))?
+            .next()
+            .transpose()
+            .with_context(|| format!("cannot list the mount point {}", path.display()))?;
+        if let Some(entry) = first {
+            bail!(
+                "mount point {} is not empty (it holds {:?}, ...), and the mount would hide \
+                 what is there: mount on an empty directory, or add --nonempty to mount over it",
+                path.display(),
+                entry.file_name()
+            );
+        }
     }
     Ok(path)
 }

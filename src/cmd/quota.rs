@@ -7,7 +7,8 @@ use anyhow::{Context as _, bail};
 use sluice_engine::Error;
 use sluice_engine::meta::quota::tree_usage;
 use sluice_engine::meta::{
-    Context, DirQuota, FileType, Ino, Meta, MetaUrl, QuotaChange, ROOT_INO, TRASH_INO, open_meta,
+    Context, DirQuota, FileType, Ino, Meta, MetaUrl, QuotaChange, ROOT_INO, TRASH_INO,
+    open_existing_meta,
 };
 use sluice_engine::size::{SizeRange, Unit, format_size, parse_size};
 use sluice_engine::volume::{enable_dir_stats, set_volume_limits};
@@ -172,8 +173,8 @@ pub fn config(args: ConfigArgs) -> anyhow::Result<()> {
 }
 
 fn open(url: &MetaUrl) -> anyhow::Result<std::sync::Arc<dyn Meta>> {
-    let meta =
-        open_meta(url.expose()).with_context(|| format!("cannot open metadata engine {url}"))?;
+    let meta = open_existing_meta(url.expose())
+        .with_context(|| format!("cannot open metadata engine {url}"))?;
     match meta.load() {
         Ok(_) => Ok(meta),
         Err(Error::NotFound) => bail!("{url} holds no volume (run sluice format first)"),

@@ -139,7 +139,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut prefetch_cpus = None;
     // The NUMA node the memory cache's blocks are allocated on, if placed.
     let mut cache_node = None;
-    if let Some(plan) = print_plan(&args)
+    // Printed once the volume is open: a daemon that fails to start says
+    // only why.
+    let placement = plan_placement(&args);
+    if let Some((plan, _)) = &placement
         && !args.no_pin
     {
         // Queue 0 (hiprio: FORGET, INTERRUPT) floats; request queue q is
@@ -160,7 +163,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let disk_cache = args.cache.disk_cache()?;
     let staging_root = args.cache.staging_root()?;
-    let meta = sluice_engine::meta::open_meta(args.meta_url.expose())
+    let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let group = args
         .socket_group
@@ -177,12 +180,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     // Bound while still root and unconfined; served once the sandbox is up.
     let metrics_socket = args.metrics.bind()?;
-    let control =
-        super::control::ControlServer::bind(&super::control::socket_for_serve(&args.socket), group)
-            .map_err(|e| {
-                log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}")
-            })
-            .ok();
+    let control_path = super::control::socket_for_serve(&args.socket);
+    let control = super::control::ControlServer::bind(&control_path, group)
+        .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}"))
+        .ok();
+    // Both socket files go when the daemon does, however it ends (still
+    // one thread, still root: see socket_cleanup).
+    let mut ours = vec![control_path];
+    if args.listen_fd.is_none() {
+        ours.push(args.socket.clone());
+    }
+    super::socket_cleanup::remove_at_exit(&ours);
     // Still one thread: the file system is confined before the volume
     // starts any (see src/sandbox/mod.rs).
     let state = local_state(&args, meta.as_ref(), &disk_cache, &staging_root);
@@ -191,6 +199,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .writeback
         .open_volume_on(meta, &args.meta_url, &staging_root)?;
     sandbox.lock_down(&state)?;
+    if let Some((_, described)) = &placement {
+        println!("{described}");
+    }
     log::info!(
         "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
          (simd {}, guest I/O {})",
@@ -395,7 +406,13 @@ fn local_state(
         return state;
     };
     if format.storage == "file" {
-        state.trees.push(PathBuf::from(&format.bucket));
+        // A bucket directory that is missing is not made here (the sandbox
+        // creates the trees it is given): opening the volume says it is
+        // gone.
+        let bucket = PathBuf::from(&format.bucket);
+        if bucket.is_dir() {
+            state.trees.push(bucket);
+        }
     } else {
         state.read.extend(sandbox::aws_config_files());
     }
@@ -435,9 +452,9 @@ fn export_root(vfs: &Vfs, path: &str) -> anyhow::Result<Ino> {
     Ok(ino)
 }
 
-/// Prints the host topology and where this VM's queue workers belong;
-/// returns the plan.
-fn print_plan(args: &ServeArgs) -> Option<Plan> {
+/// The placement plan of this VM's queue workers, with its description
+/// (the host topology and where the workers belong) to print.
+fn plan_placement(args: &ServeArgs) -> Option<(Plan, String)> {
     let topology = match Topology::host() {
         Ok(t) => t,
         Err(e) => {
@@ -452,8 +469,8 @@ fn print_plan(args: &ServeArgs) -> Option<Plan> {
     };
     match sluice_numa::plan(&topology, &[vm], PlacementOptions::default()) {
         Ok(plan) => {
-            println!("{topology}{}", plan.describe());
-            Some(plan)
+            let described = format!("{topology}{}", plan.describe());
+            Some((plan, described))
         }
         Err(e) => {
             log::warn!("no placement plan: {e}");
