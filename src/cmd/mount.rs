@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use sluice_engine::meta::MetaUrl;
-use sluice_engine::size::{SizeRange, Unit, size_parser};
+use sluice_engine::size::{SizeRange, Unit, format_size, size_parser};
 use sluice_engine::vfs::{AtimeMode, Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
@@ -102,6 +102,12 @@ pub struct UmountArgs {
     /// Detach now even if files are open (the mount goes away when they close).
     #[arg(long)]
     pub lazy: bool,
+    /// First upload every block the mount's --writeback staged (the
+    /// delayed ones at once; as `juicefs umount --flush`), then unmount and
+    /// wait for the mount's process to finish. Refused, leaving the mount
+    /// as it is, when blocks are still staged after 10 minutes.
+    #[arg(long)]
+    pub flush: bool,
 }
 
 /// The file-system type of a sluice mount in /proc/self/mountinfo.
@@ -261,6 +267,11 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
     if mount_type(&path)?.as_deref() != Some(FSTYPE) {
         bail!("{} is not a sluice mount point", path.display());
     }
+    let server = if args.flush {
+        Some(flush_staged(&path)?)
+    } else {
+        None
+    };
     let target = CString::new(path.as_os_str().as_bytes())?;
     let flags = if args.lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `target` is a NUL-terminated path alive across the call.
@@ -274,7 +285,126 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
         }
         return Err(err).with_context(|| format!("cannot unmount {}", path.display()));
     }
-    println!("unmounted {}", path.display());
+    if let Some(pid) = server {
+        wait_for_exit(pid, &path)?;
+        println!(
+            "unmounted {}: every staged block is uploaded, and its process has finished",
+            path.display()
+        );
+    } else {
+        println!("unmounted {}", path.display());
+    }
+    Ok(())
+}
+
+/// Asks the mount's process (through its control socket) to upload every
+/// block it staged, shows the backlog while it does, and returns the
+/// process's id; fails when blocks are still staged at the end.
+fn flush_staged(mountpoint: &Path) -> anyhow::Result<libc::pid_t> {
+    use std::io::{BufRead as _, Write as _};
+    use std::os::unix::net::UnixStream;
+
+    use super::control::{FlushRequest, Reply, socket_for_mount};
+    let socket = socket_for_mount(mountpoint);
+    let mut conn = UnixStream::connect(&socket).with_context(|| {
+        format!(
+            "--flush: cannot reach the mount's control socket {}; unmount without --flush \
+             (staged blocks are then uploaded at the volume's next mount)",
+            socket.display()
+        )
+    })?;
+    let pid = peer_pid(&conn).context("--flush: cannot tell the mount's process")?;
+    let mut line = serde_json::to_string(&FlushRequest { flush: true })?;
+    line.push('\n');
+    conn.write_all(line.as_bytes())?;
+    let mut shown = false;
+    for line in io::BufReader::new(conn).lines() {
+        let reply: Reply = serde_json::from_str(&line?).context("--flush: a bad answer")?;
+        match reply {
+            Reply::Uploads {
+                pending_blocks,
+                pending_bytes,
+                done: false,
+            } => {
+                eprint!(
+                    "\ruploading staged blocks: {pending_blocks} left ({})   ",
+                    format_size(pending_bytes)
+                );
+                shown = true;
+            }
+            Reply::Uploads {
+                pending_blocks,
+                pending_bytes,
+                done: true,
+            } => {
+                if shown {
+                    eprintln!();
+                }
+                if pending_blocks > 0 {
+                    bail!(
+                        "{pending_blocks} staged blocks ({}) are not uploaded yet (is the \
+                         bucket reachable? see the mount's log); {} stays mounted: run \
+                         `sluice umount --flush` again, or unmount without --flush to leave \
+                         them staged for the next mount",
+                        format_size(pending_bytes),
+                        mountpoint.display()
+                    );
+                }
+                return Ok(pid);
+            }
+            Reply::Error { message } => bail!("--flush: {message}"),
+            _ => {}
+        }
+    }
+    bail!("--flush: the mount's process closed its control socket before the flush ended")
+}
+
+/// The process at the other end of a Unix socket.
+fn peer_pid(conn: &std::os::unix::net::UnixStream) -> io::Result<libc::pid_t> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for the call, which writes at most
+    // `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+/// Waits until process `pid` (a mount's server, unmounted now) has ended:
+/// it commits, uploads what is left and exits.
+fn wait_for_exit(pid: libc::pid_t, mountpoint: &Path) -> anyhow::Result<()> {
+    let gone = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has ended; its parent has not collected it yet.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    };
+    let deadline = Instant::now() + sluice_engine::vfs::DEFAULT_UPLOAD_DRAIN;
+    while !gone() {
+        if Instant::now() > deadline {
+            bail!(
+                "{} is unmounted, but its process (pid {pid}) has not finished; see its log",
+                mountpoint.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(())
 }
 
