@@ -109,6 +109,8 @@ fn raise_open_file_limit() {
 }
 
 fn main() -> ExitCode {
+    // `sluice serve`'s socket helper is this program, executed again.
+    cmd::socket_cleanup::run_if_helper();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     raise_open_file_limit();
     // libvirt starts its virtio-fs backend (`<binary path='/usr/bin/sluice'/>`)
