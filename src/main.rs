@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create a volume (or check that the metadata already holds this one).
+    /// Create a volume, or format one again (keeping every setting not given).
     Format(cmd::format::FormatArgs),
     /// Mount a volume on this host through the kernel's FUSE.
     Mount(cmd::mount::MountArgs),
@@ -109,6 +109,8 @@ fn raise_open_file_limit() {
 }
 
 fn main() -> ExitCode {
+    // `sluice serve`'s socket helper is this program, executed again.
+    cmd::socket_cleanup::run_if_helper();
     raise_open_file_limit();
     // libvirt, Kata Containers and Cloud Hypervisor users start their
     // virtio-fs backend with virtiofsd's command line (`--fd=N -o

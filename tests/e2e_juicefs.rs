@@ -484,6 +484,128 @@ fn sluice_written_volume_reads_back_in_juicefs_and_passes_fsck() {
     );
 }
 
+/// The block size (KiB) a volume's settings hold.
+fn stored_block_size(meta_url: &str) -> u32 {
+    let meta = sluice_engine::meta::open_meta(meta_url).expect("the metadata opens");
+    meta.load().expect("a volume").block_size
+}
+
+/// Writes `len` random bytes at `offset` of the file `path` (created when
+/// missing) and the same into `model`, which grows to cover them.
+fn write_at(path: &Path, model: &mut Vec<u8>, offset: usize, len: usize, rng: &mut StdRng) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(path)
+        .expect("open for writing");
+    if model.len() < offset + len {
+        model.resize(offset + len, 0);
+    }
+    rng.fill_bytes(&mut model[offset..offset + len]);
+    f.write_all_at(&model[offset..offset + len], offset as u64)
+        .expect("write");
+}
+
+/// `sluice format --block-size 3M` stores what `juicefs format --block-size
+/// 3M` stores (2 MiB: JuiceFS rounds down to a power of two), and a 70 MiB
+/// file sluice writes there reads back byte for byte through `juicefs
+/// mount`, past the first 64 MiB chunk; `juicefs fsck` finds it sound.
+#[test]
+fn a_block_size_request_is_stored_as_juicefs_stores_it_and_juicefs_reads_it() {
+    let test = "a_block_size_request_is_stored_as_juicefs_stores_it";
+    let Some(bin) = juicefs_bin(test) else { return };
+    let _dog = Watchdog::new("block_size_3m", Duration::from_secs(600));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (jdir, sdir) = (dir.path().join("j"), dir.path().join("s"));
+    std::fs::create_dir_all(&jdir).expect("mkdir");
+    std::fs::create_dir_all(&sdir).expect("mkdir");
+    let jmeta = juicefs_format(&bin, &jdir, "jvol", &["--block-size", "3M"]);
+    let meta = sluice_format(&sdir, "svol", &["--block-size", "3M"]);
+    assert_eq!(stored_block_size(&jmeta), 2048, "JuiceFS's rounding");
+    assert_eq!(stored_block_size(&meta), stored_block_size(&jmeta));
+    let sm = sluice_mount(&sdir, &meta);
+    let mut rng = StdRng::seed_from_u64(seed(test));
+    let mut model = Vec::new();
+    write_at(&sm.path.join("f"), &mut model, 0, 70 << 20, &mut rng);
+    assert_eq!(sha256_file(&sm.path.join("f")), sha(&model), "sluice reads");
+    sm.unmount();
+    let jm = JfsMount::start(&bin, &meta, &sdir.join("jmnt"), &sdir.join("cache"));
+    let got = std::fs::read(jm.path.join("f")).expect("juicefs reads the file");
+    jm.unmount();
+    assert_eq!(got.len(), model.len());
+    if let Some(at) = got.iter().zip(&model).position(|(a, b)| a != b) {
+        panic!("juicefs reads other bytes than sluice wrote from offset {at}");
+    }
+    let out = Command::new(&bin)
+        .args(["fsck", &meta])
+        .output()
+        .expect("juicefs fsck runs");
+    let report = text(&out);
+    assert!(out.status.success(), "juicefs fsck failed:\n{report}");
+    for bad in ["lost", "broken", "ERROR", "FATAL"] {
+        assert!(
+            !report.contains(bad),
+            "juicefs fsck reports {bad}:\n{report}"
+        );
+    }
+}
+
+/// Every block size JuiceFS formats (64 KiB to 16 MiB), each compression
+/// in turn: a file sluice wrote in two pieces (the second across the first
+/// chunk's end, a hole between) reads back byte for byte through `juicefs
+/// mount`.
+#[test]
+fn every_block_size_and_compression_juicefs_formats_reads_back_in_juicefs() {
+    let test = "every_block_size_and_compression_reads_back_in_juicefs";
+    let Some(bin) = juicefs_bin(test) else { return };
+    let _dog = Watchdog::new("block_sizes", Duration::from_secs(900));
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let seed = seed(test);
+    // The volumes go through at once: most of the time is spent waiting
+    // for mounts to come up and go.
+    std::thread::scope(|scope| {
+        for (i, kib) in (6..=14).map(|shift| 1u32 << shift).enumerate() {
+            let (dir, bin) = (dir.path(), &bin);
+            scope.spawn(move || {
+                let compress = ["none", "lz4", "zstd"][i % 3];
+                let vdir = dir.join(format!("{kib}"));
+                std::fs::create_dir_all(&vdir).expect("mkdir");
+                let size = format!("{kib}K");
+                let meta = sluice_format(
+                    &vdir,
+                    "bsvol",
+                    &["--block-size", &size, "--compress", compress],
+                );
+                assert_eq!(stored_block_size(&meta), kib);
+                let sm = sluice_mount(&vdir, &meta);
+                let mut rng = StdRng::seed_from_u64(seed + u64::from(kib));
+                let mut model = Vec::new();
+                let f = sm.path.join("f");
+                write_at(&f, &mut model, 0, (2 << 20) + 123, &mut rng);
+                write_at(&f, &mut model, (63 << 20) + 7, (3 << 20) + 5, &mut rng);
+                sm.unmount();
+                let jm = JfsMount::start(bin, &meta, &vdir.join("jmnt"), &vdir.join("cache"));
+                let got = std::fs::read(jm.path.join("f")).expect("juicefs reads the file");
+                jm.unmount();
+                assert_eq!(got.len(), model.len(), "{kib} KiB, {compress}");
+                if let Some(at) = got.iter().zip(&model).position(|(a, b)| a != b) {
+                    panic!(
+                        "{kib} KiB, {compress}: juicefs reads other bytes than sluice wrote \
+                         from {at}"
+                    );
+                }
+            });
+        }
+    });
+}
+
+fn sha(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).into()
+}
+
 /// Writes files through sluice, deletes some, and checks JuiceFS's view;
 /// the metadata lives in SQLite, or in Redis with `on_redis`.
 fn deletes(trash_days: &str, on_redis: bool) {

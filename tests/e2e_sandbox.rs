@@ -629,8 +629,9 @@ struct Reconnects<'a> {
 /// full sandbox as `with` says, drives guest traffic, makes Redis (plain
 /// TCP on `port` for the test's commands) drop the daemon's connections
 /// and checks that it connects again and keeps serving; then the same
-/// after `with.restart`, if given.
-fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) {
+/// after `with.restart`, if given. Returns the directory that holds the
+/// volume's bucket, for a caller that serves the volume again.
+fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) -> tempfile::TempDir {
     // The bucket and caches live here; nobody must be able to pass through.
     let dir = tempfile::tempdir().unwrap();
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
@@ -704,6 +705,7 @@ fn serve_through_reconnects(meta_url: &str, port: u16, with: Reconnects) {
         "still serving:\n{}",
         serve.log_text()
     );
+    dir
 }
 
 #[test]
@@ -1276,7 +1278,8 @@ fn a_sandboxed_daemon_on_redis_over_a_unix_socket_reconnects_or_refuses_to_start
         std::thread::sleep(Duration::from_millis(20));
     }
     let meta_url = format!("unix://{}?db=1", sock.display());
-    serve_through_reconnects(&meta_url, port, Reconnects::default());
+    // The bucket stays: a volume whose bucket is gone is refused first.
+    let _bucket = serve_through_reconnects(&meta_url, port, Reconnects::default());
 
     // A socket only root may use: the daemon, as nobody, could not connect
     // again, so it refuses to start.

@@ -6,7 +6,8 @@
 //!   new mount, every fsync'ed byte reads back, the staged blocks reach the
 //!   bucket by themselves and staging empties — and a mount without
 //!   writeback then reads the same bytes from the bucket alone;
-//! - a clean unmount uploads delayed blocks before it exits;
+//! - a clean unmount uploads delayed blocks before it exits, and `sluice
+//!   umount --flush` returns only once they are in the bucket;
 //! - `--writeback` with an unusable cache directory fails in one line.
 
 mod common;
@@ -233,6 +234,51 @@ fn a_clean_unmount_uploads_delayed_blocks() {
     assert_eq!(vol.objects().len(), 3);
     let log = std::fs::read_to_string(log).unwrap_or_default();
     assert!(log.contains("every staged block is uploaded"), "{log}");
+    let mount = vol.mount("mnt");
+    assert!(std::fs::read(mount.path.join("file")).expect("read") == data);
+    mount.unmount();
+}
+
+/// `sluice umount --flush` (as `juicefs umount --flush`) returns only once
+/// every block the mount staged, delayed ones too, is in the bucket and the
+/// mount's process has finished.
+#[test]
+fn umount_flush_returns_once_every_staged_block_is_uploaded() {
+    let _dog = Watchdog::new("umount_flush", Duration::from_secs(300));
+    let vol = Volume::format("wbflush", &["--block-size", "1M"]);
+    let cache = vol.dir.path().join("cache");
+    let cache_s = cache.to_str().expect("UTF-8").to_owned();
+    let held = [
+        "--writeback",
+        "--upload-delay",
+        "3600",
+        "--cache-dir",
+        &cache_s,
+    ];
+    let mount = mount_with(&vol, "mnt", &held);
+    let data = content(seed("umount_flush"), (3 << 20) + 77);
+    std::fs::write(mount.path.join("file"), &data).expect("write");
+    let staging = staging_dir(&vol, &cache);
+    assert_eq!(staged_blocks(&staging).len(), 4, "closed file, staged");
+    assert!(vol.objects().is_empty(), "held back by --upload-delay");
+    let pid = mount.pid();
+    mount.unmount_with(&["--flush"], |out| {
+        // Checked before the test collects the process: the command waited.
+        assert!(out.contains("every staged block is uploaded"), "{out}");
+        assert_eq!(vol.objects().len(), 4, "in the bucket when umount returns");
+        assert!(
+            staged_blocks(&staging).is_empty(),
+            "staging when umount returns"
+        );
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().chars().next());
+        assert!(
+            matches!(state, None | Some(Some('Z'))),
+            "the mount's process still runs: {stat}"
+        );
+    });
     let mount = vol.mount("mnt");
     assert!(std::fs::read(mount.path.join("file")).expect("read") == data);
     mount.unmount();

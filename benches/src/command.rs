@@ -5,6 +5,8 @@
 //! `sluice bench fs /mnt/jfs`. Subcommand names win, so a directory that happens to be
 //! called `mlperf` is benchmarked with `sluice bench ./mlperf` or `sluice bench fs mlperf`.
 
+use sluice_engine::size::{SizeRange, Unit, size_parser};
+
 use crate::fsbench::{self, FsBenchArgs, FsBenchError};
 use crate::mlperf::MlperfError;
 use crate::mlperf::cli::{self as mlperf_cli, MlperfArgs};
@@ -42,7 +44,7 @@ pub enum BenchCommand {
 #[derive(Debug, clap::Args)]
 pub struct CopyArgs {
     /// Buffer sizes to measure (default 4K 64K 1M 4M 64M).
-    #[arg(long, value_delimiter = ',', value_parser = crate::size::parse_size)]
+    #[arg(long, value_delimiter = ',', value_parser = size_parser(Unit::Bytes, SizeRange::new(1, u64::MAX)))]
     pub sizes: Vec<u64>,
     /// Seconds per (kernel, size) case.
     #[arg(long, default_value_t = 1.0)]
@@ -56,7 +58,7 @@ pub struct ReactorArgs {
     #[arg(long, default_value = "/var/tmp")]
     pub dir: std::path::PathBuf,
     /// Size of the test file (e.g. 1G).
-    #[arg(long, default_value = "1G", value_parser = crate::size::parse_size)]
+    #[arg(long, default_value = "1G", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, u64::MAX)))]
     pub file_size: u64,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 5.0)]

@@ -19,10 +19,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::size::{format_size, parse_size};
+use sluice_engine::size::{SizeRange, Unit, format_size, parse_size};
 
 fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+    parse_size(s, Unit::Bytes, SizeRange::ANY).map_err(|e| e.to_string())
 }
 
 /// The phases of `sluice bench files`.

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::mlperf::record::FillPattern;
 use crate::page_cache;
-use crate::size::{format_size, parse_size};
+use sluice_engine::size::{SizeRange, Unit, format_size, size_parser};
 
 /// Errors of the file-system benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -41,10 +41,6 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 /// Arguments of `sluice bench PATH`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FsBenchArgs {
@@ -54,14 +50,14 @@ pub struct FsBenchArgs {
     /// Threads, each with its own big file and small files.
     #[arg(short = 'p', long, default_value_t = 1)]
     pub threads: usize,
-    /// Size of each big file.
-    #[arg(long, default_value = "1G", value_parser = size_arg)]
+    /// Size of each big file (a bare number is MiB, as in `juicefs bench`).
+    #[arg(long, default_value = "1G", value_parser = size_parser(Unit::Mib, SizeRange::ANY))]
     pub big_file_size: u64,
-    /// I/O size for big files.
-    #[arg(long, default_value = "1M", value_parser = size_arg)]
+    /// I/O size for big files (a bare number is MiB, as in `juicefs bench`).
+    #[arg(long, default_value = "1M", value_parser = size_parser(Unit::Mib, SizeRange::ANY))]
     pub block_size: u64,
-    /// Size of each small file.
-    #[arg(long, default_value = "128K", value_parser = size_arg)]
+    /// Size of each small file (a bare number is KiB, as in `juicefs bench`).
+    #[arg(long, default_value = "128K", value_parser = size_parser(Unit::Kib, SizeRange::ANY))]
     pub small_file_size: u64,
     /// Small files per thread.
     #[arg(long, default_value_t = 100)]

@@ -12,5 +12,4 @@ pub mod kernels;
 pub mod mlperf;
 pub mod page_cache;
 pub mod reactor;
-pub mod size;
 pub mod virtiofs;

@@ -145,6 +145,33 @@ pub struct Credentials {
     pub session_token: Secret,
 }
 
+/// The smallest block size JuiceFS 1.x formats a volume with: 64 KiB.
+pub const MIN_BLOCK_SIZE: u64 = 64 << 10;
+
+/// The largest block size JuiceFS 1.x formats a volume with: 16 MiB.
+pub const MAX_BLOCK_SIZE: u64 = 16 << 20;
+
+/// The block size, in bytes, that `juicefs format --block-size` stores for
+/// a request of `requested` bytes (JuiceFS 1.x's `fixObjectSize`): the
+/// largest power of two not above the request, then held to
+/// [`MIN_BLOCK_SIZE`]..=[`MAX_BLOCK_SIZE`]. JuiceFS reads only such block
+/// sizes right (a 3 MiB block size reads back zeros past a file's first
+/// 64 MiB), so sluice formats volumes with exactly what JuiceFS would.
+pub fn juicefs_block_size(requested: u64) -> u64 {
+    let power = match requested {
+        0 => 0,
+        r => 1 << (63 - r.leading_zeros()),
+    };
+    power.clamp(MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+}
+
+/// Whether `kib` KiB is a block size JuiceFS formats and reads: a power of
+/// two from 64 KiB to 16 MiB.
+pub fn is_juicefs_block_size(kib: u32) -> bool {
+    let bytes = u64::from(kib) << 10;
+    juicefs_block_size(bytes) == bytes
+}
+
 fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -241,6 +268,25 @@ impl Format {
             self.extra.insert("KeyEncrypted".into(), true.into());
         }
         Ok(())
+    }
+
+    /// What an operator must know about a volume whose block size JuiceFS
+    /// does not format (not a power of two from 64 KiB to 16 MiB: older
+    /// sluice versions stored `--block-size 3M` as it was asked). sluice
+    /// reads and writes such a volume correctly; JuiceFS reads wrong bytes
+    /// from it. `None` for every block size JuiceFS formats.
+    pub fn block_size_warning(&self) -> Option<String> {
+        if is_juicefs_block_size(self.block_size) {
+            return None;
+        }
+        Some(format!(
+            "volume {:?} has block size {} KiB, which JuiceFS never formats (it takes a power of \
+             two from 64 KiB to 16 MiB): sluice reads and writes this volume correctly, but \
+             JuiceFS reads wrong bytes from it (zeros past a file's first 64 MiB), and the block \
+             size cannot change; keep it away from JuiceFS, or copy its files to a volume \
+             formatted with a power-of-two --block-size",
+            self.name, self.block_size
+        ))
     }
 
     fn secret_cipher(&self) -> Result<SecretCipher> {
@@ -344,6 +390,41 @@ mod tests {
                 "EncryptAlgo":"aes256gcm-rsa","EnableACL":false}"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn block_sizes_round_as_juicefs_format_rounds_them() {
+        // What `juicefs format --block-size` 1.4.2 stored for each request.
+        for (requested, stored) in [
+            (3 << 20, 2 << 20),
+            (3072 << 10, 2 << 20),
+            (100 << 10, 64 << 10),
+            (20 << 20, 16 << 20),
+            (0, 64 << 10),
+            (3 << 19, 1 << 20),
+            (4 << 20, 4 << 20),
+            (64 << 10, 64 << 10),
+            (32 << 10, 64 << 10),
+            (5000 << 10, 4 << 20),
+            (2 << 30, 16 << 20),
+            (u64::MAX, 16 << 20),
+        ] {
+            assert_eq!(juicefs_block_size(requested), stored, "{requested}");
+        }
+        assert!(is_juicefs_block_size(4096) && is_juicefs_block_size(64));
+        assert!(!is_juicefs_block_size(3072) && !is_juicefs_block_size(32));
+        assert!(
+            !is_juicefs_block_size(32 << 10),
+            "32 MiB: beyond JuiceFS's range"
+        );
+        let mut f = format();
+        assert_eq!(f.block_size_warning(), None);
+        f.block_size = 3072;
+        let warning = f.block_size_warning().unwrap();
+        assert!(
+            warning.contains("3072 KiB") && warning.contains("JuiceFS"),
+            "{warning}"
+        );
     }
 
     #[test]

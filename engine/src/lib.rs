@@ -22,6 +22,7 @@ pub mod object;
 pub mod readahead;
 pub mod reader;
 pub mod redact;
+pub mod size;
 pub mod vfs;
 pub mod volume;
 pub mod warmup;

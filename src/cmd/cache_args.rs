@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use sluice_engine::object::disk_cache::{
     DiskCacheConfig, Eviction, VerifyPolicy, parse_cache_dirs,
 };
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 use sluice_numa::reactor::BackendChoice;
 
 use super::writeback_args::{DEFAULT_CACHE_DIR, first_cache_dir};
@@ -23,8 +24,14 @@ pub struct CacheArgs {
     /// /var/cache/sluice, which turns on no disk cache).
     #[arg(long, value_name = "DIR[@NODE][:DIR[@NODE]...]")]
     pub cache_dir: Option<String>,
-    /// Disk cache size over all cache directories, in MiB (0: no disk cache).
-    #[arg(long, value_name = "MIB", default_value_t = 102_400)]
+    /// Disk cache size over all cache directories: a size (100G; a bare
+    /// number is MiB, as JuiceFS's --cache-size); 0: no disk cache.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "100G",
+        value_parser = size_parser(Unit::Mib, SizeRange::ANY)
+    )]
     pub disk_cache_size: u64,
     /// Share of each cache file system kept free: below it the cache evicts
     /// and stops growing.
@@ -68,7 +75,7 @@ impl CacheArgs {
             eviction: self.cache_eviction,
             verify: self.verify_cache_checksum,
             backend,
-            ..DiskCacheConfig::new(dirs, self.disk_cache_size << 20)
+            ..DiskCacheConfig::new(dirs, self.disk_cache_size)
         }))
     }
 }

@@ -3,7 +3,8 @@
 //! daemon's own. One request per connection, as a JSON line; the daemon
 //! answers with JSON lines: the size of the job, progress now and then, and
 //! the final counts (or an error). `sluice stats` asks it for the
-//! daemon's metrics the same way.
+//! daemon's metrics the same way, and `sluice umount --flush` asks a mount
+//! to upload what `--writeback` staged.
 //!
 //! The socket is created mode 0600 and root's (the daemon binds it as root;
 //! `sluice serve` before it switches to its service user): warming or
@@ -41,6 +42,20 @@ pub struct MetricsRequest {
     pub metrics: bool,
 }
 
+/// Asks the daemon to upload every block `--writeback` staged, now (the
+/// delayed ones too), for `sluice umount --flush`: `{"flush": true}`. The
+/// daemon answers with [`Reply::Uploads`] lines, every second and once
+/// done.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlushRequest {
+    /// Always true.
+    pub flush: bool,
+}
+
+/// How long a flush waits for the uploads (the same bound as an unmount's).
+const FLUSH_LIMIT: std::time::Duration = sluice_engine::vfs::DEFAULT_UPLOAD_DRAIN;
+
 /// One line of the daemon's answer.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -62,6 +77,15 @@ pub enum Reply {
     Metrics {
         /// The exposition text.
         text: String,
+    },
+    /// The staged blocks not uploaded yet (a flush's progress and end).
+    Uploads {
+        /// Blocks staged and not uploaded.
+        pending_blocks: u64,
+        /// Their bytes.
+        pending_bytes: u64,
+        /// Whether the flush is over (what is pending then stays staged).
+        done: bool,
     },
     /// The request failed.
     Error {
@@ -124,27 +148,40 @@ impl ControlServer {
             .with_context(|| format!("cannot listen on {}", path.display()))?;
         Ok(BoundControl {
             path: path.to_owned(),
-            listener,
+            listener: Some(listener),
         })
     }
 }
 
-/// A bound control socket whose server is not started yet.
+/// A bound control socket whose server is not started yet; its file is
+/// removed when it is dropped unstarted (a daemon whose start failed).
 #[derive(Debug)]
 pub struct BoundControl {
     path: PathBuf,
-    listener: std::os::unix::net::UnixListener,
+    listener: Option<std::os::unix::net::UnixListener>,
+}
+
+impl Drop for BoundControl {
+    fn drop(&mut self) {
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl BoundControl {
     /// Starts serving requests against `slot` (and `metrics`, for
     /// `sluice stats`).
     pub fn start(
-        self,
+        mut self,
         slot: ReaderSlot,
         metrics: Option<Arc<Metrics>>,
     ) -> anyhow::Result<ControlServer> {
-        let BoundControl { path, listener } = self;
+        let path = self.path.clone();
+        let listener = self
+            .listener
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("the control socket was started twice"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         std::thread::Builder::new()
@@ -179,6 +216,51 @@ impl Drop for ControlServer {
     }
 }
 
+/// Uploads the staged blocks now, reporting the backlog every second.
+fn flush(slot: &ReaderSlot, send: &dyn Fn(&Reply) -> std::io::Result<()>) -> anyhow::Result<()> {
+    let Some(reader) = slot.lock().clone() else {
+        send(&Reply::Error {
+            message: "no file-system session is running".into(),
+        })?;
+        return Ok(());
+    };
+    let store = reader.volume().store.clone();
+    let backlog = || {
+        let s = store.upload_backlog().unwrap_or_default();
+        (s.pending_blocks, s.pending_bytes)
+    };
+    log::info!("control: flushing the staged blocks");
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        scope.spawn(|| {
+            store.drain_uploads(FLUSH_LIMIT);
+            finished.store(true, Ordering::Release);
+        });
+        let mut last = std::time::Instant::now();
+        while !finished.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if last.elapsed() >= std::time::Duration::from_secs(1) {
+                last = std::time::Instant::now();
+                let (blocks, bytes) = backlog();
+                // A client gone is no reason to stop the uploads.
+                let _ = send(&Reply::Uploads {
+                    pending_blocks: blocks,
+                    pending_bytes: bytes,
+                    done: false,
+                });
+            }
+        }
+        Ok(())
+    })?;
+    let (blocks, bytes) = backlog();
+    send(&Reply::Uploads {
+        pending_blocks: blocks,
+        pending_bytes: bytes,
+        done: true,
+    })?;
+    Ok(())
+}
+
 /// Serves one request.
 fn handle(conn: UnixStream, slot: &ReaderSlot, metrics: Option<&Metrics>) -> anyhow::Result<()> {
     let mut line = String::new();
@@ -199,6 +281,9 @@ fn handle(conn: UnixStream, slot: &ReaderSlot, metrics: Option<&Metrics>) -> any
             }),
         }
         .map_err(Into::into);
+    }
+    if let Ok(FlushRequest { flush: true }) = serde_json::from_str(&line) {
+        return flush(slot, &send);
     }
     let req: Request = match serde_json::from_str(&line) {
         Ok(r) => r,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
 use sluice_engine::dump::{DumpOptions, dump, load};
-use sluice_engine::meta::{MetaUrl, open_meta};
+use sluice_engine::meta::{MetaUrl, open_existing_meta, open_meta};
 
 /// Arguments of `sluice dump`.
 #[derive(Debug, clap::Args)]
@@ -61,7 +61,7 @@ fn bar(what: &'static str, total: Option<u64>, bytes: bool) -> indicatif::Progre
 
 /// Runs `sluice dump`.
 pub fn run_dump(args: DumpArgs) -> anyhow::Result<()> {
-    let meta = open_meta(args.meta_url.expose())
+    let meta = open_existing_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open {}", args.meta_url))?;
     let opts = DumpOptions {
         keep_secret_key: args.keep_secret_key,
@@ -108,12 +108,19 @@ impl<R: Read> Read for Counted<R> {
 
 /// Runs `sluice load`.
 pub fn run_load(args: LoadArgs) -> anyhow::Result<()> {
+    // The dump first: a mistyped file name must not leave a new, empty
+    // database behind.
+    let file = args
+        .file
+        .as_ref()
+        .map(|path| {
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))
+        })
+        .transpose()?;
     let meta = open_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open {}", args.meta_url))?;
-    let summary = match &args.file {
-        Some(path) => {
-            let file = std::fs::File::open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
+    let summary = match file {
+        Some(file) => {
             // A file's length is known: the bar follows the bytes parsed.
             let total = file
                 .metadata()

@@ -2,6 +2,7 @@
 //! guest must not take the daemon's memory for itself).
 
 use anyhow::bail;
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 use sluice_engine::vfs::{DEFAULT_MAX_DIR_ENTRIES, VfsConfig};
 use sluice_fuse::export::ClientLimits;
 
@@ -20,9 +21,14 @@ pub struct LimitArgs {
     /// memory together (ENOMEM for a listing past it).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_DIR_ENTRIES)]
     pub max_dir_entries: u64,
-    /// The largest extended attribute value the guest may set, in bytes, at
-    /// most 65536 (E2BIG past it).
-    #[arg(long, value_name = "BYTES", default_value_t = ClientLimits::MAX_XATTR_SIZE)]
+    /// The largest extended attribute value the guest may set: a size (a
+    /// bare number is bytes) up to 64K, Linux's limit (E2BIG past it).
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value_t = ClientLimits::MAX_XATTR_SIZE,
+        value_parser = size_parser(Unit::Bytes, SizeRange::new(0, ClientLimits::MAX_XATTR_SIZE))
+    )]
     pub max_xattr_size: u64,
 }
 
@@ -32,13 +38,6 @@ impl LimitArgs {
     pub fn apply(&self, cfg: &mut VfsConfig) -> anyhow::Result<ClientLimits> {
         if self.max_handles == 0 || self.max_nodes == 0 || self.max_dir_entries == 0 {
             bail!("--max-handles, --max-nodes and --max-dir-entries must be at least 1");
-        }
-        if self.max_xattr_size > ClientLimits::MAX_XATTR_SIZE {
-            bail!(
-                "--max-xattr-size is at most {} bytes (Linux's limit); got {}",
-                ClientLimits::MAX_XATTR_SIZE,
-                self.max_xattr_size
-            );
         }
         cfg.max_dir_entries = self.max_dir_entries;
         Ok(ClientLimits {

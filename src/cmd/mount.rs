@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use sluice_engine::meta::MetaUrl;
+use sluice_engine::size::{SizeRange, Unit, format_size, size_parser};
 use sluice_engine::vfs::{AtimeMode, Vfs, VfsConfig};
 use sluice_fuse::{Config, MountOptions, Session, Timeouts};
 
@@ -22,8 +23,14 @@ use super::writeback_args::WritebackArgs;
 pub struct MountArgs {
     /// Metadata engine URL, e.g. sqlite3:///var/lib/sluice/vol.db
     pub meta_url: MetaUrl,
-    /// An existing, empty directory to mount on.
+    /// An existing, empty directory to mount on (see --nonempty).
     pub mountpoint: PathBuf,
+    /// Mount on a directory that is not empty: its files stay hidden
+    /// under the mount until it goes (libfuse 2's `nonempty`). JuiceFS
+    /// always does; sluice refuses unless asked, so that a mistyped mount
+    /// point does not hide data without a word.
+    #[arg(long)]
+    pub nonempty: bool,
     /// Return once the mount is ready and keep serving it in the background.
     #[arg(long, short = 'd')]
     pub background: bool,
@@ -36,17 +43,8 @@ pub struct MountArgs {
     /// Seconds the kernel caches name lookups.
     #[arg(long, default_value_t = 1.0)]
     pub entry_cache: f64,
-    /// Write buffer per file, in MiB; a file commits in the background beyond it.
-    #[arg(long, default_value_t = 64)]
-    pub buffer_size: usize,
-    /// Memory block cache, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub cache_size: usize,
-    /// Fault in the whole memory cache at start (in the background), so
-    /// blocks are read into warm memory: the cache's memory is then resident
-    /// from the start instead of growing with use.
-    #[arg(long)]
-    pub cache_prefault: bool,
+    #[command(flatten)]
+    pub memory: super::memory_args::MemoryArgs,
     /// Threads serving the mount (each with its own /dev/fuse clone).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -73,10 +71,16 @@ pub struct MountArgs {
         default_value = "noatime"
     )]
     pub atime_mode: AtimeMode,
-    /// How far the kernel reads ahead of a sequential reader, in MiB (the
-    /// mount's `read_ahead_kb`); 0 keeps the kernel's default of 128 KiB.
-    #[arg(long, default_value_t = 4, value_name = "MIB")]
-    pub kernel_readahead: u32,
+    /// How far the kernel reads ahead of a sequential reader (the mount's
+    /// `read_ahead_kb`): a size up to 1G (a bare number is MiB); 0 keeps
+    /// the kernel's default of 128 KiB.
+    #[arg(
+        long,
+        default_value = "4M",
+        value_name = "SIZE",
+        value_parser = size_parser(Unit::Mib, SizeRange::new(0, 1 << 30))
+    )]
+    pub kernel_readahead: u64,
     #[command(flatten)]
     pub readahead: super::readahead_args::ReadaheadArgs,
     #[command(flatten)]
@@ -98,6 +102,12 @@ pub struct UmountArgs {
     /// Detach now even if files are open (the mount goes away when they close).
     #[arg(long)]
     pub lazy: bool,
+    /// First upload every block the mount's --writeback staged (the
+    /// delayed ones at once; as `juicefs umount --flush`), then unmount and
+    /// wait for the mount's process to finish. Refused, leaving the mount
+    /// as it is, when blocks are still staged after 10 minutes.
+    #[arg(long)]
+    pub flush: bool,
 }
 
 /// The file-system type of a sluice mount in /proc/self/mountinfo.
@@ -105,15 +115,10 @@ const FSTYPE: &str = "fuse.sluice";
 
 /// Runs `sluice mount`.
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
-    let mountpoint = check_mountpoint(&args.mountpoint)?;
-    if args.kernel_readahead > 1024 {
-        bail!(
-            "--kernel-readahead is in MiB; {} is more than 1 GiB",
-            args.kernel_readahead
-        );
-    }
+    let mountpoint = check_mountpoint(&args.mountpoint, args.nonempty)?;
     // Settings are checked before a background mount detaches.
     args.commit.apply(VfsConfig::default())?;
+    args.memory.apply(VfsConfig::default())?;
     if args.background {
         return spawn_background(&args, &mountpoint);
     }
@@ -123,8 +128,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if !seconds_ok(args.attr_cache) || !seconds_ok(args.entry_cache) {
         bail!("--attr-cache and --entry-cache take a number of seconds ≥ 0");
     }
-    if args.threads == 0 || args.buffer_size == 0 {
-        bail!("--threads and --buffer-size must be at least 1");
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
     }
     if args.max_waiting > 0 && !(1..=1024).contains(&args.waiters) {
         bail!("--waiters must be between 1 and 1024 (or --max-waiting 0)");
@@ -140,15 +145,13 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     }
     let vfs = Vfs::new(
         volume,
-        args.commit.apply(args.readahead.apply(VfsConfig {
-            cache_bytes: args.cache_size << 20,
-            cache_prefault: args.cache_prefault,
-            buffer_bytes: args.buffer_size << 20,
-            disk_cache,
-            atime: args.atime_mode,
-            read_only: args.read_only,
-            ..VfsConfig::default()
-        })?)?,
+        args.commit
+            .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+                disk_cache,
+                atime: args.atime_mode,
+                read_only: args.read_only,
+                ..VfsConfig::default()
+            })?)?)?,
     )
     .context("cannot start the file system")?;
     let options = MountOptions {
@@ -264,6 +267,11 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
     if mount_type(&path)?.as_deref() != Some(FSTYPE) {
         bail!("{} is not a sluice mount point", path.display());
     }
+    let server = if args.flush {
+        Some(flush_staged(&path)?)
+    } else {
+        None
+    };
     let target = CString::new(path.as_os_str().as_bytes())?;
     let flags = if args.lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: `target` is a NUL-terminated path alive across the call.
@@ -277,12 +285,132 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
         }
         return Err(err).with_context(|| format!("cannot unmount {}", path.display()));
     }
-    println!("unmounted {}", path.display());
+    if let Some(pid) = server {
+        wait_for_exit(pid, &path)?;
+        println!(
+            "unmounted {}: every staged block is uploaded, and its process has finished",
+            path.display()
+        );
+    } else {
+        println!("unmounted {}", path.display());
+    }
     Ok(())
 }
 
-/// The mount point must be an existing directory that is not mounted yet.
-fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+/// Asks the mount's process (through its control socket) to upload every
+/// block it staged, shows the backlog while it does, and returns the
+/// process's id; fails when blocks are still staged at the end.
+fn flush_staged(mountpoint: &Path) -> anyhow::Result<libc::pid_t> {
+    use std::io::{BufRead as _, Write as _};
+    use std::os::unix::net::UnixStream;
+
+    use super::control::{FlushRequest, Reply, socket_for_mount};
+    let socket = socket_for_mount(mountpoint);
+    let mut conn = UnixStream::connect(&socket).with_context(|| {
+        format!(
+            "--flush: cannot reach the mount's control socket {}; unmount without --flush \
+             (staged blocks are then uploaded at the volume's next mount)",
+            socket.display()
+        )
+    })?;
+    let pid = peer_pid(&conn).context("--flush: cannot tell the mount's process")?;
+    let mut line = serde_json::to_string(&FlushRequest { flush: true })?;
+    line.push('\n');
+    conn.write_all(line.as_bytes())?;
+    let mut shown = false;
+    for line in io::BufReader::new(conn).lines() {
+        let reply: Reply = serde_json::from_str(&line?).context("--flush: a bad answer")?;
+        match reply {
+            Reply::Uploads {
+                pending_blocks,
+                pending_bytes,
+                done: false,
+            } => {
+                eprint!(
+                    "\ruploading staged blocks: {pending_blocks} left ({})   ",
+                    format_size(pending_bytes)
+                );
+                shown = true;
+            }
+            Reply::Uploads {
+                pending_blocks,
+                pending_bytes,
+                done: true,
+            } => {
+                if shown {
+                    eprintln!();
+                }
+                if pending_blocks > 0 {
+                    bail!(
+                        "{pending_blocks} staged blocks ({}) are not uploaded yet (is the \
+                         bucket reachable? see the mount's log); {} stays mounted: run \
+                         `sluice umount --flush` again, or unmount without --flush to leave \
+                         them staged for the next mount",
+                        format_size(pending_bytes),
+                        mountpoint.display()
+                    );
+                }
+                return Ok(pid);
+            }
+            Reply::Error { message } => bail!("--flush: {message}"),
+            _ => {}
+        }
+    }
+    bail!("--flush: the mount's process closed its control socket before the flush ended")
+}
+
+/// The process at the other end of a Unix socket.
+fn peer_pid(conn: &std::os::unix::net::UnixStream) -> io::Result<libc::pid_t> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for the call, which writes at most
+    // `len` bytes into `cred`.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid)
+}
+
+/// Waits until process `pid` (a mount's server, unmounted now) has ended:
+/// it commits, uploads what is left and exits.
+fn wait_for_exit(pid: libc::pid_t, mountpoint: &Path) -> anyhow::Result<()> {
+    let gone = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has ended; its parent has not collected it yet.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    };
+    let deadline = Instant::now() + sluice_engine::vfs::DEFAULT_UPLOAD_DRAIN;
+    while !gone() {
+        if Instant::now() > deadline {
+            bail!(
+                "{} is unmounted, but its process (pid {pid}) has not finished; see its log",
+                mountpoint.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The mount point must be an existing directory that is not mounted yet,
+/// and empty unless `nonempty`.
+fn check_mountpoint(path: &Path, nonempty: bool) -> anyhow::Result<PathBuf> {
     let path = std::path::absolute(path)?;
     match std::fs::metadata(&path) {
         Ok(m) if m.is_dir() => {}
@@ -304,6 +432,21 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
             "{} is already a mount point ({fstype}); unmount it first",
             path.display()
         );
+    }
+    if !nonempty {
+        let first = std::fs::read_dir(&path)
+            .with_context(|| format!("cannot list the mount point {}", path.display()))?
+            .next()
+            .transpose()
+            .with_context(|| format!("cannot list the mount point {}", path.display()))?;
+        if let Some(entry) = first {
+            bail!(
+                "mount point {} is not empty (it holds {:?}, ...), and the mount would hide \
+                 what is there: mount on an empty directory, or add --nonempty to mount over it",
+                path.display(),
+                entry.file_name()
+            );
+        }
     }
     Ok(path)
 }
@@ -460,14 +603,15 @@ fn spawn_background(args: &MountArgs, mountpoint: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// Widens the kernel's readahead for the mount to `mib` MiB (0: leaves it).
-/// The stat inside waits for the session to have answered INIT, which is
-/// where the kernel sets its own value.
-fn set_kernel_readahead(mountpoint: &Path, mib: u32) {
-    if mib == 0 {
+/// Widens the kernel's readahead for the mount to `bytes` (0: leaves it),
+/// in whole KiB. The stat inside waits for the session to have answered
+/// INIT, which is where the kernel sets its own value.
+fn set_kernel_readahead(mountpoint: &Path, bytes: u64) {
+    let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+    if kib == 0 {
         return;
     }
-    if let Err(e) = sluice_fuse::dev::set_kernel_readahead(mountpoint, mib.saturating_mul(1024)) {
+    if let Err(e) = sluice_fuse::dev::set_kernel_readahead(mountpoint, kib) {
         log::warn!("the kernel's readahead for this mount stays at its default: {e}");
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use sluice_engine::format::{Credentials, Secret};
 use sluice_engine::object::{ObjectStore, S3Options, open_store};
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 
 /// Arguments of `sluice objbench`.
 #[derive(Debug, clap::Args)]
@@ -33,14 +34,14 @@ pub struct ObjbenchArgs {
     /// Concurrent requests.
     #[arg(long, short = 'p', default_value_t = 4)]
     pub threads: usize,
-    /// Size of a big object (a block).
-    #[arg(long, default_value = "4M", value_parser = sluice_benches::size::parse_size)]
+    /// Size of a big object (a block; a size, a bare number is bytes).
+    #[arg(long, default_value = "4M", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, 1 << 30)))]
     pub big_size: u64,
     /// Number of big objects.
     #[arg(long, default_value_t = 32)]
     pub big_count: usize,
-    /// Size of a small object.
-    #[arg(long, default_value = "4K", value_parser = sluice_benches::size::parse_size)]
+    /// Size of a small object (a size, a bare number is bytes).
+    #[arg(long, default_value = "4K", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, 1 << 30)))]
     pub small_size: u64,
     /// Number of small objects.
     #[arg(long, default_value_t = 100)]
@@ -145,9 +146,6 @@ where
 pub fn run(args: ObjbenchArgs) -> anyhow::Result<()> {
     if args.threads == 0 || args.count == 0 || args.big_count == 0 {
         bail!("--threads, --count and --big-count must be at least 1");
-    }
-    if args.big_size == 0 || args.small_size == 0 || args.big_size > 1 << 30 {
-        bail!("--big-size must be 1 byte..1G and --small-size at least 1 byte");
     }
     if args.access_key.is_some() != args.secret_key.is_some() {
         bail!("give --access-key and --secret-key together");

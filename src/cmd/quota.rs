@@ -7,8 +7,10 @@ use anyhow::{Context as _, bail};
 use sluice_engine::Error;
 use sluice_engine::meta::quota::tree_usage;
 use sluice_engine::meta::{
-    Context, DirQuota, FileType, Ino, Meta, MetaUrl, QuotaChange, ROOT_INO, TRASH_INO, open_meta,
+    Context, DirQuota, FileType, Ino, Meta, MetaUrl, QuotaChange, ROOT_INO, TRASH_INO,
+    open_existing_meta,
 };
+use sluice_engine::size::{SizeRange, Unit, format_size, parse_size};
 use sluice_engine::volume::{enable_dir_stats, set_volume_limits};
 
 /// Arguments of `sluice quota`.
@@ -100,24 +102,18 @@ pub struct ConfigArgs {
     pub inodes: Option<u64>,
 }
 
-/// Parses a size as `juicefs` does for `--capacity`: a bare number is GiB
-/// (fractions allowed); a unit (B, K, M, G, T, KiB, GB, ...) says otherwise.
+/// The largest `--capacity`: JuiceFS keeps quotas as signed 64-bit byte
+/// counts.
+const MAX_CAPACITY: u64 = i64::MAX as u64;
+
+/// Parses `--capacity` as `juicefs` does: a size whose bare number is GiB
+/// (fractions allowed), such as `100`, `512M` or `1.5T` (see
+/// `sluice_engine::size`).
 pub fn parse_gib(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if t.starts_with('-') {
+    if s.trim().starts_with('-') {
         return Err(format!("{s:?} is negative; give 0 for no limit"));
     }
-    if t.ends_with(|c: char| c.is_ascii_digit()) {
-        let gib: f64 = t
-            .parse()
-            .map_err(|_| format!("cannot read {s:?} as a number of GiB"))?;
-        let bytes = gib * (1u64 << 30) as f64;
-        if !bytes.is_finite() || bytes > u64::MAX as f64 {
-            return Err(format!("{s:?} GiB is too large"));
-        }
-        return Ok(bytes as u64);
-    }
-    sluice_benches::size::parse_size(t).map_err(|e| e.to_string())
+    parse_size(s, Unit::Gib, SizeRange::new(0, MAX_CAPACITY)).map_err(|e| e.to_string())
 }
 
 /// Parses an inode count: a whole number, 0 for no limit.
@@ -177,8 +173,8 @@ pub fn config(args: ConfigArgs) -> anyhow::Result<()> {
 }
 
 fn open(url: &MetaUrl) -> anyhow::Result<std::sync::Arc<dyn Meta>> {
-    let meta =
-        open_meta(url.expose()).with_context(|| format!("cannot open metadata engine {url}"))?;
+    let meta = open_existing_meta(url.expose())
+        .with_context(|| format!("cannot open metadata engine {url}"))?;
     match meta.load() {
         Ok(_) => Ok(meta),
         Err(Error::NotFound) => bail!("{url} holds no volume (run sluice format first)"),
@@ -361,7 +357,7 @@ fn path_of(meta: &dyn Meta, mut ino: Ino) -> Option<String> {
 }
 
 fn size(bytes: i64) -> String {
-    sluice_benches::size::format_size(bytes.max(0) as u64)
+    format_size(bytes.max(0) as u64)
 }
 
 /// Prints quotas as `juicefs quota` does: path, limit, usage and percentage

@@ -2,15 +2,22 @@
 
 use anyhow::bail;
 use sluice_engine::readahead::ReadaheadConfig;
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 use sluice_engine::vfs::VfsConfig;
 
 /// How far sluice reads ahead of sequential readers and how much it may
 /// fetch for random ones.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReadaheadArgs {
-    /// Largest readahead window per sequential stream, in MiB (0 turns
-    /// readahead off). A stream's window starts small and doubles up to it.
-    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    /// Largest readahead window per sequential stream: a size up to 1T (a
+    /// bare number is MiB); 0 turns readahead off. A stream's window starts
+    /// small and doubles up to it.
+    #[arg(
+        long,
+        default_value = "32M",
+        value_name = "SIZE",
+        value_parser = size_parser(Unit::Mib, SizeRange::new(0, 1 << 40))
+    )]
     pub max_readahead: u64,
     /// Whole-block prefetch a random reader may cause, in bytes per byte it
     /// reads, once the memory cache is full (until then its blocks are
@@ -32,17 +39,11 @@ impl ReadaheadArgs {
                 self.readahead_ratio
             );
         }
-        if self.max_readahead > 1 << 20 {
-            bail!(
-                "--max-readahead is in MiB; {} is more than 1 TiB",
-                self.max_readahead
-            );
-        }
         if self.prefetch > 256 {
             bail!("--prefetch takes at most 256 threads");
         }
         cfg.readahead = ReadaheadConfig {
-            max_bytes: self.max_readahead << 20,
+            max_bytes: self.max_readahead,
             ratio: self.readahead_ratio,
         };
         cfg.prefetch_threads = self.prefetch;

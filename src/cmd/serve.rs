@@ -42,17 +42,8 @@ pub struct ServeArgs {
     /// The NUMA node that holds the guest's memory, for the placement plan.
     #[arg(long, default_value_t = 0)]
     pub node: usize,
-    /// Memory block cache, in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub cache_size: usize,
-    /// Fault in the whole memory cache at start (in the background), so
-    /// blocks are read into warm memory: the cache's memory is then resident
-    /// from the start instead of growing with use.
-    #[arg(long)]
-    pub cache_prefault: bool,
-    /// Write buffer per file, in MiB.
-    #[arg(long, default_value_t = 64)]
-    pub buffer_size: usize,
+    #[command(flatten)]
+    pub memory: super::memory_args::MemoryArgs,
     /// Serve one VM connection, then exit (default: accept the VM again after
     /// it disconnects or reboots).
     #[arg(long)]
@@ -180,9 +171,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before any thread starts, so that every thread inherits the mask and
     // only the signal thread (started once the sandbox is up) takes them.
     let signals = super::mount::block_termination_signals();
-    if args.queues == 0 || args.cache_size == 0 || args.buffer_size == 0 {
-        bail!("--queues, --cache-size and --buffer-size must be at least 1");
+    if args.queues == 0 {
+        bail!("--queues must be at least 1");
     }
+    args.memory.apply(VfsConfig::default())?;
     args.readahead.apply(VfsConfig::default())?;
     args.commit.apply(VfsConfig::default())?;
     let client_limits = args.limits.apply(&mut VfsConfig::default())?;
@@ -199,7 +191,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut prefetch_cpus = None;
     // The NUMA node the memory cache's blocks are allocated on, if placed.
     let mut cache_node = None;
-    if let Some(plan) = print_plan(&args)
+    // Printed once the volume is open: a daemon that fails to start says
+    // only why.
+    let placement = plan_placement(&args);
+    if let Some((plan, _)) = &placement
         && !args.no_pin
     {
         // Queue 0 (hiprio: FORGET, INTERRUPT) floats; request queue q is
@@ -220,7 +215,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let disk_cache = args.cache.disk_cache()?;
     let staging_root = args.cache.staging_root()?;
-    let meta = sluice_engine::meta::open_meta(args.meta_url.expose())
+    let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let group = args
         .socket_group
@@ -237,12 +232,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     // Bound while still root and unconfined; served once the sandbox is up.
     let metrics_socket = args.metrics.bind()?;
-    let control =
-        super::control::ControlServer::bind(&super::control::socket_for_serve(&args.socket), group)
-            .map_err(|e| {
-                log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}")
-            })
-            .ok();
+    let control_path = super::control::socket_for_serve(&args.socket);
+    let control = super::control::ControlServer::bind(&control_path, group)
+        .map_err(|e| log::warn!("no control socket, so no `sluice warmup` for this daemon: {e:#}"))
+        .ok();
+    // Both socket files go when the daemon does, however it ends (still
+    // one thread, still root: see socket_cleanup).
+    let mut ours = vec![control_path];
+    if args.listen_fd.is_none() {
+        ours.push(args.socket.clone());
+    }
+    super::socket_cleanup::remove_at_exit(&ours);
     // Still one thread: the file system is confined before the volume
     // starts any (see src/sandbox/mod.rs).
     let state = local_state(&args, meta.as_ref(), &disk_cache, &staging_root);
@@ -251,6 +251,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .writeback
         .open_volume_on(meta, &args.meta_url, &staging_root)?;
     sandbox.lock_down(&state)?;
+    if let Some((_, described)) = &placement {
+        println!("{described}");
+    }
     log::info!(
         "serving volume {}{}{} as virtio-fs tag {:?} with {} request queue(s) on {} \
          (simd {}, guest I/O {})",
@@ -344,19 +347,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let mut vfs_config = args.commit.apply(args.readahead.apply(VfsConfig {
-            cache_bytes: args.cache_size << 20,
-            cache_prefault: args.cache_prefault,
-            buffer_bytes: args.buffer_size << 20,
-            // Between VMs the server lives on and keeps uploading; only
-            // its last session waits for the uploads.
-            upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
-            disk_cache: disk_cache.clone(),
-            prefetch_cpus: prefetch_cpus.clone(),
-            atime: args.atime_mode,
-            read_only: args.read_only,
-            ..VfsConfig::default()
-        })?)?;
+        let mut vfs_config =
+            args.commit
+                .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+                    // Between VMs the server lives on and keeps uploading; only
+                    // its last session waits for the uploads.
+                    upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
+                    disk_cache: disk_cache.clone(),
+                    prefetch_cpus: prefetch_cpus.clone(),
+                    atime: args.atime_mode,
+                    read_only: args.read_only,
+                    ..VfsConfig::default()
+                })?)?)?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match (&args.drop_in.shared_dir, &args.export) {
@@ -588,7 +590,13 @@ fn local_state(
         return state;
     };
     if format.storage == "file" {
-        state.trees.push(PathBuf::from(&format.bucket));
+        // A bucket directory that is missing is not made here (the sandbox
+        // creates the trees it is given): opening the volume says it is
+        // gone.
+        let bucket = PathBuf::from(&format.bucket);
+        if bucket.is_dir() {
+            state.trees.push(bucket);
+        }
     } else {
         state.read.extend(sandbox::aws_config_files());
     }
@@ -628,9 +636,9 @@ fn export_root(vfs: &Vfs, path: &str) -> anyhow::Result<Ino> {
     Ok(ino)
 }
 
-/// Prints the host topology and where this VM's queue workers belong;
-/// returns the plan.
-fn print_plan(args: &ServeArgs) -> Option<Plan> {
+/// The placement plan of this VM's queue workers, with its description
+/// (the host topology and where the workers belong) to print.
+fn plan_placement(args: &ServeArgs) -> Option<(Plan, String)> {
     let topology = match Topology::host() {
         Ok(t) => t,
         Err(e) => {
@@ -645,8 +653,8 @@ fn print_plan(args: &ServeArgs) -> Option<Plan> {
     };
     match sluice_numa::plan(&topology, &[vm], PlacementOptions::default()) {
         Ok(plan) => {
-            println!("{topology}{}", plan.describe());
-            Some(plan)
+            let described = format!("{topology}{}", plan.describe());
+            Some((plan, described))
         }
         Err(e) => {
             log::warn!("no placement plan: {e}");

@@ -28,7 +28,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let root = first_cache_dir(&args.cache_dir)?;
     let dirs: Vec<PathBuf> = match &args.meta_url {
         Some(url) => {
-            let meta = sluice_engine::meta::open_meta(url.expose())
+            let meta = sluice_engine::meta::open_existing_meta(url.expose())
                 .with_context(|| format!("cannot open the metadata at {url}"))?;
             let format = meta
                 .load()

@@ -141,7 +141,9 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             Reply::Error { message } => bail!("{message}"),
-            Reply::Metrics { .. } => bail!("unexpected answer from the daemon: {line}"),
+            Reply::Metrics { .. } | Reply::Uploads { .. } => {
+                bail!("unexpected answer from the daemon: {line}")
+            }
         }
     }
     bail!("the daemon closed the control connection before finishing")

@@ -68,7 +68,7 @@ impl WritebackArgs {
     /// staged).
     pub fn open_volume(&self, meta_url: &MetaUrl, root: &Path) -> anyhow::Result<Arc<Volume>> {
         self.validate()?;
-        let meta = sluice_engine::meta::open_meta(meta_url.expose())
+        let meta = sluice_engine::meta::open_existing_meta(meta_url.expose())
             .with_context(|| format!("cannot open the volume at {meta_url}"))?;
         self.open_volume_on(meta, meta_url, root)
     }

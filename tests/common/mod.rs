@@ -280,6 +280,25 @@ impl Mount {
         );
     }
 
+    /// `sluice umount EXTRA... MNT` (such as `--flush`), which must succeed
+    /// at once; runs `check` on its output before the server is waited
+    /// for, then waits for the server to exit successfully.
+    pub fn unmount_with(mut self, extra: &[&str], check: impl FnOnce(&str)) {
+        let mnt = self.path.to_str().expect("a UTF-8 path").to_owned();
+        let mut args = vec!["umount"];
+        args.extend_from_slice(extra);
+        args.push(&mnt);
+        let out = sluice(&args);
+        assert!(out.status.success(), "sluice {args:?}: {}", text(&out));
+        check(&text(&out));
+        let status = self.wait_exit(Duration::from_secs(120));
+        assert!(
+            status.success(),
+            "sluice mount exited with {status}: {}",
+            self.log_text()
+        );
+    }
+
     /// SIGKILLs the server (a crash) and detaches the dead mount point.
     pub fn kill9(mut self) {
         if let Some(c) = self.child.as_mut() {

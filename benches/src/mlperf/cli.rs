@@ -12,7 +12,7 @@ use super::loader::{self, RunOptions, RunReport};
 use super::plot;
 use super::source::{DataSource, DirSource};
 use super::workload::{Accelerator, DatasetSpec, Workload, WorkloadKind};
-use crate::size::{format_size, parse_size};
+use sluice_engine::size::{SizeRange, Unit, format_size, parse_size};
 
 /// `sluice bench mlperf`: MLPerf Storage training and checkpoint emulation.
 #[derive(Debug, clap::Args)]
@@ -60,7 +60,7 @@ impl TargetArgs {
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
+    parse_size(s, Unit::Bytes, SizeRange::ANY).map_err(|e| e.to_string())
 }
 
 /// The workload and every parameter that can override its published values.

@@ -181,8 +181,8 @@ pub fn dataset_warnings(
         };
         warnings.push(format!(
             "the data set ({}) is smaller than 5 × RAM ({}): the page cache can hold it, so the result measures memory, not storage; {remedy}",
-            crate::size::format_size(spec.nominal_bytes()),
-            crate::size::format_size(ram.saturating_mul(5)),
+            sluice_engine::size::format_size(spec.nominal_bytes()),
+            sluice_engine::size::format_size(ram.saturating_mul(5)),
         ));
     }
     let rule = 500 * accelerators as u64 * workload.batch_size / spec.samples_per_file.max(1);

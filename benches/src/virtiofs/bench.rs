@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_engine::size::{SizeRange, Unit, size_parser};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::device::{Device, DeviceOptions};
@@ -25,8 +26,8 @@ pub struct VirtiofsArgs {
     /// Request queues to drive, one thread each.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
-    /// Bytes per READ (suffixes K, M, G).
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    /// Bytes per READ (a size: 4K, 1M, 2G).
+    #[arg(long, default_value = "1M", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, u64::MAX)))]
     pub block_size: u64,
     /// READs in flight per queue.
     #[arg(long, default_value_t = 16)]
@@ -40,8 +41,8 @@ pub struct VirtiofsArgs {
     /// File to read, relative to the export's root; created and filled if missing.
     #[arg(long, default_value = "sluice-virtiofs-bench.dat")]
     pub file: String,
-    /// Size of the file when it has to be created (suffixes K, M, G).
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    /// Size of the file when it has to be created (a size: 4K, 1M, 2G).
+    #[arg(long, default_value = "256M", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, u64::MAX)))]
     pub file_size: u64,
     /// Entries per virtqueue.
     #[arg(long, default_value_t = 1024)]
@@ -88,9 +89,9 @@ pub struct VirtiofsArgs {
     /// Cold READs in flight with `--cold-file`.
     #[arg(long, default_value_t = 4)]
     pub cold_depth: usize,
-    /// Distance between cold READs' offsets (suffixes K, M, G); the default,
+    /// Distance between cold READs' offsets (a size: 4K, 1M, 2G); the default,
     /// JuiceFS's 4 MiB block, makes every cold READ need an object of its own.
-    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    #[arg(long, default_value = "4M", value_parser = size_parser(Unit::Bytes, SizeRange::new(1, u64::MAX)))]
     pub cold_stride: u64,
     /// Seconds to wait between the measurement of `--socket` and that of
     /// `--vs-socket`, so that background work the first device started
@@ -334,27 +335,6 @@ fn ratio(ours: f64, reference: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// Parses sizes like `4096`, `4K`, `1M`, `2G`, `1MiB`.
-pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (digits, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 4096, 4K, 1M or 2G"))?;
-    n.checked_mul(1 << shift)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| format!("{text:?} is zero or too large"))
 }
 
 /// Runs the benchmark described by `args`: the socket, then the reference
@@ -1363,17 +1343,6 @@ pub fn memcpy_throughput(block: usize, depth: usize, duration: Duration) -> f64 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("4K"), Ok(4096));
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("ten").is_err());
-    }
 
     #[test]
     fn permutations_visit_every_index_once() {

@@ -17,8 +17,7 @@ mod virtqueue;
 pub mod wire;
 
 pub use bench::{
-    ColdReport, Latency, Pattern, Report, VirtiofsArgs, fill_pattern, memcpy_throughput,
-    parse_size, run,
+    ColdReport, Latency, Pattern, Report, VirtiofsArgs, fill_pattern, memcpy_throughput, run,
 };
 pub use device::{Device, DeviceOptions};
 pub use error::{HarnessError, Result};

@@ -27,7 +27,7 @@ pub use quota::{DirQuota, QuotaChange, Quotas};
 pub use redis::RedisMeta;
 pub use restore::{Counters, DirStat, Restore};
 pub use sqlite::{SqliteMeta, SqliteOptions, Synchronous};
-pub use url::{MetaUrl, open_meta};
+pub use url::{MetaUrl, open_existing_meta, open_meta};
 
 /// The node and request types are the API crate's (the transports use them
 /// without the engine); here under their old names.

@@ -90,6 +90,32 @@ pub fn open_meta(url: &str) -> Result<Arc<dyn Meta>> {
     }
 }
 
+/// Opens the metadata engine of a volume that exists, as [`open_meta`]
+/// does, but never creates a SQLite database: a URL whose path holds none
+/// (a mistyped one) is refused with a message naming the path, and leaves
+/// nothing behind. Only `format` and `load` create databases.
+pub fn open_existing_meta(url: &str) -> Result<Arc<dyn Meta>> {
+    if let Some(path) = sqlite_path(url)
+        && std::fs::symlink_metadata(path).is_err()
+    {
+        return Err(Error::Invalid(format!(
+            "there is no SQLite database at {path}: check the metadata URL \
+             (`sluice format` creates the database of a new volume)"
+        )));
+    }
+    open_meta(url)
+}
+
+/// The database path of a `sqlite3://` URL; `None` for other engines.
+fn sqlite_path(url: &str) -> Option<&str> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !matches!(scheme.to_ascii_lowercase().as_str(), "sqlite3" | "sqlite") {
+        return None;
+    }
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    (!path.is_empty()).then_some(path)
+}
+
 /// Reads the SQLite driver options JuiceFS URLs may carry.
 fn sqlite_options(query: &str) -> Result<SqliteOptions> {
     let mut opts = SqliteOptions::default();
@@ -128,6 +154,21 @@ mod tests {
             Ok(m) => panic!("{url} opened {m:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_missing_database_is_refused_and_never_created() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing.db");
+        let url = format!("sqlite3://{}?_sync=full", path.display());
+        let err = open_existing_meta(&url).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("no SQLite database at {}", path.display())),
+            "{err}"
+        );
+        assert!(!path.exists(), "an empty database was left behind");
+        open_meta(&url).expect("format creates it");
+        open_existing_meta(&url).expect("then it opens");
     }
 
     #[test]

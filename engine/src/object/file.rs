@@ -148,6 +148,26 @@ impl FileStore {
         })
     }
 
+    /// The store of a volume's bucket directory, which must exist: a bucket
+    /// that has vanished (a data disk that failed to mount, a mistyped
+    /// path) is refused with a message naming it, never created empty.
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<FileStore> {
+        let dir = root.as_ref();
+        match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => FileStore::new(dir),
+            Ok(_) => Err(Error::Invalid(format!(
+                "the bucket {} is not a directory",
+                dir.display()
+            ))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::Invalid(format!(
+                "the bucket directory {} does not exist: is the disk that holds it mounted? \
+                 (sluice makes a bucket directory only when it formats a new volume)",
+                dir.display()
+            ))),
+            Err(e) => Err(obj_err(&dir.to_string_lossy(), e)),
+        }
+    }
+
     /// A store for objects that must survive a power loss as soon as `put`
     /// returns (the writeback staging area): each put fsyncs the object and
     /// the directories it changed.
@@ -197,6 +217,17 @@ impl FileStore {
         let (file, created) = match open() {
             Ok(f) => (f, false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Directories below the root only: a root that vanished
+                // (its disk unmounted) is not made again, empty.
+                if !self.root.is_dir() {
+                    return Err(obj_err(
+                        key,
+                        io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!("the bucket directory {} has vanished", self.root.display()),
+                        ),
+                    ));
+                }
                 fs::DirBuilder::new()
                     .recursive(true)
                     .mode(DIR_MODE)
@@ -823,6 +854,27 @@ mod tests {
         let store = FileStore::new(dir.path()).unwrap();
         store.put(key, b"hello world", None).unwrap();
         assert_eq!(fs::metadata(dir.path().join(key)).unwrap().uid(), 0);
+    }
+
+    #[test]
+    fn a_vanished_bucket_directory_is_never_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bucket");
+        let err = FileStore::open_existing(&root).unwrap_err().to_string();
+        assert!(
+            err.contains("does not exist") && err.contains("mounted"),
+            "{err}"
+        );
+        assert!(!root.exists());
+        let store = FileStore::open_existing(dir.path()).unwrap();
+        store.put("v/chunks/0/0/1_0_3", b"abc", None).unwrap();
+        // The root goes while the store is open: puts fail, and nothing
+        // is created in its place.
+        let store = FileStore::new(&root).unwrap();
+        fs::remove_dir(&root).unwrap();
+        let err = store.put("v/chunks/0/0/2_0_3", b"abc", None).unwrap_err();
+        assert!(err.to_string().contains("has vanished"), "{err}");
+        assert!(!root.exists());
     }
 
     #[test]

@@ -157,9 +157,14 @@ pub fn open_store(
     create: bool,
 ) -> Result<Arc<dyn ObjectStore>> {
     match storage {
-        "file" => Ok(Arc::new(measured::Measured(Box::new(FileStore::new(
-            bucket,
-        )?)))),
+        "file" => {
+            let store = if create {
+                FileStore::new(bucket)?
+            } else {
+                FileStore::open_existing(bucket)?
+            };
+            Ok(Arc::new(measured::Measured(Box::new(store))))
+        }
         "s3" => {
             let store = S3Store::new(bucket, creds, s3.clone())?;
             if create {
