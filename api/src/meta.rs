@@ -124,6 +124,11 @@ pub struct Attr {
     pub length: u64,
     /// The parent directory; 0 when the node has several parents (hard links).
     pub parent: Ino,
+    /// The id of the node's access ACL (JuiceFS `AccessACL`); 0 = none, the
+    /// mode alone decides.
+    pub access_acl: u32,
+    /// The id of a directory's default ACL (JuiceFS `DefaultACL`); 0 = none.
+    pub default_acl: u32,
 }
 
 impl Attr {
@@ -291,6 +296,8 @@ mod tests {
             nlink: 2,
             length: 4096,
             parent: ROOT_INO,
+            access_acl: 0,
+            default_acl: 0,
         };
         assert_eq!(a.st_mode(), libc::S_IFDIR | 0o1777);
     }

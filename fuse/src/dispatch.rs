@@ -175,11 +175,16 @@ impl Default for Config {
 /// through SETATTR, so `open` never has to), `WRITEBACK_CACHE` (the engine
 /// buffers writes itself, and O_APPEND from several writers must see the
 /// engine's file length), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
-/// (the kernel applies the umask; the engine gets it again harmlessly),
+/// (on a volume without ACLs the kernel applies the umask; the engine gets it again harmlessly),
 /// `HANDLE_KILLPRIV` (v1: every write, truncate and chown would have to
-/// clear the bits, CAP_FSETID or not), `POSIX_ACL` (the engine enforces no
-/// ACLs and refuses their attributes), and `SETXATTR_EXT` (so SETXATTR keeps
-/// its 8-byte argument).
+/// clear the bits, CAP_FSETID or not), and `SETXATTR_EXT` (so SETXATTR keeps
+/// its 8-byte argument; the engine drops setgid on an ACL change by a
+/// caller outside the group itself, as the kernel's
+/// `FUSE_SETXATTR_ACL_KILL_SGID` would ask). `POSIX_ACL` and `DONT_MASK`
+/// are asked for only where the file system keeps ACLs
+/// ([`Filesystem::posix_acl`]): the kernel then caches ACLs and leaves the
+/// umask to the engine, which applies it unless the parent directory has a
+/// default ACL.
 pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::ASYNC_DIO
     | init_flags::BIG_WRITES
@@ -520,7 +525,12 @@ impl<F: Filesystem> Dispatcher<F> {
             sink.send(&ReplyHead::error(unique, e.errno()), &[])?;
             return Ok(Outcome::Continue);
         }
-        let granted = WANTED_INIT_FLAGS & (flags as u32);
+        let acl_flags = if self.fs.posix_acl() {
+            init_flags::POSIX_ACL | init_flags::DONT_MASK
+        } else {
+            0
+        };
+        let granted = (WANTED_INIT_FLAGS | acl_flags) & (flags as u32);
         let out = abi::InitOut {
             major: abi::KERNEL_VERSION,
             minor: minor.min(abi::KERNEL_MINOR_VERSION),
