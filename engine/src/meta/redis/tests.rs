@@ -1078,10 +1078,22 @@ fn persistence_settings_map_to_one_line_each() {
 /// not depend on load; the bounds keep a change from adding trips back.
 #[test]
 fn round_trips_per_file_operation() {
+    if let Some(s) = RedisServer::start(false) {
+        round_trips_on(&s);
+    }
+}
+
+/// The same on a Redis Cluster (every key behind the volume's hash tag, so
+/// each transaction still goes to one node).
+#[test]
+fn round_trips_per_file_operation_on_a_cluster() {
+    if let Some(s) = RedisServer::start_cluster() {
+        round_trips_on(&s);
+    }
+}
+
+fn round_trips_on(s: &RedisServer) {
     use crate::vfs::{Filesystem as _, Vfs, VfsConfig};
-    let Some(s) = RedisServer::start(false) else {
-        return;
-    };
     let dir = tempfile::tempdir().expect("tempdir");
     let meta: std::sync::Arc<dyn Meta> =
         std::sync::Arc::new(RedisMeta::open(&s.url(1)).expect("open"));
