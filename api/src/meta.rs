@@ -163,6 +163,16 @@ pub struct Context {
     pub pid: u32,
     /// Whether permission checks are skipped (internal maintenance work).
     pub privileged: bool,
+    /// Whether the kernel that sent the request has already checked the
+    /// caller's permission to do it, with the caller's full credentials
+    /// (supplementary groups included, which FUSE does not pass on): a
+    /// session that negotiated `FUSE_POSIX_ACL`, which makes the kernel
+    /// check as `default_permissions` does. The engine then skips its own
+    /// mode and ACL check ([`Context::gids`] being empty would refuse what
+    /// the kernel rightly allowed), and keeps every other rule (sticky
+    /// directories, immutable and append-only flags, ownership for
+    /// setattr and ACL changes, the trash).
+    pub kernel_checked: bool,
 }
 
 impl Context {

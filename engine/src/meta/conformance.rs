@@ -101,6 +101,7 @@ fn user(uid: u32) -> Context {
         gids: vec![uid],
         pid: 1,
         privileged: false,
+        kernel_checked: false,
     }
 }
 
@@ -348,6 +349,20 @@ pub(crate) fn posix_acls(m: &dyn Meta) {
     m.set_facl(&owner, sg, AclType::Access, &rule)
         .expect("setfacl");
     assert_eq!(m.getattr(sg).expect("getattr").mode, 0o660);
+
+    // A request the kernel checked (a FUSE_POSIX_ACL session: it knew the
+    // caller's supplementary groups) is not judged again by mode or ACL;
+    // the ownership rules still hold.
+    assert!(matches!(m.access(&stranger, sg, 4), Err(Error::Access)));
+    let checked = Context {
+        kernel_checked: true,
+        ..user(3000)
+    };
+    m.access(&checked, sg, 4).expect("checked by the kernel");
+    assert!(matches!(
+        m.set_facl(&checked, sg, AclType::Access, &Rule::empty()),
+        Err(Error::Perm)
+    ));
 }
 
 /// create, lookup, getattr.

@@ -610,6 +610,7 @@ fn ftruncate_through_a_writable_handle_needs_no_write_mode() {
         gids: vec![1000],
         pid: 1,
         privileged: false,
+        kernel_checked: false,
     };
     let d = t
         .vfs
@@ -1658,6 +1659,7 @@ fn user_ctx(uid: u32) -> Context {
         gids: vec![uid],
         pid: 1,
         privileged: false,
+        kernel_checked: false,
     }
 }
 
