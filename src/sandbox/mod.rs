@@ -163,6 +163,11 @@ impl Sandbox {
         Ok(())
     }
 
+    /// The uid the daemon will run as once sandboxed, when it switches.
+    pub fn target_uid(&self) -> Option<u32> {
+        self.target.as_ref().map(|u| u.uid)
+    }
+
     /// Whether the daemon keeps running as root once sandboxed.
     fn runs_as_root(&self) -> bool {
         // SAFETY: geteuid has no preconditions and cannot fail.

@@ -1,0 +1,271 @@
+//! End-to-end: one `sluice host` and two `sluice serve --host` of the same
+//! volume (the real programs, sandboxed as they start — as `nobody` when
+//! the test runs as root), each VM driven by the virtio-fs driver harness.
+//! Both VMs read one data set (each file SHA-256-checked); the servers
+//! fetch nothing themselves and the host fetches each block once;
+//! `sluice stats` on the host's socket shows it and both VMs. Killing
+//! the host under them changes nothing the guests see (the servers go on
+//! standalone); a new host is attached again and serves them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{SLUICE, Serve, Volume, Watchdog};
+use sha2::{Digest, Sha256};
+use sluice_benches::virtiofs::wire::ROOT_ID;
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
+
+const FUSE_FSYNC: u32 = 20;
+/// Files of the data set and their size: 2 blocks of 4 MiB each, the
+/// second one partial.
+const FILES: usize = 3;
+const FILE_SIZE: usize = 6 << 20;
+/// Distinct blocks of the data set.
+const BLOCKS: u64 = 2 * FILES as u64;
+
+fn options() -> DeviceOptions {
+    DeviceOptions {
+        request_queues: 1,
+        queue_size: 256,
+        memory_size: 8 << 20,
+    }
+}
+
+fn content(i: usize) -> Vec<u8> {
+    (0..FILE_SIZE as u32)
+        .map(|j| (j.wrapping_mul(2_654_435_761) >> 24) as u8 ^ i as u8)
+        .collect()
+}
+
+/// `sluice host META_URL --control SOCKET`, logging to SOCKET.log.
+struct HostDaemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl HostDaemon {
+    fn start(meta_url: &str, control: &Path) -> HostDaemon {
+        let log = control.with_extension("log");
+        let logf = std::fs::File::create(&log).unwrap();
+        let child = Command::new(SLUICE)
+            .args(["host", meta_url, "--control"])
+            .arg(control)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("sluice host starts");
+        let host = HostDaemon { child, log };
+        host.wait_for("host daemon of volume");
+        host
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for(&self, needle: &str) -> String {
+        wait_for_log(&|| self.log_text(), needle)
+    }
+
+    /// SIGTERM, then the log once it exited.
+    fn stop(mut self) -> String {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}: {}", self.log_text());
+        self.log_text()
+    }
+}
+
+impl Drop for HostDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_log(log: &dyn Fn() -> String, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = log();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no {needle:?} in:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Object GETs a daemon made, from its metrics.
+fn object_gets(serve: &Serve) -> f64 {
+    let metrics = common::scrape(&common::metrics_addr(&|| serve.log_text()));
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("juicefs_object_request_durations_histogram_seconds_count")
+                && l.contains("method=\"GET\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Every file of the data set read through `socket`, SHA-256 by file.
+fn read_data_set(socket: &Path) -> Vec<[u8; 32]> {
+    let mut device = Device::connect(socket, options()).expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    let mut sums = Vec::new();
+    for i in 0..FILES {
+        let node = q
+            .lookup(ROOT_ID, format!("f{i}").as_bytes())
+            .expect("LOOKUP")
+            .nodeid;
+        let fh = q.open(node, libc::O_RDONLY as u32).expect("OPEN");
+        let mut h = Sha256::new();
+        let mut off = 0;
+        while off < FILE_SIZE {
+            let piece = q.read(node, fh, off as u64, 1 << 20).expect("READ");
+            assert!(!piece.is_empty(), "f{i} is short");
+            h.update(&piece);
+            off += piece.len();
+        }
+        q.release(node, fh).expect("RELEASE");
+        sums.push(h.finalize().into());
+    }
+    sums
+}
+
+fn write_data_set(vol: &Volume) -> Vec<[u8; 32]> {
+    let socket = vol.dir.path().join("writer.sock");
+    let _serve = Serve::start(&vol.meta_url, &socket, &["--no-pin"]);
+    wait_for_log(&|| _serve.log_text(), "waiting for a VM");
+    let mut device = Device::connect(&socket, options()).expect("connect");
+    let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+    q.init().expect("INIT");
+    let mut sums = Vec::new();
+    for i in 0..FILES {
+        let data = content(i);
+        let (file, fh) = q
+            .create(
+                ROOT_ID,
+                format!("f{i}").as_bytes(),
+                libc::O_RDWR as u32,
+                0o644,
+            )
+            .expect("CREATE");
+        for (k, piece) in data.chunks(512 << 10).enumerate() {
+            q.write(file.nodeid, fh, (k * (512 << 10)) as u64, piece)
+                .expect("WRITE");
+        }
+        let mut fsync_in = fh.to_le_bytes().to_vec();
+        fsync_in.extend_from_slice(&[0; 8]);
+        q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+            .expect("FSYNC sent")
+            .ok(FUSE_FSYNC)
+            .expect("FSYNC");
+        q.release(file.nodeid, fh).expect("RELEASE");
+        sums.push(Sha256::digest(&data).into());
+    }
+    sums
+}
+
+#[test]
+fn two_vms_on_one_host_daemon_fetch_each_block_once_and_survive_its_restart() {
+    let _dog = Watchdog::new("host", Duration::from_secs(600));
+    let vol = Volume::format("hostvms", &[]);
+    let want = write_data_set(&vol);
+    let control = vol.dir.path().join("host.sock");
+    let host = HostDaemon::start(&vol.meta_url, &control);
+    let control_s = control.to_str().unwrap();
+    // Mappings of one block and a memory cache smaller than a block (as a
+    // server of a host daemon needs: the host holds the blocks): a read of
+    // another block asks the host again, or, without it, the object store,
+    // so who serves it shows.
+    let serve_args = [
+        "--no-pin",
+        "--cache-size",
+        "1",
+        "--host",
+        control_s,
+        "--host-mappings",
+        "1",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    let sockets = [
+        vol.dir.path().join("vm1.sock"),
+        vol.dir.path().join("vm2.sock"),
+    ];
+    let serves: Vec<Serve> = sockets
+        .iter()
+        .map(|s| Serve::start(&vol.meta_url, s, &serve_args))
+        .collect();
+    for s in &serves {
+        wait_for_log(&|| s.log_text(), "attached to the host daemon");
+        wait_for_log(&|| s.log_text(), "waiting for a VM");
+    }
+    let before: Vec<f64> = serves.iter().map(object_gets).collect();
+    // Both VMs read the whole data set at once.
+    let got: Vec<Vec<[u8; 32]>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sockets
+            .iter()
+            .map(|s| scope.spawn(move || read_data_set(s)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for sums in &got {
+        assert_eq!(sums, &want, "a VM read other bytes");
+    }
+    let after: Vec<f64> = serves.iter().map(object_gets).collect();
+    assert_eq!(before, after, "a VM server fetched blocks itself");
+
+    // `sluice stats` on the host's socket shows the host and each VM.
+    let stats = common::sluice(&["stats", control_s, "--count", "1", "--interval", "0.2"]);
+    let text = common::text(&stats);
+    assert!(stats.status.success(), "{text}");
+    assert!(
+        text.contains("host") && text.contains("vm vm1-") && text.contains("vm vm2-"),
+        "{text}"
+    );
+    // The host daemon goes (an upgrade): the guests read on, served
+    // standalone by their servers...
+    let log = host.stop();
+    assert!(
+        log.contains(&format!("the host fetched {BLOCKS} blocks")),
+        "each block once for both VMs:\n{log}"
+    );
+    assert!(log.contains("VM vm1-") && log.contains("VM vm2-"), "{log}");
+    for ((s, socket), a) in serves.iter().zip(&sockets).zip(&after) {
+        assert_eq!(read_data_set(socket), want);
+        assert!(object_gets(s) > *a, "served standalone");
+    }
+    // ...and attach again to the next one, which then fetches for them.
+    let host = HostDaemon::start(&vol.meta_url, &control);
+    for s in &serves {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.log_text().matches("attached to the host daemon").count() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "never attached again:\n{}",
+                s.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let attached: Vec<f64> = serves.iter().map(object_gets).collect();
+    for socket in &sockets {
+        assert_eq!(read_data_set(socket), want);
+    }
+    let now: Vec<f64> = serves.iter().map(object_gets).collect();
+    assert_eq!(attached, now, "attached again, the servers fetch nothing");
+    // Killed outright: the guests still read every byte.
+    drop(host);
+    for socket in &sockets {
+        assert_eq!(read_data_set(socket), want);
+    }
+}
