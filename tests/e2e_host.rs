@@ -3,7 +3,9 @@
 //! the test runs as root), each VM driven by the virtio-fs driver harness.
 //! Both VMs read one data set (each file SHA-256-checked); the servers
 //! fetch nothing themselves and the host fetches each block once;
-//! `sluice stats` on the host's socket shows it and both VMs. Killing
+//! `sluice stats` on the host's socket shows it and both VMs. A third VM
+//! on the same host daemon, confined to another directory (`--export`),
+//! reads its own file and names nothing outside it. Killing
 //! the host under them changes nothing the guests see (the servers go on
 //! standalone); a new host is attached again and serves them.
 
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{SLUICE, Serve, Volume, Watchdog};
 use sha2::{Digest, Sha256};
 use sluice_benches::virtiofs::wire::ROOT_ID;
-use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue};
+use sluice_benches::virtiofs::{Device, DeviceOptions, FuseQueue, HarnessError};
 
 const FUSE_FSYNC: u32 = 20;
 /// Files of the data set and their size: 2 blocks of 4 MiB each, the
@@ -25,6 +27,8 @@ const FILES: usize = 3;
 const FILE_SIZE: usize = 6 << 20;
 /// Distinct blocks of the data set.
 const BLOCKS: u64 = 2 * FILES as u64;
+/// Blocks of the other tenant's file (5 MiB: 4 MiB and 1 MiB).
+const TENANT_BLOCKS: u64 = 2;
 
 fn options() -> DeviceOptions {
     DeviceOptions {
@@ -171,7 +175,35 @@ fn write_data_set(vol: &Volume) -> Vec<[u8; 32]> {
         q.release(file.nodeid, fh).expect("RELEASE");
         sums.push(Sha256::digest(&data).into());
     }
+    // Another tenant's directory, served to a third VM as its export.
+    let dir = q.mkdir(ROOT_ID, b"tenant", 0o755).expect("MKDIR");
+    let (file, fh) = q
+        .create(dir.nodeid, b"own", libc::O_RDWR as u32, 0o644)
+        .expect("CREATE");
+    for (k, piece) in tenant_bytes().chunks(512 << 10).enumerate() {
+        q.write(file.nodeid, fh, (k * (512 << 10)) as u64, piece)
+            .expect("WRITE");
+    }
+    let mut fsync_in = fh.to_le_bytes().to_vec();
+    fsync_in.extend_from_slice(&[0; 8]);
+    q.call(FUSE_FSYNC, file.nodeid, &fsync_in)
+        .expect("FSYNC sent")
+        .ok(FUSE_FSYNC)
+        .expect("FSYNC");
+    q.release(file.nodeid, fh).expect("RELEASE");
     sums
+}
+
+fn tenant_bytes() -> Vec<u8> {
+    (0..(5u32 << 20)).map(|i| (i % 249) as u8).collect()
+}
+
+/// The errno of a refused request.
+fn errno<T: std::fmt::Debug>(r: Result<T, HarnessError>) -> i32 {
+    match r {
+        Err(HarnessError::Errno { errno, .. }) => errno,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
 }
 
 #[test]
@@ -224,6 +256,45 @@ fn two_vms_on_one_host_daemon_fetch_each_block_once_and_survive_its_restart() {
     let after: Vec<f64> = serves.iter().map(object_gets).collect();
     assert_eq!(before, after, "a VM server fetched blocks itself");
 
+    // A third VM on the same host daemon, confined to another tenant's
+    // directory: it reads its own file and names nothing of the others',
+    // whose blocks the host holds at this moment.
+    let tenant_socket = vol.dir.path().join("vm3.sock");
+    let mut tenant_args = serve_args.to_vec();
+    tenant_args.extend_from_slice(&["--export", "tenant"]);
+    let tenant = Serve::start(&vol.meta_url, &tenant_socket, &tenant_args);
+    wait_for_log(&|| tenant.log_text(), "attached to the host daemon");
+    wait_for_log(&|| tenant.log_text(), "waiting for a VM");
+    {
+        let mut device = Device::connect(&tenant_socket, options()).expect("connect");
+        let mut q = FuseQueue::new(&mut device, 1, 1 << 20).expect("queue");
+        q.init().expect("INIT");
+        for name in [&b"f0"[..], b"f1", b"tenant"] {
+            assert_eq!(errno(q.lookup(ROOT_ID, name)), libc::ENOENT, "{name:?}");
+        }
+        let dh = q.opendir(ROOT_ID).expect("OPENDIR");
+        let names: Vec<Vec<u8>> = q
+            .readdirplus(ROOT_ID, dh, 0, 64 << 10)
+            .expect("READDIRPLUS")
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n != b"." && n != b"..")
+            .collect();
+        q.releasedir(ROOT_ID, dh).expect("RELEASEDIR");
+        assert_eq!(names, vec![b"own".to_vec()]);
+        let node = q.lookup(ROOT_ID, b"own").expect("LOOKUP").nodeid;
+        let fh = q.open(node, libc::O_RDONLY as u32).expect("OPEN");
+        let mut back = Vec::new();
+        loop {
+            let piece = q.read(node, fh, back.len() as u64, 1 << 20).expect("READ");
+            if piece.is_empty() {
+                break;
+            }
+            back.extend_from_slice(&piece);
+        }
+        assert!(back == tenant_bytes(), "the tenant's file differs");
+    }
+    drop(tenant);
     // `sluice stats` on the host's socket shows the host and each VM.
     let stats = common::sluice(&["stats", control_s, "--count", "1", "--interval", "0.2"]);
     let text = common::text(&stats);
@@ -236,8 +307,11 @@ fn two_vms_on_one_host_daemon_fetch_each_block_once_and_survive_its_restart() {
     // standalone by their servers...
     let log = host.stop();
     assert!(
-        log.contains(&format!("the host fetched {BLOCKS} blocks")),
-        "each block once for both VMs:\n{log}"
+        log.contains(&format!(
+            "the host fetched {} blocks",
+            BLOCKS + TENANT_BLOCKS
+        )),
+        "each block once for all VMs:\n{log}"
     );
     assert!(log.contains("VM vm1-") && log.contains("VM vm2-"), "{log}");
     for ((s, socket), a) in serves.iter().zip(&sockets).zip(&after) {
