@@ -64,6 +64,8 @@ fn world() -> &'static World {
             fetchers: 2,
             max_outstanding: 4,
             max_clients: 64,
+            // The fuzzed clients may hold half the table.
+            vm_cache_share: u64::from(BLOCK) * 2,
         };
         let host = Host::start(vol.clone(), cfg, listener).expect("the host");
         let good = HostClient::start(ClientConfig {

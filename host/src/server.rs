@@ -42,6 +42,11 @@ pub struct HostConfig {
     pub max_outstanding: u32,
     /// Most clients connected at once; more are refused.
     pub max_clients: usize,
+    /// Most bytes of the memory table charged to one client (a block is
+    /// charged to the client whose request fetched it): a client over it
+    /// gives up its own least recently used blocks first, so one VM
+    /// streaming a large data set cannot push out every other VM's.
+    pub vm_cache_share: u64,
 }
 
 impl Default for HostConfig {
@@ -51,6 +56,7 @@ impl Default for HostConfig {
             fetchers: 16,
             max_outstanding: 64,
             max_clients: 256,
+            vm_cache_share: u64::MAX,
         }
     }
 }
@@ -205,7 +211,8 @@ impl Schedule {
         q.push_back(name);
     }
 
-    fn pop(&mut self) -> Option<BlockName> {
+    /// The next fetch, and the client it is charged to.
+    fn pop(&mut self) -> Option<(u64, BlockName)> {
         while let Some(client) = self.order.pop_front() {
             let Some(q) = self.queues.get_mut(&client) else {
                 continue;
@@ -219,7 +226,7 @@ impl Schedule {
             } else {
                 self.order.push_back(client);
             }
-            return Some(name);
+            return Some((client, name));
         }
         None
     }
@@ -638,7 +645,7 @@ impl Service {
     /// waiters.
     fn fetch_loop(&self) {
         loop {
-            let name = {
+            let (owner, name) = {
                 let mut s = self.schedule.lock();
                 loop {
                     if s.stopping {
@@ -652,9 +659,13 @@ impl Service {
             };
             let fetched = self.fetch(&name);
             if let Ok(block) = &fetched {
-                self.table
-                    .lock()
-                    .insert(name, block.clone(), block.len() as u64);
+                self.table.lock().insert_within(
+                    name,
+                    block.clone(),
+                    block.len() as u64,
+                    owner,
+                    self.cfg.vm_cache_share,
+                );
             }
             let waiters = self
                 .flights

@@ -52,6 +52,17 @@ pub struct HostArgs {
     /// host reads no more of its requests until one is answered.
     #[arg(long, value_name = "N", default_value_t = HostConfig::default().max_outstanding)]
     pub vm_outstanding: u32,
+    /// Most of the memory cache one VM's blocks may hold, in percent (a
+    /// block counts for the VM whose request fetched it): past it a VM's
+    /// own least recently used blocks go first, so one VM streaming a big
+    /// data set cannot push out every other VM's. 100: no cap.
+    #[arg(
+        long,
+        value_name = "PERCENT",
+        default_value_t = 100,
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    pub vm_cache_share: u8,
     /// The disk block cache (the host is its only owner).
     #[command(flatten)]
     pub cache: CacheArgs,
@@ -126,6 +137,11 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
         cache_bytes: args.cache_size,
         fetchers: args.fetchers,
         max_outstanding: args.vm_outstanding,
+        vm_cache_share: if args.vm_cache_share >= 100 {
+            u64::MAX
+        } else {
+            args.cache_size / 100 * u64::from(args.vm_cache_share)
+        },
         ..HostConfig::default()
     };
     let host = Host::start(volume.clone(), cfg, listener).context("cannot start the host daemon")?;

@@ -366,6 +366,42 @@ fn garbage_floods_and_dead_clients_never_stop_the_others() {
 }
 
 #[test]
+fn a_vm_over_its_cache_share_pushes_out_its_own_blocks_not_the_others() {
+    let fx = Fixture::new(12);
+    let cfg = HostConfig {
+        cache_bytes: 8 * u64::from(BLOCK),
+        vm_cache_share: 4 * u64::from(BLOCK),
+        ..HostConfig::default()
+    };
+    let host = fx.host(fx.vol.clone(), cfg);
+    // No mappings of their own: every read asks the host.
+    let client = |name: &str| {
+        HostClient::start(ClientConfig {
+            path: fx.socket(),
+            volume: fx.vol.format.uuid.clone(),
+            name: name.into(),
+            mappings: 0,
+        })
+    };
+    let (quiet, streamer) = (client("quiet"), client("streamer"));
+    for i in 0..3 {
+        bytes_of(get(&quiet, i).unwrap().unwrap());
+    }
+    // The streamer reads 9 blocks: it may hold 4 of the table's 8.
+    for i in 3..12 {
+        assert!(bytes_of(get(&streamer, i).unwrap().unwrap()) == block_bytes(i));
+    }
+    assert_eq!(host.memory_used().1, 7, "3 of the quiet VM's, 4 of the streamer's");
+    let fetches = host.stats().fetches.load(Ordering::Relaxed);
+    let hits = host.stats().memory_hits.load(Ordering::Relaxed);
+    for i in 0..3 {
+        assert!(bytes_of(get(&quiet, i).unwrap().unwrap()) == block_bytes(i));
+    }
+    assert_eq!(host.stats().fetches.load(Ordering::Relaxed), fetches, "none fetched again");
+    assert_eq!(host.stats().memory_hits.load(Ordering::Relaxed), hits + 3);
+}
+
+#[test]
 fn a_client_of_another_volume_is_refused() {
     let fx = Fixture::new(1);
     let host = fx.host(fx.vol.clone(), HostConfig::default());
