@@ -22,8 +22,8 @@ use std::sync::mpsc;
 use parking_lot::{Condvar, Mutex};
 
 use crate::block_cache::{BlockCache, BlockId};
-use crate::block_source::{Ask, BlockSource, SourcedBlock};
 use crate::block_key::{block_key, block_len};
+use crate::block_source::{Ask, BlockSource, SourcedBlock};
 use crate::chunk::Piece;
 use crate::chunk_cache::ChunkCache;
 use crate::compress::decompress;

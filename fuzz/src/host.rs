@@ -34,15 +34,17 @@ struct World {
 }
 
 fn block_bytes(i: u32) -> Vec<u8> {
-    (0..BLOCK).map(|j| (j as u8).wrapping_mul(31) ^ i as u8).collect()
+    (0..BLOCK)
+        .map(|j| (j as u8).wrapping_mul(31) ^ i as u8)
+        .collect()
 }
 
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
     WORLD.get_or_init(|| {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let meta = open_meta(&format!("sqlite3://{}/meta.db", dir.path().display()))
-            .expect("a database");
+        let meta =
+            open_meta(&format!("sqlite3://{}/meta.db", dir.path().display())).expect("a database");
         format_volume(
             &*meta,
             "fuzz",

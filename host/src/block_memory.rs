@@ -30,7 +30,10 @@ impl SealedBlock {
     /// A new memfd holding `data`, sealed.
     pub fn new(data: &[u8]) -> io::Result<SealedBlock> {
         if data.is_empty() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an empty block"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an empty block",
+            ));
         }
         let fd = rustix::fs::memfd_create(
             "sluice-block",
@@ -158,7 +161,10 @@ mod tests {
                 0,
             )
         };
-        assert!(writable.is_err(), "a writable shared mapping of a sealed block");
+        assert!(
+            writable.is_err(),
+            "a writable shared mapping of a sealed block"
+        );
         // More than the block, or an unsealed memfd, is refused.
         assert!(MappedBlock::map(&fd, data.len() + 1).is_err());
         let plain = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC).unwrap();

@@ -166,11 +166,7 @@ impl HostClient {
             }) if version == wire::VERSION && block_size > 0 => block_size,
             _ => return Err(refused()),
         };
-        rustix::net::sockopt::set_socket_timeout(
-            &sock,
-            rustix::net::sockopt::Timeout::Recv,
-            None,
-        )?;
+        rustix::net::sockopt::set_socket_timeout(&sock, rustix::net::sockopt::Timeout::Recv, None)?;
         let conn = Arc::new(Conn {
             sock,
             pending: Mutex::new(HashMap::new()),

@@ -473,10 +473,7 @@ impl Service {
             stats: ClientStats::default(),
         });
         self.clients.lock().insert(id, client.clone());
-        log::info!(
-            "host: VM {} attached (pid {pid}, uid {uid})",
-            client.name
-        );
+        log::info!("host: VM {} attached (pid {pid}, uid {uid})", client.name);
         client.reply(
             Reply::Welcome {
                 version: wire::VERSION,
@@ -627,15 +624,15 @@ impl Service {
         let mut buf = vec![0u8; len as usize];
         let mut dst = BufDest::new(&mut buf);
         let checked = dst.put(Fragment::File {
-                file: &cf.file,
-                off: 0,
-                len: len as usize,
-                crcs: Some(SegmentCrcs {
-                    segment: SEGMENT,
-                    crcs,
-                    payload: *payload,
-                }),
-            });
+            file: &cf.file,
+            off: 0,
+            len: len as usize,
+            crcs: Some(SegmentCrcs {
+                segment: SEGMENT,
+                crcs,
+                payload: *payload,
+            }),
+        });
         if let Err(Error::Corrupt(why)) = checked {
             self.vol.store.drop_cached(&key, &why);
         }

@@ -119,7 +119,11 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8; MAX_MESSAGE]) -> io::Result<Opt
             }
         }
     }
-    if got.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) || extra {
+    if got
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+        || extra
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "a packet too long, or with too many descriptors",

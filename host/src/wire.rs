@@ -420,7 +420,10 @@ mod tests {
         }
         .encode();
         assert_eq!(Request::decode(&[]), Err(WireError::UnknownType(0)));
-        assert_eq!(Request::decode(&[0x42; 32]), Err(WireError::UnknownType(0x42)));
+        assert_eq!(
+            Request::decode(&[0x42; 32]),
+            Err(WireError::UnknownType(0x42))
+        );
         assert!(matches!(
             Request::decode(&get[..31]),
             Err(WireError::Length { .. })
@@ -435,7 +438,10 @@ mod tests {
         }
         .encode();
         hello[10] = 200;
-        assert_eq!(Request::decode(&hello), Err(WireError::Field("name length")));
+        assert_eq!(
+            Request::decode(&hello),
+            Err(WireError::Field("name length"))
+        );
         hello[4] = b'X';
         assert_eq!(Request::decode(&hello), Err(WireError::Field("magic")));
         // A BLOCK whose CRC count says more than it carries, an OK without a

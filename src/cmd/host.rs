@@ -144,7 +144,8 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
         },
         ..HostConfig::default()
     };
-    let host = Host::start(volume.clone(), cfg, listener).context("cannot start the host daemon")?;
+    let host =
+        Host::start(volume.clone(), cfg, listener).context("cannot start the host daemon")?;
     let metrics = crate::metrics::Metrics::new(
         crate::metrics::Sources {
             volume: volume.clone(),
@@ -165,7 +166,9 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
     });
     let _stats = stats.and_then(|c| {
         c.start(Default::default(), Some(metrics))
-            .map_err(|e| log::warn!("no control socket, so no `sluice stats` for this daemon: {e:#}"))
+            .map_err(|e| {
+                log::warn!("no control socket, so no `sluice stats` for this daemon: {e:#}")
+            })
             .ok()
     });
     log::info!(

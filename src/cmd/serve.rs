@@ -380,9 +380,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let mut vfs_config =
-            args.commit
-                .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+        let mut vfs_config = args.commit.apply(
+            args.readahead.apply(
+                args.memory.apply(VfsConfig {
                     // Between VMs the server lives on and keeps uploading; only
                     // its last session waits for the uploads.
                     upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
@@ -394,7 +394,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     atime: args.atime_mode,
                     read_only: args.read_only,
                     ..VfsConfig::default()
-                })?)?)?;
+                })?,
+            )?,
+        )?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match (&args.drop_in.shared_dir, &args.export) {

@@ -307,7 +307,11 @@ fn line(a: &Sample, b: &Sample, queues: &[String], vms: &[String]) -> String {
         let with = [("vm", vm.as_str())];
         let asked = d("sluice_host_vm_requests_total", &with);
         let hits = d("sluice_host_vm_hits_total", &with);
-        let hit_pct = if asked > 0.0 { hits / asked * 100.0 } else { 0.0 };
+        let hit_pct = if asked > 0.0 {
+            hits / asked * 100.0
+        } else {
+            0.0
+        };
         s.push_str(&format!(" | {:7.0} {hit_pct:5.0}", asked / dt));
     }
     s
@@ -378,6 +382,9 @@ mod tests {
         assert!(h.contains("host") && h.contains("vm vm1-7"), "{h}");
         let l = line(&a, &b, &[], &b.vms());
         // 4 fetches in 2 s; 16 MiB held; 20 requests in 2 s, all hits.
-        assert!(l.ends_with("|       2         0.0       16 |      10   100"), "{l}");
+        assert!(
+            l.ends_with("|       2         0.0       16 |      10   100"),
+            "{l}"
+        );
     }
 }

@@ -206,7 +206,11 @@ fn errors_and_cached_only_misses_are_answered_not_fetched_twice() {
     }
     let b = bytes_of(c.block(7, 64 * BLOCK, 0, Ask::Fetch).unwrap().unwrap());
     assert!(b == block_bytes(0));
-    assert_eq!(host.stats().fetches.load(Ordering::Relaxed), 2, "8/0 and 7/0");
+    assert_eq!(
+        host.stats().fetches.load(Ordering::Relaxed),
+        2,
+        "8/0 and 7/0"
+    );
 }
 
 #[test]
@@ -218,7 +222,9 @@ fn a_disk_cache_hit_is_a_checked_read_only_file_and_damage_is_checked_by_the_hos
         let host = fx.host(cached.clone(), HostConfig::default());
         let c = fx.client("warm");
         bytes_of(get(&c, 1).unwrap().unwrap());
-        eventually("the block reaches the disk cache", || cached.store.is_cached(&key));
+        eventually("the block reaches the disk cache", || {
+            cached.store.is_cached(&key)
+        });
         drop(host);
     }
     // A new host (a restart): its memory is empty, its disk cache is not.
@@ -270,7 +276,9 @@ fn a_disk_cache_hit_is_a_checked_read_only_file_and_damage_is_checked_by_the_hos
         panic!("a damaged copy passed: {landed:?}");
     };
     c.damaged(7, 64 * BLOCK, 1, &why);
-    eventually("the host drops the damaged copy", || !cached.store.is_cached(&key));
+    eventually("the host drops the damaged copy", || {
+        !cached.store.is_cached(&key)
+    });
     assert!(bytes_of(get(&c, 1).unwrap().unwrap()) == block_bytes(1));
     assert_eq!(host.stats().fetches.load(Ordering::Relaxed), 1);
 }
@@ -391,13 +399,21 @@ fn a_vm_over_its_cache_share_pushes_out_its_own_blocks_not_the_others() {
     for i in 3..12 {
         assert!(bytes_of(get(&streamer, i).unwrap().unwrap()) == block_bytes(i));
     }
-    assert_eq!(host.memory_used().1, 7, "3 of the quiet VM's, 4 of the streamer's");
+    assert_eq!(
+        host.memory_used().1,
+        7,
+        "3 of the quiet VM's, 4 of the streamer's"
+    );
     let fetches = host.stats().fetches.load(Ordering::Relaxed);
     let hits = host.stats().memory_hits.load(Ordering::Relaxed);
     for i in 0..3 {
         assert!(bytes_of(get(&quiet, i).unwrap().unwrap()) == block_bytes(i));
     }
-    assert_eq!(host.stats().fetches.load(Ordering::Relaxed), fetches, "none fetched again");
+    assert_eq!(
+        host.stats().fetches.load(Ordering::Relaxed),
+        fetches,
+        "none fetched again"
+    );
     assert_eq!(host.stats().memory_hits.load(Ordering::Relaxed), hits + 3);
 }
 
