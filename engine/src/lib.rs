@@ -8,6 +8,7 @@ pub mod meta;
 pub use error::{Error, Limit, Result};
 pub mod block_cache;
 pub mod block_key;
+pub mod block_source;
 pub mod chunk;
 pub mod chunk_cache;
 pub mod commit;

@@ -74,6 +74,10 @@ pub struct VfsConfig {
     /// cache). It caches raw objects, below the memory cache of
     /// decompressed blocks.
     pub disk_cache: Option<DiskCacheConfig>,
+    /// Where the reader takes blocks from before fetching them itself: the
+    /// host daemon of `sluice serve --host` (`crate::block_source`); None:
+    /// standalone.
+    pub block_source: Option<Arc<dyn crate::block_source::BlockSource>>,
     /// When reads and directory listings move access times.
     pub atime: AtimeMode,
     /// Whether the file system is served read-only (no access-time
@@ -173,6 +177,7 @@ impl Default for VfsConfig {
             prefetch_cpus: None,
             upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
             disk_cache: None,
+            block_source: None,
             atime: AtimeMode::NoAtime,
             read_only: false,
             max_dir_entries: u64::MAX,
@@ -334,6 +339,9 @@ impl Vfs {
             cfg.prefetch_threads,
             cfg.prefetch_cpus.clone(),
         );
+        if let Some(source) = &cfg.block_source {
+            reader.set_block_source(source.clone());
+        }
         let compactor = if cfg.compaction {
             Some(Arc::new(Compactor::start(
                 vol.clone(),

@@ -17,8 +17,9 @@ use super::control::{MetricsRequest, Reply, socket_for_mount, socket_for_serve};
 /// Arguments of `sluice stats`.
 #[derive(Debug, clap::Args)]
 pub struct StatsArgs {
-    /// A sluice mount point (or a path in one), or the vhost-user socket of
-    /// a `sluice serve` (or its `.control` socket).
+    /// A sluice mount point (or a path in one), the vhost-user socket of a
+    /// `sluice serve` (or its `.control` socket), or the socket of a `sluice
+    /// host` (its `--control PATH`): the host's fetches and each VM.
     pub target: PathBuf,
     /// Seconds between lines.
     #[arg(long, default_value_t = 1.0)]
@@ -37,16 +38,20 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
     let interval = Duration::from_secs_f64(args.interval);
     let mut before = Sample::take(&socket)?;
     let queues = before.queues();
+    let mut vms = before.vms();
     let mut printed = 0u64;
     let stdout = std::io::stdout();
     loop {
         std::thread::sleep(interval);
         let now = Sample::take(&socket)?;
         let mut out = stdout.lock();
-        if printed.is_multiple_of(20) {
-            writeln!(out, "{}", header(&queues))?;
+        // A host daemon's VMs come and go: a new set gets a new header.
+        let now_vms = now.vms();
+        if printed.is_multiple_of(20) || now_vms != vms {
+            vms = now_vms;
+            writeln!(out, "{}", header(&queues, before.is_host(), &vms))?;
         }
-        writeln!(out, "{}", line(&before, &now, &queues))?;
+        writeln!(out, "{}", line(&before, &now, &queues, &vms))?;
         out.flush()?;
         printed += 1;
         if args.count > 0 && printed >= args.count {
@@ -126,6 +131,26 @@ impl Sample {
         })
     }
 
+    /// Whether the daemon is a host daemon (`sluice host`).
+    fn is_host(&self) -> bool {
+        self.series.contains_key("sluice_host_fetches_total")
+    }
+
+    /// The VMs attached to a host daemon, by name.
+    fn vms(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .series
+            .get("sluice_host_vm_requests_total")
+            .into_iter()
+            .flatten()
+            .filter_map(|(labels, _)| labels.iter().find(|(k, _)| k == "vm"))
+            .map(|(_, v)| v.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// The request queues of a `serve` daemon (hiprio left out).
     fn queues(&self) -> Vec<String> {
         let mut q: Vec<String> = self
@@ -195,7 +220,7 @@ fn parse_labels(s: &str) -> Vec<(String, String)> {
     labels
 }
 
-fn header(queues: &[String]) -> String {
+fn header(queues: &[String], host: bool, vms: &[String]) -> String {
     let mut top = String::from(
         "-----usage----- --------------fuse-------------- ----meta---- ---blockcache--- \
          -------------object-------------",
@@ -208,10 +233,19 @@ fn header(queues: &[String]) -> String {
         top.push_str(&format!(" ------queue {q:<3}-----"));
         bottom.push_str(" |   ops/s  out MiB/s");
     }
+    if host || !vms.is_empty() {
+        top.push_str(" -------------host-------------");
+        bottom.push_str(" | fetch/s fetch MiB/s  mem MiB");
+    }
+    for vm in vms {
+        let name: String = vm.chars().take(12).collect();
+        top.push_str(&format!(" ---vm {name:-<12}-"));
+        bottom.push_str(" |   req/s  hit%");
+    }
     format!("{top}\n{bottom}")
 }
 
-fn line(a: &Sample, b: &Sample, queues: &[String]) -> String {
+fn line(a: &Sample, b: &Sample, queues: &[String], vms: &[String]) -> String {
     let dt = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
     let d = |name: &str, with: &[(&str, &str)]| (b.sum(name, with) - a.sum(name, with)).max(0.0);
     let rate = |name: &str, with: &[(&str, &str)]| d(name, with) / dt;
@@ -261,6 +295,25 @@ fn line(a: &Sample, b: &Sample, queues: &[String]) -> String {
             mib(rate("sluice_virtiofs_reply_bytes_total", &with)),
         ));
     }
+    if b.is_host() {
+        s.push_str(&format!(
+            " | {:7.0} {:11.1} {:8.0}",
+            rate("sluice_host_fetches_total", &[]),
+            mib(rate("sluice_host_fetched_bytes_total", &[])),
+            mib(b.sum("sluice_host_memory_bytes", &[])),
+        ));
+    }
+    for vm in vms {
+        let with = [("vm", vm.as_str())];
+        let asked = d("sluice_host_vm_requests_total", &with);
+        let hits = d("sluice_host_vm_hits_total", &with);
+        let hit_pct = if asked > 0.0 {
+            hits / asked * 100.0
+        } else {
+            0.0
+        };
+        s.push_str(&format!(" | {:7.0} {hit_pct:5.0}", asked / dt));
+    }
     s
 }
 
@@ -298,7 +351,40 @@ mod tests {
             series: parse("sluice_virtiofs_requests_total{queue=\"1\"} 30\n"),
         };
         assert_eq!(a.queues(), vec!["1".to_owned()]);
-        let l = line(&a, &b, &a.queues());
+        let l = line(&a, &b, &a.queues(), &[]);
         assert!(l.ends_with("|      10        0.0"), "{l}");
+    }
+
+    #[test]
+    fn a_host_daemon_shows_its_fetches_and_each_vm() {
+        let t = Instant::now();
+        let a = Sample {
+            at: t,
+            series: parse(
+                "sluice_host_fetches_total 4\n\
+                 sluice_host_vm_requests_total{vm=\"vm1-7\"} 10\n\
+                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"memory\"} 5\n",
+            ),
+        };
+        let b = Sample {
+            at: t + Duration::from_secs(2),
+            series: parse(
+                "sluice_host_fetches_total 8\n\
+                 sluice_host_memory_bytes 16777216\n\
+                 sluice_host_vm_requests_total{vm=\"vm1-7\"} 30\n\
+                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"memory\"} 20\n\
+                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"file\"} 5\n",
+            ),
+        };
+        assert!(b.is_host());
+        assert_eq!(b.vms(), vec!["vm1-7".to_owned()]);
+        let h = header(&[], true, &b.vms());
+        assert!(h.contains("host") && h.contains("vm vm1-7"), "{h}");
+        let l = line(&a, &b, &[], &b.vms());
+        // 4 fetches in 2 s; 16 MiB held; 20 requests in 2 s, all hits.
+        assert!(
+            l.ends_with("|       2         0.0       16 |      10   100"),
+            "{l}"
+        );
     }
 }

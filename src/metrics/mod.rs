@@ -63,6 +63,11 @@ pub struct Sources {
     pub cache_node: Option<String>,
     /// When the daemon started.
     pub started: Instant,
+    /// The block service of `sluice host`: its fetches, its memory table,
+    /// and each attached VM (`vm` label).
+    pub host: Option<Arc<sluice_host::Host>>,
+    /// The client of `sluice serve --host`: where its blocks came from.
+    pub host_client: Option<Arc<sluice_host::HostClient>>,
 }
 
 /// A daemon's metrics: renders them in the Prometheus text format.
@@ -205,6 +210,12 @@ impl Collector for Collect {
         writeback(e, &s.volume)?;
         if let Some(queues) = &s.queues {
             virtio_queues(e, queues)?;
+        }
+        if let Some(host) = &s.host {
+            host_daemon(e, host)?;
+        }
+        if let Some(client) = &s.host_client {
+            host_client(e, client)?;
         }
         Ok(())
     }
@@ -599,6 +610,155 @@ fn writeback(e: &mut Enc<'_>, volume: &Volume) -> Res {
         "sluice_writeback_failures",
         "Failed upload attempts (each is retried).",
         w.failures,
+    )
+}
+
+fn host_daemon(e: &mut Enc<'_>, host: &sluice_host::Host) -> Res {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = host.stats();
+    counter(
+        e,
+        "sluice_host_fetches",
+        "Blocks the host daemon fetched from the object store, for all VMs.",
+        st.fetches.load(Relaxed),
+    )?;
+    counter(
+        e,
+        "sluice_host_fetched_bytes",
+        "Bytes of the blocks the host daemon fetched (decompressed).",
+        st.fetched_bytes.load(Relaxed),
+    )?;
+    counter(
+        e,
+        "sluice_host_fetch_errors",
+        "Block fetches of the host daemon that failed.",
+        st.fetch_errors.load(Relaxed),
+    )?;
+    counter(
+        e,
+        "sluice_host_joined",
+        "Block requests that joined a fetch already in flight (another VM's or their own).",
+        st.joined.load(Relaxed),
+    )?;
+    counter(
+        e,
+        "sluice_host_dropped",
+        "VM servers dropped for breaking the protocol.",
+        st.dropped.load(Relaxed),
+    )?;
+    let (bytes, blocks) = host.memory_used();
+    gauge(
+        e,
+        "sluice_host_memory_bytes",
+        "Bytes of blocks in the host daemon's memory table (each held once).",
+        bytes,
+    )?;
+    gauge(
+        e,
+        "sluice_host_memory_blocks",
+        "Blocks in the host daemon's memory table.",
+        blocks as u64,
+    )?;
+    let vms = host.clients();
+    gauge(
+        e,
+        "sluice_host_vms",
+        "VM servers attached to the host daemon.",
+        vms.len() as u64,
+    )?;
+    let per = |i: usize| -> Vec<_> {
+        vms.iter()
+            .map(|v| (vec![("vm", v.name.clone())], v.counts[i]))
+            .collect()
+    };
+    value_family(
+        e,
+        "sluice_host_vm_requests",
+        "Blocks a VM asked the host daemon for.",
+        MetricType::Counter,
+        &per(0),
+    )?;
+    let hits: Vec<_> = vms
+        .iter()
+        .flat_map(|v| {
+            [
+                (
+                    vec![("vm", v.name.clone()), ("kind", "memory".to_owned())],
+                    v.counts[1],
+                ),
+                (
+                    vec![("vm", v.name.clone()), ("kind", "file".to_owned())],
+                    v.counts[2],
+                ),
+            ]
+        })
+        .collect();
+    value_family(
+        e,
+        "sluice_host_vm_hits",
+        "A VM's block requests answered from the host's memory or its disk cache.",
+        MetricType::Counter,
+        &hits,
+    )?;
+    value_family(
+        e,
+        "sluice_host_vm_fetched",
+        "A VM's block requests answered once a fetch ended.",
+        MetricType::Counter,
+        &per(3),
+    )?;
+    value_family(
+        e,
+        "sluice_host_vm_errors",
+        "A VM's block requests answered with an error (not cached, would wait included).",
+        MetricType::Counter,
+        &per(4),
+    )?;
+    let outstanding: Vec<_> = vms
+        .iter()
+        .map(|v| (vec![("vm", v.name.clone())], u64::from(v.outstanding)))
+        .collect();
+    value_family(
+        e,
+        "sluice_host_vm_outstanding",
+        "A VM's block requests not yet answered.",
+        MetricType::Gauge,
+        &outstanding,
+    )
+}
+
+fn host_client(e: &mut Enc<'_>, client: &sluice_host::HostClient) -> Res {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = client.counters();
+    gauge(
+        e,
+        "sluice_host_attached",
+        "1 while this server is attached to its host daemon (serve --host).",
+        u64::from(client.attached()),
+    )?;
+    counter(
+        e,
+        "sluice_host_attaches",
+        "Times this server attached to its host daemon (the first included).",
+        c.attaches.load(Relaxed),
+    )?;
+    let from = [
+        ("mapped", c.mapped_hits.load(Relaxed)),
+        ("memory", c.memory.load(Relaxed)),
+        ("file", c.files.load(Relaxed)),
+        ("standalone", c.standalone.load(Relaxed)),
+    ];
+    let series: Vec<_> = from
+        .iter()
+        .map(|(k, v)| (vec![("from", (*k).to_owned())], *v))
+        .collect();
+    value_family(
+        e,
+        "sluice_host_blocks",
+        "Blocks this server read: from its own mappings of the host's memory, from the host's \
+         memory or disk cache, or standalone (the host away, or a small random read's miss).",
+        MetricType::Counter,
+        &series,
     )
 }
 
