@@ -246,6 +246,13 @@ impl TlsOptions {
 }
 
 impl RedisMeta {
+    /// Holds the background deleter (see `Deleter::hold`); `None` before
+    /// it started.
+    #[cfg(test)]
+    pub(crate) fn hold_deletes(&self) -> Option<super::deleter::Hold> {
+        self.inner.deleter.lock().as_ref().map(|d| d.hold())
+    }
+
     /// Connects to the Redis server a JuiceFS metadata URL names:
     /// `redis://[[user]:pass@]host[:port][/db]`, the same with `rediss://`
     /// for TLS (options in [`TlsOptions`]), `unix://[/path]?db=N`, or the
