@@ -185,8 +185,17 @@ pub struct ReleasedSlice {
 /// kept by the engine (JuiceFS's `jfs_delslices`) and retried by `cleanup`.
 pub type SliceReleaser = Arc<dyn Fn(ReleasedSlice) -> bool + Send + Sync>;
 
-/// A metadata engine on JuiceFS 1.x's schema. Each method is one atomic
-/// change (one SQL transaction, one Redis MULTI/EXEC or Lua script).
+/// A metadata engine on JuiceFS 1.x's schema. A method that changes the
+/// namespace or a node commits its change as one transaction (one SQL
+/// transaction, one Redis MULTI/EXEC), so no reader sees half of it; what
+/// follows a commit is not part of it — the objects and chunk records it
+/// released are deleted afterwards, in the background (see `deleter`), a
+/// Redis rename whose quotas need checking checks them before its
+/// transaction (JuiceFS's rule), an unlink or rmdir into the trash makes
+/// the hour's trash directory in a transaction of its own first, and inode
+/// and slice ids come from counters taken outside the transaction (numbers
+/// a conflict wastes are harmless). `cleanup` finishes what a crash between
+/// a commit and its follow-up left.
 ///
 /// Permission checks (`Access`/`Perm`) happen inside the engine against
 /// `ctx`, as JuiceFS's do, unless `ctx.privileged`.

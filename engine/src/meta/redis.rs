@@ -17,8 +17,9 @@
 //!
 //! On a Redis Cluster every key carries JuiceFS's hash tag `{DB}`, so the
 //! whole volume lives in one slot and the engine talks to that slot's master
-//! (a slot that moves later needs a reopen). Not served: Sentinel, and
-//! `rediss://` (the `redis` crate is built without TLS).
+//! (a slot that moves later needs a reopen). Sentinel URLs (JuiceFS's
+//! `redis://MASTER,SENTINEL[:PORT],...` form) and `rediss://` (TLS, with
+//! JuiceFS's option names) are served.
 
 mod check;
 mod chunk;
