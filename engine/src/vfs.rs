@@ -727,13 +727,29 @@ impl Vfs {
     /// commit and nothing here to adjust them: they are read again (the
     /// commit is recorded by then).
     fn adjusted(&self, ino: Ino, attr: Attr, epoch: u64) -> Result<Attr> {
-        if attr.typ != FileType::File
+        let attr = if attr.typ != FileType::File
             || self.open_state(ino).is_some()
             || self.forgotten.load(Ordering::Acquire) == epoch
         {
-            return Ok(self.with_buffered(ino, attr));
+            self.with_buffered(ino, attr)
+        } else {
+            self.with_buffered(ino, self.vol.meta.getattr(ino)?)
+        };
+        self.without_trash_links(ino, attr)
+    }
+
+    /// A hard-linked file's link count as POSIX counts it: without the
+    /// names the trash keeps (an unlinked name of a file with several goes
+    /// to the trash, the stored count unchanged, as in JuiceFS; `ln` then
+    /// `rm` must show one link again). Only files with several parents
+    /// (`parent` 0) can have such names: one more metadata read for them,
+    /// none for any other node.
+    fn without_trash_links(&self, ino: Ino, mut attr: Attr) -> Result<Attr> {
+        if attr.typ == FileType::File && attr.parent == 0 && attr.nlink > 1 {
+            let in_trash = self.vol.meta.trash_links(ino)?;
+            attr.nlink = attr.nlink.saturating_sub(in_trash);
         }
-        Ok(self.with_buffered(ino, self.vol.meta.getattr(ino)?))
+        Ok(attr)
     }
 
     fn entry(&self, ino: Ino, name: &[u8], attr: Attr) -> Entry {

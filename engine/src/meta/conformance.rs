@@ -59,6 +59,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("truncate_through_a_handle", truncate_through_a_handle),
     ("open_unlink_close", open_unlink_close),
     ("trash_keeps_removed_files", trash_keeps_removed_files),
+    ("trash_links_are_counted", trash_links_are_counted),
     ("no_trash_releases_at_once", no_trash_releases_at_once),
     ("statfs_counts_usage", statfs_counts_usage),
     ("volume_limits_give_enospc", volume_limits_give_enospc),
@@ -363,6 +364,22 @@ pub(crate) fn posix_acls(m: &dyn Meta) {
         m.set_facl(&checked, sg, AclType::Access, &Rule::empty()),
         Err(Error::Perm)
     ));
+}
+
+/// A removed name of a hard-linked file goes to the trash and keeps its
+/// link (JuiceFS's format); `trash_links` counts those names.
+pub(crate) fn trash_links_are_counted(m: &dyn Meta) {
+    formatted(m, 1);
+    let c = root();
+    let (f, _) = m.create(&c, ROOT_INO, b"a", 0o644, 0).expect("create");
+    m.close(f).expect("close");
+    m.link(&c, f, ROOT_INO, b"b").expect("link");
+    assert_eq!(m.trash_links(f).expect("count"), 0);
+    m.unlink(&c, ROOT_INO, b"a").expect("unlink");
+    assert_eq!(m.getattr(f).expect("getattr").nlink, 2);
+    assert_eq!(m.trash_links(f).expect("count"), 1);
+    m.unlink(&c, ROOT_INO, b"b").expect("unlink");
+    assert_eq!(m.trash_links(f).expect("count"), 2);
 }
 
 /// create, lookup, getattr.

@@ -447,6 +447,12 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// Whether a slice id with this size is referenced by any chunk.
     fn slice_referenced(&self, id: u64, size: u32) -> Result<bool>;
 
+    /// How many of a node's names are in the trash: the links the trash
+    /// keeps of a hard-linked file one of whose names was removed (JuiceFS
+    /// moves the name there and keeps the link count). The stored count
+    /// includes them; what a user is shown leaves them out (the Vfs).
+    fn trash_links(&self, ino: Ino) -> Result<u32>;
+
     /// Reads an extended attribute.
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
     /// Lists extended attribute names.

@@ -1214,6 +1214,17 @@ impl Meta for RedisMeta {
         xattr::remove(&self.inner, ctx, ino, name)
     }
 
+    fn trash_links(&self, ino: Ino) -> Result<u32> {
+        self.inner.read(|tx| {
+            let n: i64 = node::parents(tx, ino)?
+                .into_iter()
+                .filter(|&(p, _)| p >= TRASH_INO)
+                .map(|(_, n)| n)
+                .sum();
+            Ok(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+        })
+    }
+
     fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {
         self.inner.read(|tx| {
             let a = node::must_get(tx, ino)?;

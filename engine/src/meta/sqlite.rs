@@ -44,7 +44,7 @@ use crate::meta::rules::{self, statfs_from};
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
     QuotaChange, Quotas, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs,
-    Timestamp, TruncateVia, XattrMode, quota,
+    TRASH_INO, Timestamp, TruncateVia, XattrMode, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -1054,6 +1054,17 @@ impl Meta for SqliteMeta {
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         xattr::remove(&self.inner, ctx, ino, name)
+    }
+
+    fn trash_links(&self, ino: Ino) -> Result<u32> {
+        self.inner.read(|c| {
+            let n: i64 = node::parents(c, ino)?
+                .into_iter()
+                .filter(|&(p, _)| p >= TRASH_INO)
+                .map(|(_, n)| n)
+                .sum();
+            Ok(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+        })
     }
 
     fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {

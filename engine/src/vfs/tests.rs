@@ -1766,6 +1766,51 @@ fn posix_acls_are_refused() {
     );
 }
 
+/// With the trash on, removing one name of a hard-linked file moves it to
+/// the trash and keeps the stored link count (JuiceFS's format); what the
+/// Vfs shows counts the names outside the trash, as POSIX does.
+#[test]
+fn link_counts_leave_out_the_names_in_the_trash() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = open_meta(&format!("sqlite3://{}/meta.db", dir.path().display())).unwrap();
+    format_volume(
+        &*meta,
+        "test",
+        &dir.path().join("bucket"),
+        1024,
+        Compression::None,
+        1,
+    )
+    .unwrap();
+    drop(meta);
+    let t = TestVol {
+        vfs: open_vol(dir.path(), test_cfg()),
+        dir,
+    };
+    let (ino, fh) = t.create("a");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    let e = t.vfs.link(&ctx(), ino, ROOT_INO, b"b").unwrap();
+    assert_eq!(e.attr.nlink, 2);
+    let e = t.vfs.link(&ctx(), ino, ROOT_INO, b"c").unwrap();
+    assert_eq!(e.attr.nlink, 3);
+    t.vfs.unlink(&ctx(), ROOT_INO, b"a").unwrap();
+    assert_eq!(
+        t.vfs.vol.meta.getattr(ino).unwrap().nlink,
+        3,
+        "stored as JuiceFS does"
+    );
+    assert_eq!(t.vfs.vol.meta.trash_links(ino).unwrap(), 1);
+    assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().nlink, 2);
+    assert_eq!(t.vfs.lookup(&ctx(), ROOT_INO, b"b").unwrap().attr.nlink, 2);
+    t.vfs.unlink(&ctx(), ROOT_INO, b"b").unwrap();
+    assert_eq!(t.vfs.getattr(&ctx(), ino).unwrap().nlink, 1);
+    let dh = t.vfs.opendir(&ctx(), ROOT_INO).unwrap();
+    let listed = t.vfs.readdir_all(&ctx(), ROOT_INO, dh, 0, true).unwrap();
+    t.vfs.releasedir(&ctx(), ROOT_INO, dh).unwrap();
+    let c = listed.iter().find(|e| e.name == b"c").expect("c listed");
+    assert_eq!(c.attr.nlink, 1);
+}
+
 /// On a volume formatted with `--enable-acl` the ACL attributes are the
 /// node's ACLs: set in Linux's xattr form, read back the same, listed,
 /// checked, removed; malformed values are EINVAL; the transports are told

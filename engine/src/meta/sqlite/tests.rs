@@ -66,6 +66,7 @@ conformance_tests!(
     truncate_through_a_handle,
     open_unlink_close,
     trash_keeps_removed_files,
+    trash_links_are_counted,
     no_trash_releases_at_once,
     statfs_counts_usage,
     volume_limits_give_enospc,
