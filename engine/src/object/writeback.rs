@@ -101,6 +101,22 @@ pub struct WritebackStats {
     pub failures: u64,
     /// The last upload failure, if any.
     pub last_error: Option<String>,
+    /// Blocks written into staging since start.
+    #[serde(default)]
+    pub staged_blocks: u64,
+    /// Bytes of those blocks.
+    #[serde(default)]
+    pub staged_bytes: u64,
+    /// Blocks being written into staging now.
+    #[serde(default)]
+    pub staging_now: u64,
+    /// Blocks that could not be staged (uploaded at once instead).
+    #[serde(default)]
+    pub stage_errors: u64,
+    /// The time blocks waited in staging before their upload started,
+    /// summed over every upload started (nanoseconds).
+    #[serde(default)]
+    pub staged_wait_nanos: u64,
 }
 
 /// What the running store writes to `DIR/<uuid>/status`.
@@ -124,6 +140,8 @@ pub struct WritebackStatus {
 struct Staged {
     generation: u64,
     size: u64,
+    /// When it was staged.
+    at: Instant,
 }
 
 /// An upload to run once `ready`.
@@ -281,6 +299,8 @@ impl WritebackStore {
                 Staged {
                     generation,
                     size: obj.size,
+                    // Its wait counts from this start.
+                    at: now,
                 },
             );
             // Found blocks waited long enough: upload them now.
@@ -356,6 +376,23 @@ impl WritebackStore {
     /// Stages `data` durably and queues its upload.
     fn stage(&self, key: &str, data: &[u8], crc: u32) -> Result<()> {
         let sh = &self.shared;
+        sh.state.lock().stats.staging_now += 1;
+        let r = self.stage_counted(key, data, crc);
+        let mut st = sh.state.lock();
+        st.stats.staging_now -= 1;
+        match &r {
+            Ok(()) => {
+                st.stats.staged_blocks += 1;
+                st.stats.staged_bytes += data.len() as u64;
+            }
+            Err(_) => st.stats.stage_errors += 1,
+        }
+        r
+    }
+
+    /// [`WritebackStore::stage`] itself.
+    fn stage_counted(&self, key: &str, data: &[u8], crc: u32) -> Result<()> {
+        let sh = &self.shared;
         let mut put = sh.staging.prepare_put(key, data, Some(crc))?;
         {
             let mut st = sh.state.lock();
@@ -366,8 +403,14 @@ impl WritebackStore {
                 log::debug!("writeback: {key} staged again before its upload");
             }
             let size = data.len() as u64;
-            st.staged
-                .insert(key.to_string(), Staged { generation, size });
+            st.staged.insert(
+                key.to_string(),
+                Staged {
+                    generation,
+                    size,
+                    at: Instant::now(),
+                },
+            );
             st.stats.pending_blocks += 1;
             st.stats.pending_bytes += size;
             let ready = if st.expedite {
@@ -475,12 +518,15 @@ impl Shared {
                     let Some(Reverse(job)) = st.queue.pop() else {
                         continue;
                     };
-                    let current = st
+                    let waited = st
                         .staged
                         .get(&job.key)
-                        .is_some_and(|s| s.generation == job.generation);
-                    if current {
+                        .filter(|s| s.generation == job.generation)
+                        .map(|s| s.at.elapsed());
+                    if let Some(waited) = waited {
                         st.stats.uploading += 1;
+                        st.stats.staged_wait_nanos +=
+                            u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
                         return Some(job);
                     }
                     // Deleted or staged again since: nothing to do.
