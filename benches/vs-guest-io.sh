@@ -21,8 +21,20 @@
 #     CPU per GB as a multiple of a single-core memcpy's (measured after the
 #     pread run of each line: `bench virtiofs --vs-memcpy`).
 #
+# --disk-cache: the READs are disk-cache hits instead. Each daemon gets a
+# disk cache of its own (--cache-dir in the work directory), filled before
+# the runs by one in-order pass over the file (`bench virtiofs
+# --warm-first`); a READ then finds its block in the disk cache and not in
+# the 1 MiB memory cache: served as a range of the cache file, checked in
+# place (a sluice before that promoted the whole block into the memory
+# cache). "cold"/"warm" are then about the cache files' pages.
+#
+# --sluice PATH measures another build of sluice (an older one, to compare;
+# compare figures of one host and one load only).
+#
 # Usage: benches/vs-guest-io.sh [--seconds S] [--file-size SIZE] [--states "cold warm"]
 #                               [--drop-every S] [--serve-args "ARGS"] [--keep]
+#                               [--disk-cache] [--sluice PATH]
 #
 # --serve-args adds flags to every daemon: e.g. "--user root" on a host whose
 # locked-memory limit `nobody` cannot raise (a container without
@@ -37,8 +49,12 @@ states="cold warm"
 drop_every=0.05
 keep=0
 serve_args=
+disk_cache=0
+sluice=
 while [ $# -gt 0 ]; do
     case "$1" in
+    --disk-cache) disk_cache=1; shift ;;
+    --sluice) sluice=${2:?}; shift 2 ;;
     --seconds) seconds=${2:?}; shift 2 ;;
     --file-size) file_size=${2:?}; shift 2 ;;
     --states) states=${2:?}; shift 2 ;;
@@ -50,8 +66,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-(cd "$repo" && cargo build --release --quiet --bin sluice)
-sluice=$repo/target/release/sluice
+if [ -z "$sluice" ]; then
+    (cd "$repo" && cargo build --release --quiet --bin sluice)
+    sluice=$repo/target/release/sluice
+fi
 work=$(mktemp -d /var/tmp/sluice-vs-guest-io.XXXXXX)
 pids=()
 dropper=
@@ -67,9 +85,11 @@ modes=(pread direct uring)
 declare -A pid_of
 "$sluice" format "sqlite3://$work/meta.db" bench --bucket "$work/objects" >/dev/null
 for m in "${modes[@]}"; do
+    cache_args=()
+    [ "$disk_cache" = 1 ] && cache_args=(--cache-dir "$work/cache-$m" --free-space-ratio 0)
     "$sluice" serve "sqlite3://$work/meta.db" --socket "$work/$m.sock" --no-pin \
         --cache-size 1 --max-readahead 0 --prefetch 0 --readahead-ratio 0 \
-        --guest-io "$m" --no-metrics $serve_args >"$work/$m.log" 2>&1 &
+        --guest-io "$m" --no-metrics "${cache_args[@]}" $serve_args >"$work/$m.log" 2>&1 &
     pids+=($!)
     pid_of[$m]=$!
 done
@@ -97,6 +117,22 @@ run() {
 echo "sluice ($("$sluice" --version)); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg); file $file_size on $(df -T "$work" | awk 'NR==2 {print $2}')"
 # The file: written once through the pread daemon (all three serve it).
 "$sluice" bench virtiofs --socket "$work/pread.sock" --file-size "$file_size" --seconds 1 >/dev/null
+cached_files="$work/objects/bench/chunks/*/*/*"
+if [ "$disk_cache" = 1 ]; then
+    # Each daemon's disk cache: one in-order pass, then wait until every
+    # block object has its cache file (inserts are written in the background).
+    objects=$(find "$work/objects/bench/chunks" -type f | wc -l)
+    for m in "${modes[@]}"; do
+        "$sluice" bench virtiofs --socket "$work/$m.sock" --file-size "$file_size" --seconds 1 \
+            --warm-first >/dev/null
+        for _ in $(seq 600); do
+            [ "$(find "$work/cache-$m" -type f -name '*_*_*' ! -name '.*' | wc -l)" -ge "$objects" ] && break
+            sleep 0.1
+        done
+    done
+    cached_files="$work/cache-*/*/raw/chunks/*/*/*"
+    echo "disk caches filled: $objects blocks each"
+fi
 
 printf '\n%-6s %-5s %-7s %10s %10s %8s %8s %10s\n' state bs mode GB/s CPU-s/GB "GB/s×" "CPU×" "CPU/memcpy"
 for state in $states; do
@@ -112,7 +148,8 @@ for state in $states; do
                 dropper=$!
             else
                 # Warm: one pass fills the page cache (the memory cache is 1 MiB).
-                cat "$work"/objects/bench/chunks/*/*/* >/dev/null 2>&1 || true
+                # shellcheck disable=SC2086 # a glob
+                cat $cached_files >/dev/null 2>&1 || true
             fi
             memcpy=
             [ "$mode" = pread ] && memcpy=--vs-memcpy
@@ -133,6 +170,11 @@ for m in "${modes[@]}"; do kill -TERM "${pid_of[$m]}" 2>/dev/null || true; done
 sleep 1
 for m in "${modes[@]}"; do
     echo "$m: $(grep -h 'file READ bytes' "$work/$m.log" | tail -n 1 | sed 's/.*file READ bytes: //')"
+    if [ "$disk_cache" = 1 ]; then
+        grep -h 'disk cache: [0-9]* hits' "$work/$m.log" | sed 's/.*disk cache: //' |
+            awk '{ h += $1; hm += substr($3, 2); mi += $5; mm += substr($7, 2) }
+                 END { printf "  disk cache, all sessions: %d hits (%d MiB), %d misses (%d MiB)\n", h, hm, mi, mm }'
+    fi
 done
 if grep -q "cannot be registered with io_uring" "$work/uring.log"; then
     echo "NOTE: the uring daemon could not register guest memory (see its log): its lines measure the pread fallback"

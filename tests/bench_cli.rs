@@ -253,5 +253,8 @@ fn bad_input_is_one_line_and_exit_code_1() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("run `sluice format` first"), "{err}");
+    // A missing database is named, and nothing is created in its place.
+    assert!(err.contains("no SQLite database at"), "{err}");
+    assert!(err.contains("`sluice format`"), "{err}");
+    assert!(!dir.path().join("empty.db").exists());
 }

@@ -14,8 +14,9 @@ pub enum Fragment<'a> {
     /// Bytes of a block.
     Data(&'a [u8]),
     /// `len` bytes at offset `off` of a local file (an object of a `file://`
-    /// store): the consumer reads them straight into its destination (guest
-    /// memory, for virtio-fs), so they are copied once, by the kernel.
+    /// store, a disk-cache file): the consumer reads them straight into its
+    /// destination (guest memory, for virtio-fs), so they are copied once,
+    /// by the kernel, or not at all (O_DIRECT).
     File {
         /// The open object file.
         file: &'a std::fs::File,
@@ -23,7 +24,29 @@ pub enum Fragment<'a> {
         off: u64,
         /// How many bytes.
         len: usize,
+        /// The CRC32C of each segment of the file, when it has them (a
+        /// disk-cache file): the consumer checks the bytes where they
+        /// landed against them ([`check_landed`]) before it counts them,
+        /// and on a mismatch fails with [`Error::Corrupt`], its position
+        /// back where the fragment began (the bytes placed are overwritten
+        /// by whatever comes next, or never sent). `None`: the bytes
+        /// are taken as read (a `file://` object, whose CRC covers the
+        /// whole object).
+        crcs: Option<SegmentCrcs<'a>>,
     },
+}
+
+/// The CRC32C of each `segment`-byte piece of a file's payload, from its
+/// first byte (the last piece ends at the payload's end and may be
+/// shorter): what a disk-cache file's trailer holds.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentCrcs<'a> {
+    /// Bytes covered by one CRC.
+    pub segment: usize,
+    /// The CRCs, in file order.
+    pub crcs: &'a [u32],
+    /// Bytes of payload in the file (the CRCs cover exactly these).
+    pub payload: u64,
 }
 
 impl Fragment<'_> {
@@ -99,11 +122,132 @@ impl ReadDest for BufDest<'_> {
         match frag {
             Fragment::Zeros(_) => dst.fill(0),
             Fragment::Data(d) => sluice_simd::copy(dst, d),
-            Fragment::File { file, off, .. } => read_file_exact(file, off, dst)?,
+            Fragment::File {
+                file,
+                off,
+                len,
+                crcs,
+            } => {
+                read_file_exact(file, off, dst)?;
+                if let Some(crcs) = crcs {
+                    let landed = [(dst.as_ptr(), len)];
+                    // SAFETY: `dst` is a live host buffer of `len` bytes,
+                    // only read during the call.
+                    unsafe { check_landed(file, off, len, crcs, &landed) }?;
+                }
+            }
         }
         self.at += dst.len();
         Ok(())
     }
+}
+
+/// Most bytes of a segment read from the file around a range to check it:
+/// a CRC segment is at most this long (the disk cache's is 32 KiB).
+pub const MAX_SEGMENT: usize = 1 << 20;
+
+/// Checks the bytes `off..off + len` of `file` that landed in `landed` (the
+/// destination's pieces, in order, adding up to `len` bytes) against
+/// `crcs`, in place: each segment the range touches is CRC'd from the
+/// landed bytes, with the parts of its first and last segment outside the
+/// range read from `file` beside them (at most a segment each, with the
+/// no-wait rule of [`read_file_exact`]: [`Error::WouldBlock`] on a thread
+/// that must not wait, where they are not in the page cache). A segment
+/// whose CRC differs, a range past the payload or CRCs that do not cover
+/// it is [`Error::Corrupt`].
+///
+/// # Safety
+///
+/// Each piece `(ptr, n)` must be valid for reads of `n` bytes for the call
+/// and have no Rust `&mut` reference alive. The bytes may be memory another
+/// party changes meanwhile (a guest racing its own READ's buffers): the
+/// check then passes or fails on what it read, which concerns that party
+/// alone.
+pub unsafe fn check_landed(
+    file: &std::fs::File,
+    off: u64,
+    len: usize,
+    crcs: SegmentCrcs<'_>,
+    landed: &[(*const u8, usize)],
+) -> Result<()> {
+    let seg = crcs.segment as u64;
+    let end = off.saturating_add(len as u64);
+    if len == 0 {
+        return Ok(());
+    }
+    if seg == 0 || crcs.segment > MAX_SEGMENT || end > crcs.payload {
+        return Err(Error::Corrupt(format!(
+            "bytes {off}..{end} of a cached block cannot be checked against \
+             {} CRCs of {seg}-byte segments over {} bytes",
+            crcs.crcs.len(),
+            crcs.payload
+        )));
+    }
+    let total: usize = landed.iter().map(|&(_, n)| n).sum();
+    if total != len {
+        return Err(Error::Invalid(format!(
+            "{total} bytes landed for a {len}-byte range"
+        )));
+    }
+    let first = off / seg;
+    let last = (end - 1) / seg;
+    if last >= crcs.crcs.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "a cached block's {} CRCs do not cover bytes {off}..{end}",
+            crcs.crcs.len()
+        )));
+    }
+    let seg_end = |s: u64| ((s + 1) * seg).min(crcs.payload);
+    // The part of the first segment before the range.
+    let head_len = (off - first * seg) as usize;
+    let mut crc = 0u32;
+    if head_len > 0 {
+        let mut head = vec![0u8; head_len];
+        read_file_exact(file, first * seg, &mut head)?;
+        crc = sluice_simd::crc32c(0, &head);
+    }
+    let mut at = off;
+    let mut s = first;
+    let mismatch = |s: u64, stored: u32, actual: u32| {
+        Error::Corrupt(format!(
+            "bytes {}..{} of a cached block fail their CRC32C (stored {stored:08x}, \
+             landed {actual:08x})",
+            s * seg,
+            seg_end(s)
+        ))
+    };
+    for &(ptr, n) in landed {
+        let mut done = 0usize;
+        while done < n {
+            let stop = seg_end(s);
+            let take = ((stop - at) as usize).min(n - done);
+            // SAFETY: `ptr + done .. ptr + done + take` lies inside the
+            // piece (`done + take <= n`), valid for reads by this
+            // function's contract.
+            crc = unsafe { sluice_simd::crc32c_raw(crc, ptr.add(done), take) };
+            done += take;
+            at += take as u64;
+            if at == stop {
+                let stored = crcs.crcs[s as usize];
+                if crc != stored {
+                    return Err(mismatch(s, stored, crc));
+                }
+                crc = 0;
+                s += 1;
+            }
+        }
+    }
+    // The part of the last segment after the range.
+    if at < seg_end(last) && s == last {
+        let mut tail = vec![0u8; (seg_end(last) - at) as usize];
+        read_file_exact(file, at, &mut tail)?;
+        crc = sluice_simd::crc32c(crc, &tail);
+        let stored = crcs.crcs[last as usize];
+        if crc != stored {
+            return Err(mismatch(last, stored, crc));
+        }
+    }
+    Ok(())
 }
 
 /// Reads exactly `dst.len()` bytes of `file` at `off` (a local object read
@@ -220,6 +364,7 @@ mod tests {
             file: &f,
             off: 3,
             len: 9,
+            crcs: None,
         };
         assert_eq!(frag.len(), 9);
     }
@@ -237,6 +382,7 @@ mod tests {
             file: &f,
             off: 3,
             len: 3,
+            crcs: None,
         })
         .unwrap();
         assert_eq!(dst.filled(), 7);
@@ -245,6 +391,105 @@ mod tests {
         assert_eq!(dst.filled(), 7);
         assert_eq!(&buf, &[b'a', b'b', 0, 0, b'3', b'4', b'5', 9]);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A file of `payload` bytes and the CRC of each `seg` bytes.
+    fn segmented(name: &str, payload: usize, seg: usize) -> (std::fs::File, Vec<u8>, Vec<u32>) {
+        let data: Vec<u8> = (0..payload).map(|i| (i * 7 + i / 251) as u8).collect();
+        let crcs = data
+            .chunks(seg)
+            .map(|c| sluice_simd::crc32c(0, c))
+            .collect();
+        let path = std::env::temp_dir().join(format!("sluice-api-{name}-{}", std::process::id()));
+        std::fs::write(&path, &data).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        (f, data, crcs)
+    }
+
+    #[test]
+    fn landed_bytes_are_checked_against_every_segment_they_touch() {
+        let seg = 1024;
+        let (f, data, crcs) = segmented("segments", 10 * seg + 300, seg);
+        let sc = SegmentCrcs {
+            segment: seg,
+            crcs: &crcs,
+            payload: data.len() as u64,
+        };
+        for (off, len) in [
+            (0, data.len()),
+            (0, seg),
+            (seg, 3 * seg),
+            (5, 1),
+            (seg - 1, 2),
+            (3 * seg + 17, 4 * seg),
+            (10 * seg, 300),
+            (10 * seg + 299, 1),
+        ] {
+            let mut landed = data[off..off + len].to_vec();
+            // In one piece, and cut in three anywhere.
+            let cut = [len / 3, 2 * len / 3];
+            let p = landed.as_ptr();
+            let whole = [(p, len)];
+            // SAFETY: every piece lies inside `landed`, alive and unchanged.
+            let pieces = unsafe {
+                [
+                    (p, cut[0]),
+                    (p.add(cut[0]), cut[1] - cut[0]),
+                    (p.add(cut[1]), len - cut[1]),
+                ]
+            };
+            for pieces in [&whole[..], &pieces[..]] {
+                // SAFETY: as above.
+                unsafe { check_landed(&f, off as u64, len, sc, pieces) }
+                    .unwrap_or_else(|e| panic!("{off}+{len}: {e}"));
+            }
+            // One byte off anywhere fails the check.
+            landed[len / 2] ^= 0x20;
+            let p = landed.as_ptr();
+            // SAFETY: as above.
+            let e = unsafe { check_landed(&f, off as u64, len, sc, &[(p, len)]) }.unwrap_err();
+            assert!(matches!(e, Error::Corrupt(_)), "{off}+{len}: {e:?}");
+        }
+        // Past the payload, or CRCs that stop short: corrupt, not a panic.
+        let one = [0u8; 8];
+        let short = SegmentCrcs {
+            crcs: &crcs[..2],
+            ..sc
+        };
+        for (sc, off) in [(sc, data.len() as u64 - 4), (short, 3 * seg as u64)] {
+            // SAFETY: `one` is a live 8-byte buffer.
+            let e = unsafe { check_landed(&f, off, 8, sc, &[(one.as_ptr(), 8)]) }.unwrap_err();
+            assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_buffer_refuses_a_damaged_range_and_does_not_count_it() {
+        let seg = 512;
+        let (f, data, mut crcs) = segmented("damaged", 4 * seg, seg);
+        crcs[2] ^= 1;
+        let sc = SegmentCrcs {
+            segment: seg,
+            crcs: &crcs,
+            payload: data.len() as u64,
+        };
+        let mut buf = vec![0u8; 4 * seg];
+        let mut dst = BufDest::new(&mut buf);
+        let frag = |off: usize, len: usize| Fragment::File {
+            file: &f,
+            off: off as u64,
+            len,
+            crcs: Some(sc),
+        };
+        dst.put(frag(0, 2 * seg)).unwrap();
+        let e = dst.put(frag(2 * seg, seg)).unwrap_err();
+        assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
+        assert_eq!(dst.filled(), 2 * seg, "the damaged fragment does not count");
+        dst.put(Fragment::Data(&data[2 * seg..3 * seg])).unwrap();
+        dst.put(frag(3 * seg + 10, seg - 10)).unwrap();
+        assert_eq!(dst.filled(), 4 * seg - 10);
+        assert_eq!(&buf[..2 * seg], &data[..2 * seg]);
     }
 
     #[test]

@@ -32,5 +32,5 @@ pub mod wait;
 
 pub use error::{Error, Limit, Result};
 pub use filesystem::{Fh, Filesystem, Listed, OpenOut};
-pub use fragment::{BufDest, Fragment, ReadDest, read_file_exact};
+pub use fragment::{BufDest, Fragment, ReadDest, SegmentCrcs, read_file_exact};
 pub use source::{SliceSource, WriteSource};

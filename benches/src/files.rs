@@ -5,6 +5,10 @@
 //!
 //! - `create`: each thread creates its files (open with `O_CREAT`, one write of the file
 //!   size, close), no fsync;
+//! - `stat`: each thread stats the files it created;
+//! - `read`: each thread opens, reads whole and closes the files it created;
+//! - `list`: one thread lists the directory of what `create` made and stats every entry
+//!   (`ls -l`);
 //! - `unlink`: each thread removes the files it created;
 //! - `create-fsync`: as `create`, with an fsync before the close;
 //! - `checkpoint`: `--checkpoint-threads` threads each write `--checkpoint-files` files of
@@ -12,7 +16,12 @@
 //!   saving a sharded checkpoint.
 //!
 //! Each phase prints files per second (the checkpoint also MiB/s); `--json` prints one
-//! object per phase instead, for `benches/vs-smallfiles.sh`.
+//! object per phase instead, for `benches/vs-smallfiles.sh`. With `--redis URL` (the
+//! metadata server of the file system under test) each phase also reports the round trips
+//! it cost that server per file: the change of its `total_reads_processed` (one per
+//! command or pipeline a client sent), as `benches/vs-redis-meta.sh` compares them.
+//! `--settle S` waits between phases, so the kernel's attribute and entry caches (1 s by
+//! default on both sluice and JuiceFS) have expired when the next one starts.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -31,6 +40,12 @@ fn size_arg(s: &str) -> Result<u64, String> {
 pub enum Phase {
     /// Create, write, close.
     Create,
+    /// Stat what `create` made.
+    Stat,
+    /// Open, read and close what `create` made.
+    Read,
+    /// List and stat what `create` made (`ls -l`).
+    List,
     /// Remove what `create` made.
     Unlink,
     /// Create, write, fsync, close.
@@ -73,6 +88,13 @@ pub struct FilesArgs {
     /// One JSON object per phase instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The metadata engine's Redis server (`redis://HOST:PORT`): each phase reports the
+    /// round trips per file it cost that server.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Seconds to wait between phases (let the kernel's caches expire).
+    #[arg(long, default_value_t = 0.0)]
+    pub settle: f64,
 }
 
 /// What one phase measured.
@@ -90,6 +112,9 @@ pub struct PhaseResult {
     pub files_per_sec: f64,
     /// MiB written per second.
     pub mib_per_sec: f64,
+    /// Round trips to the metadata server per file (with `--redis`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trips_per_file: Option<f64>,
 }
 
 /// Errors of `sluice bench files`.
@@ -168,6 +193,7 @@ fn result(phase: Phase, files: usize, bytes: u64, seconds: f64) -> PhaseResult {
         seconds,
         files_per_sec: files as f64 / s,
         mib_per_sec: bytes as f64 / s / (1 << 20) as f64,
+        round_trips_per_file: None,
     }
 }
 
@@ -183,12 +209,20 @@ pub fn run(args: &FilesArgs) -> Result<Vec<PhaseResult>, FilesError> {
             "--size is for small files (at most 1 GiB), --checkpoint-size at most 16 GiB".into(),
         ));
     }
-    if args.phases.contains(&Phase::Unlink)
-        && args.phases.iter().position(|p| *p == Phase::Create)
-            > args.phases.iter().position(|p| *p == Phase::Unlink)
-    {
+    let create = args.phases.iter().position(|p| *p == Phase::Create);
+    for (i, p) in args.phases.iter().enumerate() {
+        if matches!(p, Phase::Stat | Phase::Read | Phase::List | Phase::Unlink)
+            && create.is_none_or(|c| c > i)
+        {
+            return Err(FilesError::InvalidParameter(format!(
+                "the {} phase uses what create made: put create first",
+                phase_name(*p)
+            )));
+        }
+    }
+    if !(args.settle.is_finite() && (0.0..=60.0).contains(&args.settle)) {
         return Err(FilesError::InvalidParameter(
-            "the unlink phase removes what create made: put create first".into(),
+            "--settle takes 0 to 60 seconds".into(),
         ));
     }
     let scratch = args
@@ -212,7 +246,18 @@ fn run_in(args: &FilesArgs, scratch: &Path) -> Result<Vec<PhaseResult>, FilesErr
     };
     let mut out = Vec::new();
     let mut created: Option<PathBuf> = None;
-    for phase in &args.phases {
+    let mut server = match &args.redis {
+        Some(url) => Some(RoundTrips::connect(url)?),
+        None => None,
+    };
+    for (n, phase) in args.phases.iter().enumerate() {
+        if n > 0 && args.settle > 0.0 {
+            std::thread::sleep(std::time::Duration::from_secs_f64(args.settle));
+        }
+        let before = match &mut server {
+            Some(s) => Some(s.count()?),
+            None => None,
+        };
         let (files, threads) = match phase {
             Phase::Checkpoint => (args.checkpoint_files, args.checkpoint_threads),
             _ => (args.count, args.threads),
@@ -239,6 +284,42 @@ fn run_in(args: &FilesArgs, scratch: &Path) -> Result<Vec<PhaseResult>, FilesErr
                     (files * threads) as u64 * args.size,
                     secs,
                 )
+            }
+            Phase::Stat | Phase::Read => {
+                let d = created.clone().ok_or_else(|| {
+                    FilesError::InvalidParameter("this phase needs the create phase".into())
+                })?;
+                let read = *phase == Phase::Read;
+                let secs = timed(threads, |t| {
+                    let mut buf = vec![0u8; 1 << 20];
+                    (0..files).try_for_each(|i| {
+                        let p = name(&d, t, i);
+                        if read {
+                            let mut f = fs::File::open(&p).map_err(io_err("open", &p))?;
+                            while std::io::Read::read(&mut f, &mut buf)
+                                .map_err(io_err("read", &p))?
+                                > 0
+                            {}
+                            Ok(())
+                        } else {
+                            fs::metadata(&p).map(drop).map_err(io_err("stat", &p))
+                        }
+                    })
+                })?;
+                result(*phase, files * threads, 0, secs)
+            }
+            Phase::List => {
+                let d = created.clone().ok_or_else(|| {
+                    FilesError::InvalidParameter("the list phase needs the create phase".into())
+                })?;
+                let mut seen = 0usize;
+                let start = Instant::now();
+                for e in fs::read_dir(&d).map_err(io_err("list", &d))? {
+                    let e = e.map_err(io_err("list", &d))?;
+                    e.metadata().map_err(io_err("stat", &e.path()))?;
+                    seen += 1;
+                }
+                result(*phase, seen, 0, start.elapsed().as_secs_f64())
             }
             Phase::Unlink => {
                 let d = created.take().ok_or_else(|| {
@@ -267,9 +348,54 @@ fn run_in(args: &FilesArgs, scratch: &Path) -> Result<Vec<PhaseResult>, FilesErr
                 )
             }
         };
+        let mut r = r;
+        if let (Some(s), Some(before)) = (&mut server, before) {
+            // The sample itself is one command the server counts.
+            let trips = s.count()?.saturating_sub(before + 1);
+            r.round_trips_per_file = Some(trips as f64 / r.files.max(1) as f64);
+        }
         out.push(r);
     }
     Ok(out)
+}
+
+/// The name a phase has on the command line and in the output.
+fn phase_name(p: Phase) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A connection to the metadata server that reads how many commands (or pipelines: a
+/// client's round trips) it has read from its clients.
+struct RoundTrips(redis::Connection);
+
+impl RoundTrips {
+    fn connect(url: &str) -> Result<RoundTrips, FilesError> {
+        let bad =
+            |e: redis::RedisError| FilesError::InvalidParameter(format!("--redis {url}: {e}"));
+        let c = redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .map_err(bad)?;
+        Ok(RoundTrips(c))
+    }
+
+    /// `total_reads_processed` of the server's `INFO stats`.
+    fn count(&mut self) -> Result<u64, FilesError> {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut self.0)
+            .map_err(|e| FilesError::InvalidParameter(format!("Redis INFO: {e}")))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_reads_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| {
+                FilesError::InvalidParameter(
+                    "the Redis server reports no total_reads_processed".into(),
+                )
+            })
+    }
 }
 
 /// The results as a table.
@@ -284,17 +410,21 @@ pub fn format_table(args: &FilesArgs, results: &[PhaseResult]) -> String {
         format_size(args.checkpoint_size)
     );
     s.push_str(&format!(
-        "{:<14} {:>8} {:>10} {:>12} {:>10}\n",
-        "phase", "files", "seconds", "files/s", "MiB/s"
+        "{:<14} {:>8} {:>10} {:>12} {:>10} {:>12}\n",
+        "phase", "files", "seconds", "files/s", "MiB/s", "trips/file"
     ));
     for r in results {
-        let name = serde_json::to_value(r.phase)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let trips = r
+            .round_trips_per_file
+            .map_or_else(|| "-".to_string(), |t| format!("{t:.2}"));
         s.push_str(&format!(
-            "{:<14} {:>8} {:>10.3} {:>12.1} {:>10.1}\n",
-            name, r.files, r.seconds, r.files_per_sec, r.mib_per_sec
+            "{:<14} {:>8} {:>10.3} {:>12.1} {:>10.1} {:>12}\n",
+            phase_name(r.phase),
+            r.files,
+            r.seconds,
+            r.files_per_sec,
+            r.mib_per_sec,
+            trips
         ));
     }
     s
@@ -311,6 +441,9 @@ mod tests {
             path: dir.path().to_path_buf(),
             phases: vec![
                 Phase::Create,
+                Phase::Stat,
+                Phase::Read,
+                Phase::List,
                 Phase::Unlink,
                 Phase::CreateFsync,
                 Phase::Checkpoint,
@@ -322,18 +455,23 @@ mod tests {
             checkpoint_files: 2,
             checkpoint_size: 3 << 20,
             json: false,
+            redis: None,
+            settle: 0.0,
         };
         let r = run(&args).unwrap();
         assert_eq!(
             r.iter().map(|r| (r.phase, r.files)).collect::<Vec<_>>(),
             [
                 (Phase::Create, 10),
+                (Phase::Stat, 10),
+                (Phase::Read, 10),
+                (Phase::List, 10),
                 (Phase::Unlink, 10),
                 (Phase::CreateFsync, 10),
                 (Phase::Checkpoint, 4)
             ]
         );
-        assert_eq!(r[3].bytes, 4 * (3 << 20));
+        assert_eq!(r[6].bytes, 4 * (3 << 20));
         assert!(format_table(&args, &r).contains("create-fsync"));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
@@ -351,6 +489,8 @@ mod tests {
             checkpoint_files: 1,
             checkpoint_size: 1,
             json: false,
+            redis: None,
+            settle: 0.0,
         };
         assert!(matches!(run(&args), Err(FilesError::InvalidParameter(_))));
     }

@@ -31,7 +31,7 @@ use crate::format::Compression;
 use crate::meta::{CHUNK_SIZE, Ino};
 use crate::volume::Volume;
 
-pub use sluice_api::fragment::{BufDest, Fragment, ReadDest, read_file_exact};
+pub use sluice_api::fragment::{BufDest, Fragment, ReadDest, SegmentCrcs, read_file_exact};
 
 /// A block fetch in progress that other readers of the block wait for.
 #[derive(Debug, Default)]
@@ -365,11 +365,50 @@ impl Reader {
             let boff = (off % bs) as usize;
             let n = len.min(bs - off % bs);
             let cached = self.cache.get((id, indx));
+            let uncompressed = self.vol.compression == crate::format::Compression::None;
+            // A disk-cache hit of an uncompressed block: its bytes go from
+            // the cache file straight into the destination, which checks
+            // them there against the file's segment CRCs — no promotion
+            // into the memory cache, no CPU copy where the destination
+            // reads O_DIRECT. A copy that fails the check is dropped and
+            // the block fetched as on a miss.
+            let from_disk_cache = match &cached {
+                None if uncompressed => {
+                    let key = self.key(id, size, indx);
+                    match self.vol.store.cached_file(&key, n as usize) {
+                        Some(file) => Some((key, file?)),
+                        None => None,
+                    }
+                }
+                _ => None,
+            };
+            if let Some((key, cf)) = from_disk_cache {
+                let crcs = cf.crcs.as_ref().map(|(crcs, payload)| SegmentCrcs {
+                    segment: crate::object::disk_cache::SEGMENT,
+                    crcs,
+                    payload: *payload,
+                });
+                let placed = f(Fragment::File {
+                    file: &cf.file,
+                    off: boff as u64,
+                    len: n as usize,
+                    crcs,
+                });
+                match placed {
+                    Ok(()) => {
+                        off += n;
+                        len -= n;
+                        continue;
+                    }
+                    Err(Error::Corrupt(why)) => {
+                        self.vol.store.drop_cached(&key, &why);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             let block = match cached {
                 Some(block) => block,
-                None if ranged.is_some()
-                    && self.vol.compression == crate::format::Compression::None =>
-                {
+                None if ranged.is_some() && uncompressed => {
                     let raw_len = block_len(size, bs, indx);
                     let key = block_key(self.vol.name(), id, indx, raw_len);
                     if self.damaged.lock().contains(&(id, indx)) {
@@ -386,6 +425,7 @@ impl Reader {
                                 file: &file,
                                 off: boff as u64,
                                 len: n as usize,
+                                crcs: None,
                             })?;
                         }
                         // A large read of a remote block: fetched whole

@@ -99,6 +99,28 @@ pub fn crc32c(seed: u32, data: &[u8]) -> u32 {
     !dispatch::crc32c_raw(!seed, data)
 }
 
+/// [`crc32c`] of the `len` bytes at `data`: for memory that is not a Rust
+/// slice, such as guest memory a READ's data just landed in.
+///
+/// # Safety
+/// - When `len > 0`, `data` must be valid for reads of `len` bytes; when
+///   `len == 0` nothing is read and any pointer is accepted.
+/// - The range may be memory another party changes concurrently (guest
+///   memory shared with a VM): the CRC is then that of some mix of the
+///   values the loads observed. No Rust `&mut` reference to the range may be
+///   alive during the call.
+pub unsafe fn crc32c_raw(seed: u32, data: *const u8, len: usize) -> u32 {
+    if len == 0 {
+        return seed;
+    }
+    // SAFETY: `data` is valid for reads of `len` bytes (the caller's
+    // contract). The kernels only load through the slice and nothing here
+    // writes it; a change by another process while they load is the mix
+    // described above (as for `copy_raw`'s sources).
+    let bytes = unsafe { std::slice::from_raw_parts(data, len) };
+    crc32c(seed, bytes)
+}
+
 /// The CRC32C of `a ‖ b` from `crc_a = crc32c(0, a)`, `crc_b = crc32c(0, b)`
 /// and `len_b = b.len()`, without reading the data again.
 pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
@@ -180,6 +202,11 @@ mod tests {
             crc32c_combine(crc32c(0, a), crc32c(0, b), b.len() as u64),
             crc32c(0, &data)
         );
+        // SAFETY: `data` is a live buffer of that length; len 0 reads nothing.
+        unsafe {
+            assert_eq!(crc32c_raw(0, data.as_ptr(), data.len()), crc32c(0, &data));
+            assert_eq!(crc32c_raw(7, std::ptr::null(), 0), 7);
+        }
     }
 
     #[test]

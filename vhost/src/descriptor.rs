@@ -566,6 +566,98 @@ impl<'a> Writer<'a> {
         off: u64,
         len: usize,
     ) -> io::Result<()> {
+        self.write_from_file_as(file, off, len, true)
+    }
+
+    /// [`Writer::write_from_file`] with the bytes checked where they landed
+    /// against the file's segment CRCs (a disk-cache file) before this
+    /// returns: a mismatch is `Corrupt`, with the writer back where it was.
+    /// The bytes are never left to the worker's ring (they must have
+    /// landed to be checked): what the page cache does not hold goes to a
+    /// waiter (`WouldBlock`), which reads it with `pread`, or O_DIRECT
+    /// where `--guest-io direct`/`uring` allows.
+    pub fn write_from_file_checked(
+        &mut self,
+        file: &std::fs::File,
+        off: u64,
+        len: usize,
+        crcs: sluice_api::SegmentCrcs<'_>,
+    ) -> sluice_api::Result<()> {
+        let mark = self.mark();
+        if let Err(e) = self.write_from_file_as(file, off, len, false) {
+            self.rewind(mark);
+            return Err(match e.kind() {
+                io::ErrorKind::WouldBlock => sluice_api::Error::WouldBlock,
+                io::ErrorKind::UnexpectedEof => sluice_api::Error::Corrupt(format!(
+                    "a cached block is shorter than {} bytes",
+                    off + len as u64
+                )),
+                _ => sluice_api::Error::Io(e),
+            });
+        }
+        let checked = self.landed_since(mark, |pieces| {
+            // SAFETY: `landed_since` hands pieces of guest memory this
+            // writer placed, inside the checked mappings `self.mem` keeps
+            // alive, or staged copies it holds; only read during the call.
+            unsafe { sluice_api::fragment::check_landed(file, off, len, crcs, pieces) }
+        });
+        let checked = checked.map_err(sluice_api::Error::Io).and_then(|r| r);
+        if checked.is_err() {
+            self.rewind(mark);
+        }
+        checked
+    }
+
+    /// Calls `check` with the host address and length of each piece of
+    /// guest memory written since `mark`, in order. A piece that straddles
+    /// two memory regions (no one host mapping) is read into a staged copy
+    /// first.
+    fn landed_since<R>(
+        &self,
+        mark: Mark,
+        check: impl FnOnce(&[(*const u8, usize)]) -> R,
+    ) -> io::Result<R> {
+        let mut left = self.bytes_written.saturating_sub(mark.bytes_written);
+        let mut pieces = Vec::new();
+        let mut staged: Vec<Vec<u8>> = Vec::new();
+        let mut index = mark.index;
+        let mut offset = mark.offset;
+        while left > 0 {
+            let Some(region) = self.regions.get(index) else {
+                return Err(io::Error::other("fewer buffers than bytes written"));
+            };
+            let n = (region.len - offset).min(left);
+            // As in `put`: `offset < region.len`, inside checked guest memory.
+            let addr = GuestAddress(region.addr.0 + offset as u64);
+            match self.mem.get_slice(addr, n) {
+                Ok(slice) => pieces.push((slice.ptr_guard().as_ptr(), n)),
+                Err(_) => {
+                    let mut copy = vec![0u8; n];
+                    self.mem
+                        .read_slice(&mut copy, addr)
+                        .map_err(io::Error::other)?;
+                    pieces.push((copy.as_ptr(), n));
+                    // The heap buffer does not move when `staged` grows.
+                    staged.push(copy);
+                }
+            }
+            left -= n;
+            offset += n;
+            if offset == region.len {
+                index += 1;
+                offset = 0;
+            }
+        }
+        Ok(check(&pieces))
+    }
+
+    fn write_from_file_as(
+        &mut self,
+        file: &std::fs::File,
+        off: u64,
+        len: usize,
+        may_queue: bool,
+    ) -> io::Result<()> {
         if let Some(route) = self.io
             && route.mode == GuestIoMode::Uring
             && !route.waiter
@@ -578,7 +670,7 @@ impl<'a> Writer<'a> {
                     self.skip(len);
                     return Ok(());
                 }
-            } else if route.wake.is_some() {
+            } else if route.wake.is_some() && may_queue {
                 // What the page cache holds is read at once (one kernel
                 // copy); the rest goes to the ring. `cachestat` asks, of the
                 // range's first page (a whole range costs a walk of every
@@ -607,9 +699,11 @@ impl<'a> Writer<'a> {
         // not hold goes straight to a waiter, which reads it O_DIRECT; a
         // RWF_NOWAIT read that missed would first start readahead of the
         // same bytes through the page cache, reading them from the disk
-        // twice.
+        // twice. The same for `--guest-io uring` where the ring may not
+        // take the read (a checked one).
         if let Some(route) = self.io
-            && route.mode == GuestIoMode::Direct
+            && (route.mode == GuestIoMode::Direct
+                || (route.mode == GuestIoMode::Uring && !may_queue))
             && !route.waiter
             && sluice_api::wait::mode() == sluice_api::wait::Mode::NoWait
             && guest_io::cached(file, off, 1) == Some(false)
@@ -932,6 +1026,69 @@ mod tests {
         // Past the end of the file: an error, not zeros or stale bytes.
         let err = writer.write_from_file(&file, 190, 20).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn checked_file_ranges_land_and_are_checked_in_guest_memory() {
+        // Two regions, back to back: a buffer may straddle them.
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(BASE), 0x1000),
+            (GuestAddress(BASE + 0x1000), 0x2000),
+        ])
+        .expect("memory");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cached");
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i * 31 + i / 509) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let seg = 1024;
+        let crcs: Vec<u32> = data
+            .chunks(seg)
+            .map(|c| sluice_simd::crc32c(0, c))
+            .collect();
+        let writable = [
+            (BASE + 0x100, 700),
+            (BASE + 0xF00, 0x200),
+            (BASE + 0x1400, 4000),
+        ];
+        let chain = buffers(&[], &writable);
+        let mut writer = chain.writer(&mem);
+        writer.write_copy(b"head").unwrap();
+        let sc = sluice_api::SegmentCrcs {
+            segment: seg,
+            crcs: &crcs,
+            payload: data.len() as u64,
+        };
+        writer
+            .write_from_file_checked(&file, 1000, 4000, sc)
+            .unwrap();
+        assert_eq!(writer.bytes_written(), 4004);
+        let mut got = vec![0u8; 4004];
+        let mut reader = buffers(&writable, &[]);
+        reader.readable_len = 4004;
+        reader.reader(&mem).read_exact(&mut got).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert!(got[4..] == data[1000..5000]);
+        // A segment whose CRC does not match what landed: corrupt, and
+        // nothing of it counts.
+        let mut damaged = crcs.clone();
+        damaged[5] ^= 0x8000;
+        let sc = sluice_api::SegmentCrcs {
+            crcs: &damaged,
+            ..sc
+        };
+        let before = writer.mark();
+        let e = writer
+            .write_from_file_checked(&file, 5000, 1000, sc)
+            .unwrap_err();
+        assert!(matches!(e, sluice_api::Error::Corrupt(_)), "{e:?}");
+        assert_eq!(writer.mark(), before);
+        // Past the payload: corrupt too, never stale bytes.
+        let e = writer
+            .write_from_file_checked(&file, 12_000, 400, sc)
+            .unwrap_err();
+        assert!(matches!(e, sluice_api::Error::Corrupt(_)), "{e:?}");
+        assert_eq!(writer.mark(), before);
     }
 
     #[test]

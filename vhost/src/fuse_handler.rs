@@ -130,7 +130,19 @@ impl ReadDest for GuestReply<'_, '_> {
         let put = match frag {
             Fragment::Zeros(n) => self.w.write_zeros(n),
             Fragment::Data(d) => self.w.write_copy(d),
-            Fragment::File { file, off, len } => self.w.write_from_file(file, off, len),
+            Fragment::File {
+                file,
+                off,
+                len,
+                crcs: None,
+            } => self.w.write_from_file(file, off, len),
+            // A disk-cache file: checked where it landed, in guest memory.
+            Fragment::File {
+                file,
+                off,
+                len,
+                crcs: Some(crcs),
+            } => return self.w.write_from_file_checked(file, off, len, crcs),
         };
         put.map_err(|e| {
             if e.kind() == io::ErrorKind::WouldBlock {

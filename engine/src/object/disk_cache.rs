@@ -28,16 +28,43 @@
 //!
 //! # Checksum policy ([`VerifyPolicy`])
 //!
-//! `full`: every whole-block read verifies every 32 KiB CRC. Ranged reads
-//! of an S3 object are served by [`ObjectStore::local_file`] (the consumer,
-//! virtio-fs, preads the range straight into guest memory, so we never see
-//! the bytes), which is only offered for a file verified whole since this
-//! process indexed it: inserted from bytes we had in hand, or read and
-//! checked once. A file indexed by the restart rescan is verified by its
-//! first read. Damage after that verification is caught by the next whole
-//! read, not by ranged reads: the price of reads with no CPU copy. `none`:
-//! only the trailer's shape (magic, length against the file size) is
-//! checked, which catches partial files but not flipped bits.
+//! `full`: no byte of a cached block is used unchecked.
+//!
+//! - A read of an uncompressed block the memory cache does not hold (what
+//!   the reader does for every such block, sequential or random) takes the
+//!   file itself with its segment CRCs ([`DiskCache::cached_file`],
+//!   [`ObjectStore::cached_file`]): the consumer reads the range straight
+//!   into its destination — guest memory under `serve`, O_DIRECT where
+//!   `--guest-io` allows: no CPU copy — and checks there, in place, the
+//!   CRC32C of every 32 KiB segment the range touches (the parts of its
+//!   first and last segment outside the range are read from the file
+//!   beside them) before the bytes count (`sluice_api::fragment::
+//!   check_landed`). A mismatch drops the file ([`DiskCache::drop_damaged`])
+//!   and the reader fetches the block from the object store. The block is
+//!   not promoted into the memory cache. The CRCs are kept in the index
+//!   (about 512 bytes per 4 MiB block): an insert had them in hand, a file
+//!   the restart rescan found has its trailer read at its first use.
+//! - A whole-block read ([`ObjectStore::get`]: a compressed volume's
+//!   blocks, warmup, compaction, what goes into the memory cache) verifies
+//!   every CRC.
+//! - Ranged reads of an S3 object served by [`ObjectStore::get_range`] and
+//!   [`ObjectStore::local_file`] (unchecked ranges) are only offered for a
+//!   file verified whole since this process indexed it: inserted from bytes
+//!   we had in hand, or read and checked once.
+//!
+//! `none`: only the trailer's shape (magic, length against the file size)
+//! is checked, which catches partial files but not flipped bits; cached
+//! files are handed out without CRCs.
+//!
+//! # Files that vanish
+//!
+//! The cache removes a file in two places, each taking the index entry
+//! out before the file: `remove` (the block's object was deleted: a
+//! released slice) and eviction. A read that found the entry just before
+//! may then find no file; that is a miss, not damage, and is neither
+//! logged nor counted as dropped (`lost_file`). A file missing while its
+//! entry is still there was removed behind the cache's back: it is dropped
+//! and said in the log.
 //!
 //! # I/O
 //!
@@ -51,7 +78,7 @@
 //! returns as soon as the object is fetched), bounded by
 //! [`MAX_PENDING_BYTES`] beyond which blocks are not cached. The fixed buffer
 //! costs one copy between it and the caller's `Vec` — the same copy the page
-//! cache would make; the no-copy read is the `local_file` path above.
+//! cache would make; the no-copy read is the `cached_file` path above.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -231,7 +258,8 @@ pub struct DiskCacheStats {
     used_bytes: AtomicU64,
     entries: AtomicU64,
     /// How long reading a cached block took (whole blocks and ranges read
-    /// here; not local-file hits, which the caller reads), in nanoseconds.
+    /// here; not the files handed to the caller, `local_file` and
+    /// `cached_file`, which it reads itself), in nanoseconds.
     read_latency: Histogram,
     /// How long writing a block's cache file took, in nanoseconds.
     write_latency: Histogram,
@@ -379,6 +407,14 @@ fn trailer(payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The segment CRCs a trailer holds (its bytes before the length and magic).
+fn segment_crcs(trailer: &[u8]) -> Arc<[u32]> {
+    trailer[..trailer.len().saturating_sub(TAIL)]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 /// The payload length a file of `file_len` bytes ending in `tail` claims,
 /// or why it is not a cache file.
 fn parse_tail(tail: &[u8], file_len: u64) -> std::result::Result<u64, String> {
@@ -424,6 +460,31 @@ fn check_file(bytes: &[u8], verify: VerifyPolicy) -> std::result::Result<usize, 
         }
     }
     Ok(len)
+}
+
+/// A cache file handed to a reader that checks what it reads of it in
+/// place ([`DiskCache::cached_file`]).
+#[derive(Debug)]
+pub struct CachedFile {
+    /// The file, open for reading; the payload starts at offset 0.
+    pub file: File,
+    /// The CRC32C of each [`SEGMENT`] of the payload, and the payload
+    /// length; `None` under [`VerifyPolicy::None`].
+    pub crcs: Option<(Arc<[u32]>, u64)>,
+}
+
+/// Reads an open cache file's trailer: its segment CRCs and payload
+/// length, with the no-wait rule of [`sluice_api::read_file_exact`].
+fn load_crcs(file: &File) -> Result<(Arc<[u32]>, u64)> {
+    let size = file.metadata()?.len();
+    let mut tail = [0u8; TAIL];
+    if size >= TAIL as u64 {
+        sluice_api::read_file_exact(file, size - TAIL as u64, &mut tail)?;
+    }
+    let payload = parse_tail(&tail, size).map_err(Error::Corrupt)?;
+    let mut trailer = vec![0u8; (size - payload) as usize];
+    sluice_api::read_file_exact(file, payload, &mut trailer)?;
+    Ok((segment_crcs(&trailer), payload))
 }
 
 /// Reads the last bytes of an open cache file and returns its payload length.
@@ -650,6 +711,10 @@ struct Entry {
     tick: u64,
     /// Verified whole since this process indexed it.
     verified: bool,
+    /// The trailer's segment CRCs and the payload length, once known (an
+    /// insert had them in hand, or a checked read loaded them): a ranged
+    /// read checks what it read against them.
+    crcs: Option<(Arc<[u32]>, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -682,7 +747,13 @@ impl Index {
 
     /// Adds an entry whose bytes are already counted in `used`; returns the
     /// size of an entry it replaced.
-    fn add(&mut self, key: &str, size: u64, verified: bool) -> Option<u64> {
+    fn add(
+        &mut self,
+        key: &str,
+        size: u64,
+        verified: bool,
+        crcs: Option<(Arc<[u32]>, u64)>,
+    ) -> Option<u64> {
         let old = self.remove(key).map(|e| e.size);
         self.clock += 1;
         let k: Arc<str> = Arc::from(key);
@@ -695,6 +766,7 @@ impl Index {
                 size,
                 tick: self.clock,
                 verified,
+                crcs,
             },
         );
         old
@@ -965,9 +1037,14 @@ impl DiskCache {
         shard.index.lock().touch(rel)?;
         let path = shard.root.join(rel);
         let started = Instant::now();
-        let checked = Self::read_job(shard, path.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| check_file(&bytes, self.cfg.verify).map(|len| (bytes, len)));
+        let bytes = match Self::read_job(shard, path.clone()) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.lost_file(shard, rel, &path, &e);
+                return None;
+            }
+        };
+        let checked = check_file(&bytes, self.cfg.verify).map(|len| (bytes, len));
         match checked {
             Ok((mut bytes, len)) => {
                 self.stats.read_latency.observe_since(started);
@@ -1001,13 +1078,21 @@ impl DiskCache {
         }
         let path = shard.root.join(rel);
         let started = Instant::now();
-        let res = File::open(&path).and_then(|f| {
-            let payload = check_tail(&f).map_err(io::Error::other)?;
-            let end = off.saturating_add(len as u64).min(payload);
-            let mut buf = vec![0u8; end.saturating_sub(off) as usize];
-            f.read_exact_at(&mut buf, off)?;
-            Ok(buf)
-        });
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                self.lost_file(shard, rel, &path, &e);
+                return None;
+            }
+        };
+        let res = check_tail(&file)
+            .map_err(io::Error::other)
+            .and_then(|payload| {
+                let end = off.saturating_add(len as u64).min(payload);
+                let mut buf = vec![0u8; end.saturating_sub(off) as usize];
+                file.read_exact_at(&mut buf, off)?;
+                Ok(buf)
+            });
         match res {
             Ok(buf) => {
                 self.stats.read_latency.observe_since(started);
@@ -1045,10 +1130,76 @@ impl DiskCache {
                 Some(f)
             }
             Err(e) => {
-                self.drop_file(shard, rel, &path, &e.to_string());
+                self.lost_file(shard, rel, &path, &e);
                 None
             }
         }
+    }
+
+    /// The cache file of `key` opened for a read of `len` bytes that the
+    /// caller checks in place against the file's segment CRCs, which come
+    /// with it (see the module docs); `None` on a miss. The CRCs are read
+    /// from the trailer once and kept in the index; that read follows the
+    /// no-wait rule ([`sluice_api::read_file_exact`]): `WouldBlock` on a
+    /// thread that must not wait when the trailer is not in the page cache.
+    /// Under [`VerifyPolicy::None`] the file comes without CRCs.
+    pub fn cached_file(&self, key: &str, len: usize) -> Option<Result<CachedFile>> {
+        let (shard, rel) = self.locate(key)?;
+        let known = shard.index.lock().touch(rel)?.crcs.clone();
+        let path = shard.root.join(rel);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                self.lost_file(shard, rel, &path, &e);
+                return None;
+            }
+        };
+        let crcs = match (self.cfg.verify, known) {
+            (VerifyPolicy::None, _) => None,
+            (VerifyPolicy::Full, Some(crcs)) => Some(crcs),
+            (VerifyPolicy::Full, None) => match load_crcs(&file) {
+                Ok(crcs) => {
+                    if let Some(e) = shard.index.lock().map.get_mut(rel) {
+                        e.crcs = Some(crcs.clone());
+                    }
+                    Some(crcs)
+                }
+                Err(Error::WouldBlock) => return Some(Err(Error::WouldBlock)),
+                Err(e) => {
+                    self.drop_file(shard, rel, &path, &e.to_string());
+                    return None;
+                }
+            },
+        };
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .hit_bytes
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Some(Ok(CachedFile { file, crcs }))
+    }
+
+    /// A read of `key`'s cache file found it damaged (its bytes failed their
+    /// CRC where they landed): the file is dropped, and counted so.
+    pub fn drop_damaged(&self, key: &str, why: &str) {
+        let Some((shard, rel)) = self.locate(key) else {
+            return;
+        };
+        let path = shard.root.join(rel);
+        self.drop_file(shard, rel, &path, why);
+    }
+
+    /// Opening or reading the cache file of an indexed key failed with `e`.
+    /// A file missing because the cache itself removed it meanwhile — the
+    /// block's object was deleted (`remove`: a released slice) or evicted,
+    /// each of which takes the index entry out before the file — is a plain
+    /// miss: nothing is logged or counted. Anything else (the entry still
+    /// there: the file was removed behind the cache's back, or cannot be
+    /// read) drops the entry.
+    fn lost_file(&self, shard: &Shard, rel: &str, path: &Path, e: &io::Error) {
+        if e.kind() == io::ErrorKind::NotFound && !shard.index.lock().map.contains_key(rel) {
+            return;
+        }
+        self.drop_file(shard, rel, path, &e.to_string());
     }
 
     /// Counts a miss of `bytes` fetched from the object store.
@@ -1156,6 +1307,7 @@ impl DiskCache {
         let trailer = trailer(&data);
         let payload = data.len() as u64;
         let size = (data.len() + trailer.len()) as u64;
+        let crcs = (segment_crcs(&trailer), data.len() as u64);
         {
             let mut pending = self.pending.bytes.lock();
             if *pending + size > MAX_PENDING_BYTES || !self.reserve(shard, size) {
@@ -1182,7 +1334,10 @@ impl DiskCache {
             let res = res.and_then(|took| fs::rename(&tmp, &path).map(|()| took));
             match res {
                 Ok(took) => {
-                    let old = shard2.index.lock().add(&rel2, size, true);
+                    let old = shard2
+                        .index
+                        .lock()
+                        .add(&rel2, size, true, Some(crcs.clone()));
                     stats
                         .write_latency
                         .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
@@ -1287,7 +1442,7 @@ fn rescan(
                     let mut index = shard.index.lock();
                     if !index.map.contains_key(rel.as_str()) {
                         index.used += size;
-                        index.add(&rel, size, false);
+                        index.add(&rel, size, false, None);
                         stats.entries.fetch_add(1, Ordering::Relaxed);
                         stats.used_bytes.fetch_add(size, Ordering::Relaxed);
                         found += 1;
@@ -1455,6 +1610,14 @@ impl ObjectStore for CachedStore {
             return Some(Ok(f));
         }
         self.inner.local_file(key)
+    }
+
+    fn cached_file(&self, key: &str, len: usize) -> Option<Result<CachedFile>> {
+        self.cache.cached_file(key, len)
+    }
+
+    fn drop_cached(&self, key: &str, why: &str) {
+        self.cache.drop_damaged(key, why);
     }
 
     fn is_cached(&self, key: &str) -> bool {

@@ -108,6 +108,23 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// A local cache's copy of `key` (a disk-cache file) for a read of `len`
+    /// bytes that the reader checks where the bytes land, against the
+    /// copy's segment CRCs, which come with it (`disk_cache`, "Checksum
+    /// policy"); `None` where no local cache holds the object. An error is
+    /// `WouldBlock` on a thread that must not wait.
+    fn cached_file(&self, key: &str, len: usize) -> Option<Result<disk_cache::CachedFile>> {
+        let _ = (key, len);
+        None
+    }
+
+    /// A read of the copy [`ObjectStore::cached_file`] handed out found it
+    /// damaged (`why`): the copy is dropped, and the next read of the
+    /// object goes to the store.
+    fn drop_cached(&self, key: &str, why: &str) {
+        let _ = (key, why);
+    }
+
     /// Whether a local cache in front of the store holds the object (a
     /// store without one holds nothing locally).
     fn is_cached(&self, _key: &str) -> bool {

@@ -1816,7 +1816,7 @@ fn a_read_that_would_wait_fails_first_and_runs_once_again() {
         match frag {
             Fragment::Zeros(n) => got.resize(got.len() + n, 0),
             Fragment::Data(d) => got.extend_from_slice(d),
-            Fragment::File { file, off, len } => {
+            Fragment::File { file, off, len, .. } => {
                 let at = got.len();
                 got.resize(at + len, 0);
                 crate::reader::read_file_exact(file, off, &mut got[at..])?;
@@ -1887,4 +1887,84 @@ fn a_closed_file_whose_commit_has_not_run_shows_its_length_and_mtime() {
     let recorded = t.vfs.volume().meta.getattr(ino).unwrap();
     assert_eq!((recorded.length, recorded.mtime), (10, attr.mtime));
     assert_eq!(recorded.ctime, attr.ctime);
+}
+
+#[test]
+fn disk_cache_hits_land_as_checked_file_ranges_and_a_damaged_copy_is_fetched_again() {
+    use crate::object::disk_cache::{CacheDir, DiskCacheConfig};
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cfg = || VfsConfig {
+        prefetch_threads: 0,
+        disk_cache: Some(DiskCacheConfig::new(
+            vec![CacheDir {
+                path: cache_dir.path().to_path_buf(),
+                node: None,
+            }],
+            1 << 30,
+        )),
+        ..test_cfg()
+    };
+    let t = setup_with(1024, Compression::None, cfg());
+    let data = random(3 * MIB as usize, 33);
+    let (ino, fh) = t.create("cached");
+    t.write(ino, fh, 0, &data);
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    // Blocks written are cached on disk; the end of the session writes
+    // what is queued.
+    t.vfs.destroy();
+    let dir = t.dir.path().to_owned();
+    drop(t.vfs);
+    // A fresh engine: nothing in its memory cache, the disk cache rescanned.
+    let vfs = open_vol(&dir, cfg());
+    wait_for(|| vfs.disk_cache_stats().is_some_and(|s| s.entries == 3));
+    let fh = vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let read_all = |vfs: &Vfs| {
+        let mut kinds = Vec::new();
+        let mut buf = vec![0u8; data.len()];
+        let mut dst = sluice_api::BufDest::new(&mut buf);
+        let n = vfs
+            .read(&ctx(), ino, fh, 0, data.len(), &mut |f: Fragment<'_>| {
+                kinds.push(match &f {
+                    Fragment::File { crcs: Some(_), .. } => "checked file",
+                    Fragment::File { crcs: None, .. } => "file",
+                    Fragment::Data(_) => "data",
+                    Fragment::Zeros(_) => "zeros",
+                });
+                dst.put(f)
+            })
+            .unwrap();
+        assert_eq!(n, data.len());
+        assert!(buf == data, "the bytes read back");
+        kinds
+    };
+    // Each block goes from its cache file into the destination, checked
+    // there, and is not copied into the memory cache.
+    assert_eq!(read_all(&vfs), ["checked file"; 3]);
+    assert_eq!(vfs.memory_cache_stats().inserts, 0);
+    // A flipped byte in the middle block's cache file: found where it
+    // landed, the copy dropped, the block fetched from the object store.
+    let mut files = Vec::new();
+    let mut dirs = vec![cache_dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            } else {
+                files.push(e.path());
+            }
+        }
+    }
+    let middle = files
+        .iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy().contains("_1_"))
+        .expect("the middle block's cache file");
+    let mut bytes = std::fs::read(middle).unwrap();
+    bytes[70_000] ^= 0x01;
+    std::fs::write(middle, &bytes).unwrap();
+    // (The refused fragment is seen, then the block's bytes in its place.)
+    assert_eq!(
+        read_all(&vfs),
+        ["checked file", "checked file", "data", "checked file"]
+    );
+    assert_eq!(vfs.disk_cache_stats().unwrap().dropped, 1);
 }

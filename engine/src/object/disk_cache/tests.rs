@@ -128,6 +128,97 @@ fn writes_are_cached_and_deletes_drop_the_copy() {
 }
 
 #[test]
+fn a_cached_file_comes_with_the_crcs_of_its_trailer() {
+    let f = fixture();
+    let data = pattern(100_000, 9);
+    let k = key(9, data.len());
+    let want: Vec<u32> = data
+        .chunks(SEGMENT)
+        .map(|c| sluice_simd::crc32c(0, c))
+        .collect();
+    {
+        let s = store(&f, config(&f, 64 << 20));
+        s.put(&k, &data, None).unwrap();
+        s.cache().wait_idle();
+        // Inserted: the CRCs were in hand.
+        let cf = s.cached_file(&k, 10).unwrap().unwrap();
+        let (crcs, payload) = cf.crcs.unwrap();
+        assert_eq!((&crcs[..], payload), (&want[..], data.len() as u64));
+    }
+    // Found by the rescan: read from the trailer at the first use.
+    let s = store(&f, config(&f, 64 << 20));
+    let cf = s.cached_file(&k, 10).unwrap().unwrap();
+    let (crcs, payload) = cf.crcs.unwrap();
+    assert_eq!((&crcs[..], payload), (&want[..], data.len() as u64));
+    let mut b = [0u8; 5];
+    cf.file.read_exact_at(&mut b, 77_777).unwrap();
+    assert_eq!(b, data[77_777..77_782]);
+    let c = s.cache().stats().snapshot();
+    assert_eq!((c.hits, c.hit_bytes), (1, 10), "{c}");
+    // Under `none` no CRCs come with it.
+    let mut cfg = config(&f, 64 << 20);
+    cfg.verify = VerifyPolicy::None;
+    drop(s);
+    let s = store(&f, cfg);
+    assert!(s.cached_file(&k, 10).unwrap().unwrap().crcs.is_none());
+    // A miss is a miss.
+    assert!(s.cached_file(&key(10, 5), 5).is_none());
+}
+
+#[test]
+fn a_block_deleted_while_it_is_read_is_a_miss_not_damage() {
+    let f = fixture();
+    let s = store(&f, config(&f, 64 << 20));
+    let data = pattern(10_000, 4);
+    let k = key(4, data.len());
+    s.put(&k, &data, None).unwrap();
+    s.cache().wait_idle();
+    let (shard, rel) = s.cache().locate(&k).unwrap();
+    let path = shard.root.join(rel);
+    // A read looked the block up; its object is deleted (a released
+    // slice) before the read opens the file, which is gone with its entry.
+    s.delete(&k).unwrap();
+    let gone = io::Error::from(io::ErrorKind::NotFound);
+    s.cache().lost_file(shard, rel, &path, &gone);
+    assert_eq!(s.cache().stats().snapshot().dropped, 0);
+    // Reads racing deletes of the very blocks they read: none of them
+    // counts as damage, whatever the interleaving.
+    let keys: Vec<String> = (100..164).map(|i| key(i, data.len())).collect();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..4 {
+                for k in &keys {
+                    s.put(k, &data, None).unwrap();
+                }
+                s.cache().wait_idle();
+                for k in &keys {
+                    s.delete(k).unwrap();
+                }
+            }
+        });
+        scope.spawn(|| {
+            for _ in 0..40 {
+                for k in &keys {
+                    let _ = s.cached_file(k, 100);
+                    let _ = s.cache().get(k);
+                    let _ = s.cache().get_range(k, 5, 100);
+                    let _ = s.cache().local_file(k);
+                }
+            }
+        });
+    });
+    assert_eq!(s.cache().stats().snapshot().dropped, 0);
+    // A cache file removed behind the cache's back (its entry is still
+    // there) is a file lost: dropped, counted, and said in the log.
+    s.put(&k, &data, None).unwrap();
+    s.cache().wait_idle();
+    fs::remove_file(&path).unwrap();
+    assert!(s.cache().get(&k).is_none());
+    let c = s.cache().stats().snapshot();
+    assert_eq!((c.dropped, c.entries), (1, 0), "{c}");
+}
+
+#[test]
 fn damaged_or_truncated_cache_files_are_dropped_and_refetched() {
     let f = fixture();
     let s = store(&f, config(&f, 64 << 20));
