@@ -201,7 +201,7 @@ fn header(queues: &[String]) -> String {
          -------------object-------------",
     );
     let mut bottom = String::from(
-        "  cpu      mem |   ops/s  lat(ms)  read/s write/s |  tx/s lat(ms)| hit%  hit MiB/s | \
+        "  cpu      mem |   ops/s  lat(ms) rdMiB/s wrMiB/s |  tx/s lat(ms)| hit%  hit MiB/s | \
          get/s  get MiB/s put/s  put MiB/s",
     );
     for q in queues {
@@ -284,6 +284,26 @@ mod tests {
         assert_eq!(s.sum("z", &[]), 7.0);
         let y = &s.series["y"][0].0;
         assert_eq!(y[1], ("vol_name".to_owned(), "a \"b\"".to_owned()));
+    }
+
+    #[test]
+    fn every_column_names_its_unit() {
+        let h = header(&["1".to_owned()]);
+        let (_, bottom) = h.split_once('\n').unwrap();
+        for column in [
+            "rdMiB/s",
+            "wrMiB/s",
+            "hit MiB/s",
+            "get MiB/s",
+            "put MiB/s",
+            "out MiB/s",
+        ] {
+            assert!(bottom.contains(column), "{column}: {h}");
+        }
+        assert!(
+            !bottom.contains(" read/s") && !bottom.contains(" write/s"),
+            "{h}"
+        );
     }
 
     #[test]
