@@ -49,6 +49,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::{FileStore, ObjectInfo, ObjectStore, is_not_found};
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 
 /// The staging folder under a volume's directory (JuiceFS's name).
@@ -237,11 +238,8 @@ fn lock_volume_dir(dir: &Path) -> Result<fs::File> {
     Ok(file)
 }
 
-fn backoff(attempts: u32) -> Duration {
-    FIRST_BACKOFF
-        .saturating_mul(1u32 << attempts.min(10))
-        .min(MAX_BACKOFF)
-}
+/// The wait before an upload's retry.
+const BACKOFF: Backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -584,7 +582,7 @@ impl Shared {
                         st.stats.last_error = Some(format!("{}: staged file vanished", job.key));
                     }
                     Err(e) => {
-                        let wait = backoff(job.attempts);
+                        let wait = BACKOFF.delay(job.attempts + 1);
                         log::warn!(
                             "writeback: uploading {} failed (attempt {}): {e}; retrying in {wait:?}",
                             job.key,
