@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use sluice_engine::block_cache::BlockCacheStats;
 use sluice_engine::meta::{Context, ROOT_INO};
-use sluice_engine::object::disk_cache::DiskCacheStats;
+use sluice_engine::object::disk_cache::{DiskCacheCounters, DiskCacheStats};
 use sluice_engine::reader::Reader;
 use sluice_engine::vfs::VfsGauges;
 use sluice_engine::volume::Volume;
@@ -113,6 +114,52 @@ impl Metrics {
         Arc::new(Metrics { sources, labels })
     }
 
+    /// The totals `sluice stats` reads, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = &self.sources;
+        let ops = s.ops.snapshot();
+        let (tx, _) = sluice_engine::metrics::TRANSACTIONS.snapshot();
+        let objects = sluice_engine::metrics::OBJECTS.snapshot();
+        let object = |method: &str| {
+            objects
+                .methods
+                .iter()
+                .find(|(m, _, _)| *m == method)
+                .map_or((0, 0), |(_, h, bytes)| (h.count(), *bytes))
+        };
+        let (object_gets, object_get_bytes) = object("GET");
+        let (object_puts, object_put_bytes) = object("PUT");
+        let cache = s.session.lock().as_ref().map(|v| {
+            let disk = v.disk.as_ref().map(|d| d.snapshot());
+            BlockCacheTotals::of(&v.reader.cache().stats(), disk.as_ref())
+        });
+        let queues = s.queues.as_deref().unwrap_or_default();
+        Snapshot {
+            cpu_seconds: cpu_seconds().unwrap_or_default(),
+            memory_bytes: resident_bytes(),
+            fuse_requests: ops.latency.count(),
+            fuse_seconds: ops.latency.sum as f64 / NS,
+            fuse_read_bytes: ops.read_size.sum,
+            fuse_written_bytes: ops.written_size.sum,
+            transactions: tx.count(),
+            transaction_seconds: tx.sum as f64 / NS,
+            blockcache_hits: cache.map_or(0, |c| c.hits),
+            blockcache_misses: cache.map_or(0, |c| c.misses),
+            blockcache_hit_bytes: cache.map_or(0, |c| c.hit_bytes),
+            object_gets,
+            object_get_bytes,
+            object_puts,
+            object_put_bytes,
+            queues: queues
+                .iter()
+                .map(|q| QueueSnapshot {
+                    requests: sluice_metrics::get(&q.requests),
+                    reply_bytes: sluice_metrics::get(&q.bytes_out),
+                })
+                .collect(),
+        }
+    }
+
     /// All metrics now, in the Prometheus text format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut x = Exposition::new(self.labels.clone());
@@ -140,6 +187,76 @@ impl Metrics {
 /// Nanoseconds per second: what the histograms of durations divide by.
 const NS: f64 = 1e9;
 
+/// The totals `sluice stats` prints the rates of, as the control socket
+/// sends them (JSON): the same counts the exposition carries, since the
+/// daemon started, in bytes and seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// CPU time used (`juicefs_cpu_usage`).
+    pub cpu_seconds: f64,
+    /// Resident memory (`juicefs_memory`), where /proc shows it.
+    pub memory_bytes: Option<u64>,
+    /// FUSE requests answered.
+    pub fuse_requests: u64,
+    /// Seconds the FUSE requests took, summed.
+    pub fuse_seconds: f64,
+    /// Bytes of READ replies.
+    pub fuse_read_bytes: u64,
+    /// Bytes of WRITE requests.
+    pub fuse_written_bytes: u64,
+    /// Metadata write transactions.
+    pub transactions: u64,
+    /// Seconds they took, summed.
+    pub transaction_seconds: f64,
+    /// Block-cache hits (`juicefs_blockcache_hits`).
+    pub blockcache_hits: u64,
+    /// Block-cache misses (`juicefs_blockcache_miss`).
+    pub blockcache_misses: u64,
+    /// Bytes of the hits (`juicefs_blockcache_hit_bytes`).
+    pub blockcache_hit_bytes: u64,
+    /// Object-store GETs.
+    pub object_gets: u64,
+    /// Bytes the GETs fetched.
+    pub object_get_bytes: u64,
+    /// Object-store PUTs.
+    pub object_puts: u64,
+    /// Bytes the PUTs stored.
+    pub object_put_bytes: u64,
+    /// The virtio-fs queues of a `serve` daemon, by number (0: hiprio);
+    /// empty for a mount.
+    pub queues: Vec<QueueSnapshot>,
+}
+
+/// One virtio-fs queue's totals in a [`Snapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueSnapshot {
+    /// Requests answered.
+    pub requests: u64,
+    /// Reply bytes written into the guest.
+    pub reply_bytes: u64,
+}
+
+/// The CPU time this process has used, in seconds.
+fn cpu_seconds() -> Option<f64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the kernel (or vDSO) to fill.
+    (unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0)
+        .then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / NS)
+}
+
+/// This process's resident memory in bytes; `None` where the sandbox of
+/// `serve` hides /proc.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let rss = statm.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    Some(rss * page)
+}
+
 fn process(x: &mut Exposition, started: Instant) {
     x.single(
         "juicefs_uptime",
@@ -147,33 +264,20 @@ fn process(x: &mut Exposition, started: Instant) {
         Kind::Gauge,
         started.elapsed().as_secs_f64(),
     );
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the kernel (or vDSO) to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0 {
+    if let Some(cpu) = cpu_seconds() {
         x.single(
             "juicefs_cpu_usage",
             "Accumulated CPU usage in seconds.",
             Kind::Gauge,
-            ts.tv_sec as f64 + ts.tv_nsec as f64 / NS,
+            cpu,
         );
     }
-    // The sandbox of `serve` may hide /proc; then there is no memory figure.
-    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm")
-        && let Some(rss) = statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<u64>().ok())
-    {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    if let Some(rss) = resident_bytes() {
         x.single(
             "juicefs_memory",
             "Used memory in bytes.",
             Kind::Gauge,
-            (rss * page) as f64,
+            rss as f64,
         );
     }
 }
@@ -415,13 +519,9 @@ fn caches(x: &mut Exposition, session: Option<&SessionView>, node: Option<&str>)
     };
     let mem: BlockCacheStats = session.reader.cache().stats();
     let disk = session.disk.as_ref().map(|d| d.snapshot());
-    // JuiceFS's block cache is one cache (its memory or disk store); here
-    // a read is a hit when either cache had the block, and a miss when it
-    // went to the object store.
-    let (hits, hit_bytes) = (
-        mem.hits + disk.map_or(0, |d| d.hits),
-        mem.hit_bytes + disk.map_or(0, |d| d.hit_bytes),
-    );
+    let BlockCacheTotals {
+        hits, hit_bytes, ..
+    } = BlockCacheTotals::of(&mem, disk.as_ref());
     let c = |x: &mut Exposition, name: &str, help: &str, v: u64| {
         x.single(name, help, Kind::Counter, v as f64);
     };
@@ -613,6 +713,27 @@ fn caches(x: &mut Exposition, session: Option<&SessionView>, node: Option<&str>)
             "Bytes of the disk cache's files.",
             d.used_bytes,
         );
+    }
+}
+
+/// JuiceFS's block cache is one cache (its memory or disk store); here a
+/// read is a hit when either cache had the block, and a miss when it went
+/// further: past the disk cache where there is one, past the memory cache
+/// where there is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BlockCacheTotals {
+    hits: u64,
+    hit_bytes: u64,
+    misses: u64,
+}
+
+impl BlockCacheTotals {
+    fn of(mem: &BlockCacheStats, disk: Option<&DiskCacheCounters>) -> BlockCacheTotals {
+        BlockCacheTotals {
+            hits: mem.hits + disk.map_or(0, |d| d.hits),
+            hit_bytes: mem.hit_bytes + disk.map_or(0, |d| d.hit_bytes),
+            misses: disk.map_or(mem.misses, |d| d.misses),
+        }
     }
 }
 
