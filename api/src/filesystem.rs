@@ -54,6 +54,15 @@ pub trait Filesystem: Send + Sync {
     fn metadata_is_remote(&self) -> bool {
         false
     }
+    /// Whether the file system keeps and checks POSIX ACLs (kept in its
+    /// `system.posix_acl_*` attributes). The transport then asks the
+    /// kernel for `FUSE_POSIX_ACL` (the kernel caches ACLs and invalidates
+    /// a node's attributes when one is set) and `FUSE_DONT_MASK` (the
+    /// umask comes to the file system unapplied, for a directory's default
+    /// ACL replaces it).
+    fn posix_acl(&self) -> bool {
+        false
+    }
     /// Looks up `name` in directory `parent`.
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry>;
     /// The kernel dropped `nlookup` references to `ino`.

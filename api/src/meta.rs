@@ -124,6 +124,11 @@ pub struct Attr {
     pub length: u64,
     /// The parent directory; 0 when the node has several parents (hard links).
     pub parent: Ino,
+    /// The id of the node's access ACL (JuiceFS `AccessACL`); 0 = none, the
+    /// mode alone decides.
+    pub access_acl: u32,
+    /// The id of a directory's default ACL (JuiceFS `DefaultACL`); 0 = none.
+    pub default_acl: u32,
 }
 
 impl Attr {
@@ -158,6 +163,16 @@ pub struct Context {
     pub pid: u32,
     /// Whether permission checks are skipped (internal maintenance work).
     pub privileged: bool,
+    /// Whether the kernel that sent the request has already checked the
+    /// caller's permission to do it, with the caller's full credentials
+    /// (supplementary groups included, which FUSE does not pass on): a
+    /// session that negotiated `FUSE_POSIX_ACL`, which makes the kernel
+    /// check as `default_permissions` does. The engine then skips its own
+    /// mode and ACL check ([`Context::gids`] being empty would refuse what
+    /// the kernel rightly allowed), and keeps every other rule (sticky
+    /// directories, immutable and append-only flags, ownership for
+    /// setattr and ACL changes, the trash).
+    pub kernel_checked: bool,
 }
 
 impl Context {
@@ -291,6 +306,8 @@ mod tests {
             nlink: 2,
             length: 4096,
             parent: ROOT_INO,
+            access_acl: 0,
+            default_acl: 0,
         };
         assert_eq!(a.st_mode(), libc::S_IFDIR | 0o1777);
     }

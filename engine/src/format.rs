@@ -310,16 +310,6 @@ impl Format {
                 self.name
             )));
         }
-        // JuiceFS keeps a volume's ACLs in its own tables and checks them
-        // on every access; sluice checks the mode bits alone, so serving
-        // such a volume would ignore every ACL entry, denials included.
-        if self.enable_acl {
-            return Err(Error::NotSupported(format!(
-                "volume {:?} has POSIX ACLs enabled (juicefs format/config --enable-acl); \
-                 sluice does not enforce ACLs and will not serve it",
-                self.name
-            )));
-        }
         self.compression()?;
         if self.block_size == 0 || self.block_size > 64 * 1024 {
             return Err(Error::Invalid(format!(

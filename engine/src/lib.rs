@@ -9,6 +9,7 @@ pub use error::{Error, Limit, Result};
 pub mod backoff;
 pub mod block_cache;
 pub mod block_key;
+pub mod block_source;
 pub mod chunk;
 pub mod chunk_cache;
 pub mod commit;

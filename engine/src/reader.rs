@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::block_cache::{BlockCache, BlockId};
 use crate::block_key::{block_key, block_len};
+use crate::block_source::{Ask, BlockSource, SourcedBlock};
 use crate::chunk::Piece;
 use crate::chunk_cache::ChunkCache;
 use crate::compress::decompress;
@@ -76,6 +77,9 @@ pub struct Reader {
     /// Most bytes of background jobs at once; readahead windows shrink
     /// when they would pass it.
     budget: u64,
+    /// Where blocks come from before this reader fetches them itself (the
+    /// host daemon: `block_source`); unset: standalone.
+    source: std::sync::OnceLock<Arc<dyn BlockSource>>,
 }
 
 /// Background work of the prefetch threads.
@@ -124,6 +128,7 @@ impl Reader {
             prefetch: Mutex::new((threads > 0).then_some(tx)),
             queued: Default::default(),
             budget,
+            source: std::sync::OnceLock::new(),
         });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads {
@@ -148,7 +153,15 @@ impl Reader {
                             Job::Range(ino, off, len) => {
                                 r.visit_with(ino, off, len, None, &mut |_| Ok(()))
                             }
-                            Job::Block(id, size, indx) => r.block(id, size, indx).map(drop),
+                            Job::Block(id, size, indx) => match r.source.get() {
+                                // The source fetches it once for every
+                                // reader of the host; nothing is kept here.
+                                Some(src) => match src.block(id, size, indx, Ask::Fetch) {
+                                    Some(got) => got.map(drop),
+                                    None => r.block(id, size, indx).map(drop),
+                                },
+                                None => r.block(id, size, indx).map(drop),
+                            },
                         };
                         r.queued.fetch_sub(
                             job.bytes(r.vol.block_size),
@@ -214,6 +227,13 @@ impl Reader {
             self.queued.fetch_sub(bytes, Relaxed);
         }
         sent
+    }
+
+    /// Takes blocks from `source` before fetching them (see
+    /// [`crate::block_source`]); set once, before the first read. Whether
+    /// it was set (a second source is refused).
+    pub fn set_block_source(&self, source: Arc<dyn BlockSource>) -> bool {
+        self.source.set(source).is_ok()
     }
 
     /// Stops the prefetch threads (they finish the job in hand).
@@ -366,6 +386,62 @@ impl Reader {
             let n = len.min(bs - off % bs);
             let cached = self.cache.get((id, indx));
             let uncompressed = self.vol.compression == crate::format::Compression::None;
+            // A block source (the host daemon) first: a block in its
+            // memory is read from its read-only mapping, one in its disk
+            // cache as a checked file range, one in neither fetched there,
+            // once for every VM. Where it has nothing for us (detached; a
+            // small random read's miss) or fails, the block is read as a
+            // standalone reader would.
+            if cached.is_none()
+                && let Some(src) = self.source.get()
+            {
+                let ask = if ranged.is_some() && small && uncompressed {
+                    Ask::CachedOnly
+                } else {
+                    Ask::Fetch
+                };
+                let placed = match src.block(id, size, indx, ask) {
+                    Some(Ok(SourcedBlock::Memory(block))) => {
+                        let bytes: &[u8] = (*block).as_ref();
+                        let part = bytes.get(boff..boff + n as usize).ok_or_else(|| {
+                            Error::Corrupt(format!("block {indx} of slice {id} is short"))
+                        })?;
+                        f(Fragment::Data(part))?;
+                        true
+                    }
+                    Some(Ok(SourcedBlock::File(cf))) => {
+                        let crcs = cf.crcs.as_ref().map(|(crcs, payload)| SegmentCrcs {
+                            segment: crate::object::disk_cache::SEGMENT,
+                            crcs,
+                            payload: *payload,
+                        });
+                        match f(Fragment::File {
+                            file: &cf.file,
+                            off: boff as u64,
+                            len: n as usize,
+                            crcs,
+                        }) {
+                            Ok(()) => true,
+                            Err(Error::Corrupt(why)) => {
+                                src.damaged(id, size, indx, &why);
+                                false
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    Some(Err(Error::WouldBlock)) => return Err(Error::WouldBlock),
+                    Some(Err(e)) => {
+                        log::debug!("block {indx} of slice {id} from the block source: {e}");
+                        false
+                    }
+                    None => false,
+                };
+                if placed {
+                    off += n;
+                    len -= n;
+                    continue;
+                }
+            }
             // A disk-cache hit of an uncompressed block: its bytes go from
             // the cache file straight into the destination, which checks
             // them there against the file's segment CRCs — no promotion

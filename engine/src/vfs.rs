@@ -21,6 +21,7 @@ use crate::commit::{CommitConfig, CommitStats, Committer};
 use crate::compaction::{COMPACT_THRESHOLD, Compactor};
 use crate::error::{Error, Limit, Result};
 use crate::gc::slice_releaser;
+use crate::meta::acl::{self, AclType};
 use crate::meta::{
     Attr, CHUNK_SIZE, Context, CopyRange, DirCursor, Entry, FileType, Ino, ROOT_INO, RenameFlags,
     SetAttr, StatFs, TruncateVia, XattrMode,
@@ -74,6 +75,10 @@ pub struct VfsConfig {
     /// cache). It caches raw objects, below the memory cache of
     /// decompressed blocks.
     pub disk_cache: Option<DiskCacheConfig>,
+    /// Where the reader takes blocks from before fetching them itself: the
+    /// host daemon of `sluice serve --host` (`crate::block_source`); None:
+    /// standalone.
+    pub block_source: Option<Arc<dyn crate::block_source::BlockSource>>,
     /// When reads and directory listings move access times.
     pub atime: AtimeMode,
     /// Whether the file system is served read-only (no access-time
@@ -173,6 +178,7 @@ impl Default for VfsConfig {
             prefetch_cpus: None,
             upload_drain: Some(DEFAULT_UPLOAD_DRAIN),
             disk_cache: None,
+            block_source: None,
             atime: AtimeMode::NoAtime,
             read_only: false,
             max_dir_entries: u64::MAX,
@@ -305,15 +311,16 @@ pub struct Vfs {
 }
 
 /// Whether `name` is one of the extended attributes through which Linux
-/// sets and reads POSIX ACLs. sluice does not enforce ACLs (permissions are
-/// the mode bits alone), so it refuses them with EOPNOTSUPP, as JuiceFS
-/// does on a volume formatted without `--enable-acl`: storing them as
-/// plain attributes would let `setfacl` succeed while granting and denying
-/// nothing. The FUSE kernel passes these names through to the file system
-/// when it was not offered FUSE_POSIX_ACL, so this is the one place that
-/// decides, for host mounts and virtio-fs guests alike.
+/// sets and reads POSIX ACLs. On a volume with ACLs (`format
+/// --enable-acl`) they are the node's ACLs, kept as JuiceFS keeps them and
+/// checked by the metadata engine ([`crate::meta::acl`]). On one without,
+/// they are refused with EOPNOTSUPP, as JuiceFS refuses them: storing them
+/// as plain attributes would let `setfacl` succeed while granting and
+/// denying nothing. The FUSE kernel passes these names through to the file
+/// system, so this is the one place that decides, for host mounts and
+/// virtio-fs guests alike.
 fn is_posix_acl(name: &[u8]) -> bool {
-    name == b"system.posix_acl_access" || name == b"system.posix_acl_default"
+    AclType::of_xattr(name).is_some()
 }
 
 fn acls_not_supported() -> Error {
@@ -354,6 +361,9 @@ impl Vfs {
             cfg.prefetch_threads,
             cfg.prefetch_cpus.clone(),
         );
+        if let Some(source) = &cfg.block_source {
+            reader.set_block_source(source.clone());
+        }
         let compactor = if cfg.compaction {
             Some(Arc::new(Compactor::start(
                 vol.clone(),
@@ -1064,6 +1074,11 @@ impl Filesystem for Vfs {
         self.vol.meta.remote()
     }
 
+    /// Whether the volume keeps POSIX ACLs (`format --enable-acl`).
+    fn posix_acl(&self) -> bool {
+        self.vol.format.enable_acl
+    }
+
     /// Flushes every open file, stops background work, waits (bounded) for
     /// writeback uploads and closes the session.
     fn destroy(&self) {
@@ -1605,7 +1620,7 @@ impl Filesystem for Vfs {
         meta_op(MetaOp::StatFs, || self.vol.meta.statfs(ctx, ino))
     }
 
-    /// Sets an extended attribute. POSIX ACLs are refused (see
+    /// Sets an extended attribute; a POSIX ACL's name sets the ACL (see
     /// [`is_posix_acl`]).
     fn setxattr(
         &self,
@@ -1615,36 +1630,58 @@ impl Filesystem for Vfs {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
-        if is_posix_acl(name) {
-            return Err(acls_not_supported());
+        if let Some(typ) = AclType::of_xattr(name) {
+            if !self.vol.format.enable_acl {
+                return Err(acls_not_supported());
+            }
+            let rule = acl::Rule::from_xattr(value)?;
+            return self.vol.meta.set_facl(ctx, ino, typ, &rule);
         }
         meta_op(MetaOp::SetXattr, || {
             self.vol.meta.setxattr(ctx, ino, name, value, mode)
         })
     }
 
-    /// Reads an extended attribute. A POSIX ACL is never there (ENODATA:
-    /// the file's mode is its whole ACL, which is what `getfacl` then
-    /// shows), whatever an older client stored under its name.
+    /// Reads an extended attribute. A POSIX ACL the node does not have (or
+    /// any, on a volume without ACLs) is ENODATA: the file's mode is its
+    /// whole ACL, which is what `getfacl` then shows, whatever an older
+    /// client stored under its name.
     fn getxattr(&self, _ctx: &Context, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        if is_posix_acl(name) {
-            return Err(Error::NoXattr);
+        if let Some(typ) = AclType::of_xattr(name) {
+            if !self.vol.format.enable_acl {
+                return Err(Error::NoXattr);
+            }
+            return match self.vol.meta.get_facl(ino, typ)? {
+                Some(rule) => Ok(rule.to_xattr()),
+                None => Err(Error::NoXattr),
+            };
         }
         meta_op(MetaOp::GetXattr, || self.vol.meta.getxattr(ino, name))
     }
 
-    /// Lists extended attribute names, without POSIX ACLs.
+    /// Lists extended attribute names, with the POSIX ACLs the node has.
     fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
         let mut names = meta_op(MetaOp::ListXattr, || self.vol.meta.listxattr(ino))?;
         names.retain(|n| !is_posix_acl(n));
+        if self.vol.format.enable_acl {
+            let a = self.vol.meta.getattr(ino)?;
+            for typ in [AclType::Access, AclType::Default] {
+                if acl::acl_id(&a, typ) != 0 {
+                    names.push(typ.xattr_name().to_vec());
+                }
+            }
+        }
         Ok(names)
     }
 
-    /// Removes an extended attribute. POSIX ACLs are refused, as setting
-    /// them is.
+    /// Removes an extended attribute; a POSIX ACL's name removes the ACL
+    /// (refused on a volume without ACLs, as setting one is).
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-        if is_posix_acl(name) {
-            return Err(acls_not_supported());
+        if let Some(typ) = AclType::of_xattr(name) {
+            if !self.vol.format.enable_acl {
+                return Err(acls_not_supported());
+            }
+            return self.vol.meta.set_facl(ctx, ino, typ, &acl::Rule::empty());
         }
         meta_op(MetaOp::RemoveXattr, || {
             self.vol.meta.removexattr(ctx, ino, name)

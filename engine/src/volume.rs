@@ -125,6 +125,11 @@ pub struct FormatRequest {
     /// `NAME/juicefs_uuid` with the volume's UUID, as a copy of the
     /// objects does), unless the volume has never stored data.
     pub change_bucket: bool,
+    /// Whether the volume keeps POSIX ACLs (JuiceFS `--enable-acl`).
+    /// `Some(true)` turns them on, for good: JuiceFS cannot turn them off
+    /// again (nodes would keep ACL ids nothing reads), so `Some(false)`
+    /// on a volume that has them is refused. `None` keeps the volume's.
+    pub enable_acl: Option<bool>,
 }
 
 impl FormatRequest {
@@ -143,6 +148,7 @@ impl FormatRequest {
             compression: Some(compression),
             trash_days: Some(trash_days),
             change_bucket: false,
+            enable_acl: None,
         }
     }
 }
@@ -380,7 +386,7 @@ fn new_format(req: &FormatRequest) -> Result<Format> {
         meta_version: 1,
         min_client_version: "1.1.0-A".into(),
         dir_stats: true,
-        enable_acl: false,
+        enable_acl: req.enable_acl.unwrap_or(false),
         extra,
     };
     format.set_credentials(&storage.credentials)?;
@@ -412,6 +418,16 @@ fn reformat(existing: &Format, req: &FormatRequest) -> Result<Format> {
     }
     if let Some(days) = req.trash_days {
         format.trash_days = days;
+    }
+    match req.enable_acl {
+        Some(true) => format.enable_acl = true,
+        Some(false) if existing.enable_acl => {
+            return Err(Error::Invalid(format!(
+                "volume {name:?} keeps POSIX ACLs, and they cannot be turned off again (its \
+                 nodes name their ACLs; JuiceFS refuses too)"
+            )));
+        }
+        _ => {}
     }
     if let Some(storage) = &req.storage {
         let bucket = bucket_setting(storage)?;

@@ -175,11 +175,16 @@ impl Default for Config {
 /// through SETATTR, so `open` never has to), `WRITEBACK_CACHE` (the engine
 /// buffers writes itself, and O_APPEND from several writers must see the
 /// engine's file length), `POSIX_LOCKS`/`FLOCK_LOCKS` (the kernel keeps locks local), `DONT_MASK`
-/// (the kernel applies the umask; the engine gets it again harmlessly),
+/// (on a volume without ACLs the kernel applies the umask; the engine gets it again harmlessly),
 /// `HANDLE_KILLPRIV` (v1: every write, truncate and chown would have to
-/// clear the bits, CAP_FSETID or not), `POSIX_ACL` (the engine enforces no
-/// ACLs and refuses their attributes), and `SETXATTR_EXT` (so SETXATTR keeps
-/// its 8-byte argument).
+/// clear the bits, CAP_FSETID or not), and `SETXATTR_EXT` (so SETXATTR keeps
+/// its 8-byte argument; the engine drops setgid on an ACL change by a
+/// caller outside the group itself, as the kernel's
+/// `FUSE_SETXATTR_ACL_KILL_SGID` would ask). `POSIX_ACL` and `DONT_MASK`
+/// are asked for only where the file system keeps ACLs
+/// ([`Filesystem::posix_acl`]): the kernel then caches ACLs and leaves the
+/// umask to the engine, which applies it unless the parent directory has a
+/// default ACL.
 pub const WANTED_INIT_FLAGS: u32 = init_flags::ASYNC_READ
     | init_flags::ASYNC_DIO
     | init_flags::BIG_WRITES
@@ -246,6 +251,11 @@ pub struct Dispatcher<F> {
     limits: Limits,
     state: AtomicU8,
     destroy_called: AtomicBool,
+    /// Whether INIT granted `FUSE_POSIX_ACL`: the kernel then checks every
+    /// request's permissions itself (it forces `default_permissions`), with
+    /// the caller's supplementary groups, and requests say so
+    /// ([`sluice_api::meta::Context::kernel_checked`]).
+    kernel_checks: AtomicBool,
     metrics: Arc<OpMetrics>,
 }
 
@@ -278,6 +288,7 @@ impl<F: Filesystem> Dispatcher<F> {
             },
             state: AtomicU8::new(STATE_NEW),
             destroy_called: AtomicBool::new(false),
+            kernel_checks: AtomicBool::new(false),
             metrics: Arc::default(),
         }
     }
@@ -520,7 +531,12 @@ impl<F: Filesystem> Dispatcher<F> {
             sink.send(&ReplyHead::error(unique, e.errno()), &[])?;
             return Ok(Outcome::Continue);
         }
-        let granted = WANTED_INIT_FLAGS & (flags as u32);
+        let acl_flags = if self.fs.posix_acl() {
+            init_flags::POSIX_ACL | init_flags::DONT_MASK
+        } else {
+            0
+        };
+        let granted = (WANTED_INIT_FLAGS | acl_flags) & (flags as u32);
         let out = abi::InitOut {
             major: abi::KERNEL_VERSION,
             minor: minor.min(abi::KERNEL_MINOR_VERSION),
@@ -539,6 +555,8 @@ impl<F: Filesystem> Dispatcher<F> {
             "FUSE {major}.{minor} session: flags {granted:#x}, max_write {}, max_readahead {max_readahead}",
             self.config.max_write
         );
+        self.kernel_checks
+            .store(granted & init_flags::POSIX_ACL != 0, Ordering::Release);
         self.state.store(STATE_RUNNING, Ordering::Release);
         sink.send(&ReplyHead::init(unique, &out), &[])?;
         Ok(Outcome::Continue)
@@ -555,7 +573,8 @@ impl<F: Filesystem> Dispatcher<F> {
     ) -> Result<Outcome, Failure> {
         let fs = &self.fs;
         let t = &self.config.timeouts;
-        let ctx = req.context();
+        let mut ctx = req.context();
+        ctx.kernel_checked = self.kernel_checks.load(Ordering::Acquire);
         let ino = req.nodeid();
         let u = req.unique();
         let head = match req.op {
@@ -957,6 +976,10 @@ mod tests {
         destroyed: AtomicUsize,
         /// What `metadata_is_remote` says.
         remote: bool,
+        /// What `posix_acl` says.
+        acl: bool,
+        /// Lookups whose context said the kernel had checked them.
+        kernel_checked: AtomicUsize,
     }
 
     impl Refusing {
@@ -984,7 +1007,13 @@ mod tests {
         fn destroy(&self) {
             self.destroyed.fetch_add(1, Ordering::SeqCst);
         }
+        fn posix_acl(&self) -> bool {
+            self.acl
+        }
         fn lookup(&self, c: &Context, p: Ino, n: &[u8]) -> Result<Entry> {
+            if c.kernel_checked {
+                self.kernel_checked.fetch_add(1, Ordering::SeqCst);
+            }
             self.refuse(format!("lookup {} {p} {n:?}", c.uid))
         }
         fn forget(&self, ino: Ino, n: u64) {
@@ -1301,6 +1330,45 @@ mod tests {
         );
         // A second INIT is refused.
         assert_eq!(errno_of(&run(&d, &init_msg(7, 38, 0)).0), libc::EIO);
+    }
+
+    /// A file system that keeps ACLs gets `POSIX_ACL` and `DONT_MASK`
+    /// where the kernel offers them, and its requests then say the kernel
+    /// checked them; one that does not gets neither.
+    #[test]
+    fn posix_acl_is_asked_for_where_the_file_system_keeps_acls() {
+        let offered = init_flags::ASYNC_READ | init_flags::POSIX_ACL | init_flags::DONT_MASK;
+        let lookup = message(opcode::LOOKUP, 5, 1, &[b"x\0"]);
+        for acl in [false, true] {
+            let d = Dispatcher::new(
+                Refusing {
+                    acl,
+                    errno: libc::ENOENT,
+                    ..Refusing::default()
+                },
+                Config::default(),
+            );
+            let (r, _) = run(&d, &init_msg(7, 38, offered));
+            let out = abi::InitOut::read_from_bytes(&r[0][16..]).unwrap();
+            let acl_flags = init_flags::POSIX_ACL | init_flags::DONT_MASK;
+            assert_eq!(out.flags & acl_flags, if acl { acl_flags } else { 0 });
+            assert_eq!(errno_of(&run(&d, &lookup).0), libc::ENOENT);
+            assert_eq!(d.fs.kernel_checked.load(Ordering::SeqCst), usize::from(acl));
+        }
+        // A kernel that does not offer them: not granted, not trusted.
+        let d = Dispatcher::new(
+            Refusing {
+                acl: true,
+                errno: libc::ENOENT,
+                ..Refusing::default()
+            },
+            Config::default(),
+        );
+        let (r, _) = run(&d, &init_msg(7, 38, init_flags::ASYNC_READ));
+        let out = abi::InitOut::read_from_bytes(&r[0][16..]).unwrap();
+        assert_eq!(out.flags & init_flags::POSIX_ACL, 0);
+        run(&d, &lookup);
+        assert_eq!(d.fs.kernel_checked.load(Ordering::SeqCst), 0);
     }
 
     #[test]

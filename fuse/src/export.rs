@@ -408,6 +408,10 @@ impl<F: Filesystem> Filesystem for Export<F> {
         self.inner.metadata_is_remote()
     }
 
+    fn posix_acl(&self) -> bool {
+        self.inner.posix_acl()
+    }
+
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<Entry> {
         if name == b"." || name == b".." {
             return self.lookup_dot(ctx, parent, name);

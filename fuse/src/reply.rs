@@ -374,6 +374,8 @@ pub(crate) mod tests {
             nlink: 1,
             length,
             parent: 1,
+            access_acl: 0,
+            default_acl: 0,
         }
     }
 

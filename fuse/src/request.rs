@@ -727,6 +727,7 @@ impl<'a> Request<'a> {
             gids: Vec::new(),
             pid: self.header.pid,
             privileged: false,
+            kernel_checked: false,
         }
     }
 }

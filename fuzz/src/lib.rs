@@ -13,11 +13,17 @@
 //!   its socket by the harness's driver): every chain comes back within the
 //!   driver's timeout with no more bytes written than it offered, and the
 //!   device still answers a well-formed request afterwards.
+//! - [`host::run`]: one client's packets (HELLOs, GETs of any block with
+//!   any flags, DAMAGED reports, garbage, oversized packets, descriptors)
+//!   to the real host daemon over its socket: every reply decodes, no tag
+//!   is answered twice, another client is still served byte for byte, and
+//!   the fuzzed client is forgotten once it goes.
 //!
 //! `fuzz/libfuzzer/` wraps each in a cargo-fuzz (libFuzzer) target;
 //! `fuzz/tests/corpus.rs` replays the seed corpus under `fuzz/corpus/` and
 //! a few hundred generated inputs in the ordinary test run.
 
 pub mod chains;
+pub mod host;
 pub mod msg;
 pub mod requests;

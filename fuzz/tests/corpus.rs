@@ -48,3 +48,13 @@ fn descriptor_chains_never_stop_the_device() {
     eprintln!("{checked} split WRITEs read back");
     assert!(checked > 0, "no honest split WRITE was read back");
 }
+
+#[test]
+fn host_protocol_clients_never_disturb_the_others() {
+    let seeds = corpus("host");
+    assert!(!seeds.is_empty(), "the seed corpus is in the repository");
+    for input in seeds.iter().cloned().chain(generated(23, 200, 400)) {
+        sluice_fuzz::host::run(&input);
+    }
+    eprintln!("{} blocks fetched", sluice_fuzz::host::fetches());
+}

@@ -5,7 +5,9 @@
 //! the final counts (or an error). `sluice stats` asks it for the
 //! daemon's totals the same way (a [`Snapshot`], JSON like the rest), and
 //! `sluice umount --flush` asks a mount to upload what `--writeback`
-//! staged.
+//! staged. A host daemon (`sluice host`) has one too, beside its
+//! `--control` socket, for `sluice stats`: its [`Snapshot`] carries the
+//! host's fetches and each VM.
 //!
 //! The socket is created mode 0600 and root's (the daemon binds it as root;
 //! `sluice serve` before it switches to its service user): warming or

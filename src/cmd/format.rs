@@ -72,6 +72,11 @@ pub struct FormatArgs {
     /// 0 = unlimited; left out, a volume formatted again keeps its limit.
     #[arg(long, allow_hyphen_values = true, value_parser = super::quota::parse_count)]
     pub inodes: Option<u64>,
+    /// Keep POSIX ACLs (`setfacl`/`getfacl`), stored and checked as JuiceFS
+    /// does (`juicefs format --enable-acl`). Once on it stays on; left
+    /// out, a volume formatted again keeps its setting.
+    #[arg(long)]
+    pub enable_acl: bool,
 }
 
 /// The block size, in KiB, `sluice format` stores for `--block-size
@@ -184,6 +189,7 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         compression,
         trash_days: args.trash_days,
         change_bucket: args.change_bucket,
+        enable_acl: args.enable_acl.then_some(true),
     };
     let formatted = format_volume_with(&*meta, &request)
         .with_context(|| format!("cannot format volume {:?}", args.name))?;
@@ -197,7 +203,7 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         log::warn!("{warning}");
     }
     println!(
-        "volume {} ({}) ready: metadata {}, objects in {}, block size {} KiB, compression {}, trash {} day(s){}",
+        "volume {} ({}) ready: metadata {}, objects in {}, block size {} KiB, compression {}, trash {} day(s){}{}",
         format.name,
         format.uuid,
         args.meta_url,
@@ -212,6 +218,11 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         match (format.capacity, format.inodes) {
             (0, 0) => String::new(),
             (c, i) => format!(", capacity {}, inodes {}", capacity(c), inodes(i)),
+        },
+        if format.enable_acl {
+            ", POSIX ACLs"
+        } else {
+            ""
         }
     );
     if let Some(previous) = &formatted.previous {
@@ -262,6 +273,11 @@ fn changes(before: &Format, after: &Format) -> Vec<String> {
         "trash days",
         before.trash_days.to_string(),
         after.trash_days.to_string(),
+    );
+    note(
+        "POSIX ACLs",
+        before.enable_acl.to_string(),
+        after.enable_acl.to_string(),
     );
     note(
         "capacity",

@@ -173,9 +173,9 @@ pub const DAEMON_ENVIRONMENT: [&str; 8] = [
 ];
 
 /// Reads a settings file, in the format of systemd's `EnvironmentFile=`
-/// ([`env_file`]), as the systemd units read the same file. `SOCKET=` and
-/// `MOUNTPOINT=` (the units' settings, so one file can serve both) are
-/// skipped: libvirt gives the socket. The daemon's environment variables
+/// ([`env_file`]), as the systemd units read the same file. `SOCKET=`,
+/// `MOUNTPOINT=` and `CONTROL=` (the units' settings, so one file can serve
+/// them all) are skipped: libvirt gives the socket. The daemon's environment variables
 /// ([`DAEMON_ENVIRONMENT`], `AWS_*`) are kept for it. Other names are an
 /// error, so that a typo does not serve the wrong thing.
 pub fn parse_config(text: &str) -> anyhow::Result<SourceConfig> {
@@ -186,13 +186,13 @@ pub fn parse_config(text: &str) -> anyhow::Result<SourceConfig> {
         match name.as_str() {
             "META_URL" => meta_url = Some(value),
             "SLUICE_ARGS" => serve_args = value.split_whitespace().map(str::to_owned).collect(),
-            "SOCKET" | "MOUNTPOINT" => {}
+            "SOCKET" | "MOUNTPOINT" | "CONTROL" => {}
             n if DAEMON_ENVIRONMENT.contains(&n) || n.starts_with("AWS_") => {
                 environment.push((name, value))
             }
             other => bail!(
                 "unknown setting {other}: the settings are META_URL and SLUICE_ARGS \
-                 (SOCKET and MOUNTPOINT are the systemd units'), and the daemon's \
+                 (SOCKET, MOUNTPOINT and CONTROL are the systemd units'), and the daemon's \
                  environment: {}, AWS_*",
                 DAEMON_ENVIRONMENT.join(", ")
             ),

@@ -8,6 +8,7 @@ pub mod dump;
 pub mod format;
 pub mod fsck;
 pub mod gc;
+pub mod host;
 pub mod info;
 pub mod libvirt;
 pub mod limit_args;

@@ -196,6 +196,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             subdir: String::new(),
             session: std::sync::Arc::new(parking_lot::Mutex::new(Some(view))),
             started: Instant::now(),
+            host: None,
+            host_client: None,
         },
         &mountpoint.to_string_lossy(),
     );

@@ -108,6 +108,17 @@ pub struct ServeArgs {
     /// The disk block cache.
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Take blocks from the host daemon of this volume (`sluice host
+    /// --control PATH`), which fetches each block once for every VM and
+    /// holds it once; this server then keeps no disk cache of its own.
+    /// Without the daemon (not started yet, restarting) it serves
+    /// standalone and attaches again within a second of its return.
+    #[arg(long, value_name = "PATH")]
+    pub host: Option<PathBuf>,
+    /// With `--host`: blocks kept mapped from the host daemon's memory (read
+    /// only, no copy), so that a block read again is not asked for again.
+    #[arg(long, value_name = "N", default_value_t = 256, requires = "host")]
+    pub host_mappings: usize,
     /// The sandbox the daemon runs in once set up.
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -213,7 +224,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             cache_node = plan.worker_for(0, 0).map(|w| w.node.to_string());
         }
     }
-    let disk_cache = args.cache.disk_cache()?;
+    let mut disk_cache = args.cache.disk_cache()?;
+    if args.host.is_some() && disk_cache.take().is_some() {
+        // Two owners of one cache directory remove each other's files.
+        log::info!(
+            "--host: the disk cache is the host daemon's; this server keeps none \
+             (--cache-dir stays the --writeback staging root)"
+        );
+    }
     let staging_root = args.cache.staging_root()?;
     let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
@@ -251,6 +269,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .writeback
         .open_volume_on(meta, &args.meta_url, &staging_root)?;
     sandbox.lock_down(&state)?;
+    // Connected inside the sandbox, as every re-attach will be.
+    let block_source = args.host.as_ref().map(|path| {
+        let name = args
+            .socket
+            .file_stem()
+            .map_or_else(|| args.tag.clone(), |s| s.to_string_lossy().into_owned());
+        sluice_host::HostClient::start(sluice_host::ClientConfig {
+            path: path.clone(),
+            volume: volume.format.uuid.clone(),
+            name,
+            mappings: args.host_mappings,
+        })
+    });
     if let Some((_, described)) = &placement {
         println!("{described}");
     }
@@ -290,6 +321,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             cache_node,
             subdir: args.export.clone().unwrap_or_default(),
             started: std::time::Instant::now(),
+            host: None,
+            host_client: block_source.clone(),
         },
         &args.socket.to_string_lossy(),
     );
@@ -348,18 +381,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Each connection gets its own file-system session: a rebooted guest
         // starts with a fresh FUSE INIT, and the previous session has flushed
         // and closed when `serve` returns.
-        let mut vfs_config =
-            args.commit
-                .apply(args.readahead.apply(args.memory.apply(VfsConfig {
+        let mut vfs_config = args.commit.apply(
+            args.readahead.apply(
+                args.memory.apply(VfsConfig {
                     // Between VMs the server lives on and keeps uploading; only
                     // its last session waits for the uploads.
                     upload_drain: args.once.then_some(DEFAULT_UPLOAD_DRAIN),
                     disk_cache: disk_cache.clone(),
+                    block_source: block_source
+                        .clone()
+                        .map(|c| c as Arc<dyn sluice_engine::block_source::BlockSource>),
                     prefetch_cpus: prefetch_cpus.clone(),
                     atime: args.atime_mode,
                     read_only: args.read_only,
                     ..VfsConfig::default()
-                })?)?)?;
+                })?,
+            )?,
+        )?;
         args.limits.apply(&mut vfs_config)?;
         let vfs = Vfs::new(volume.clone(), vfs_config).context("cannot start the file system")?;
         let root = match (&args.drop_in.shared_dir, &args.export) {
@@ -569,17 +607,30 @@ fn stuck_queues(before: &[(u64, u64)], now: &[(u64, u64)]) -> Vec<usize> {
         .collect()
 }
 
-/// The local files the daemon keeps using: the SQLite database, the
-/// `file://` bucket, each cache directory's folder for the volume (disk
-/// cache and writeback staging), and files read later (Redis TLS
-/// certificates, the AWS shared configuration).
+/// The local files `serve` keeps using ([`volume_state`]), with the disk
+/// cache's directories and, with `--writeback`, the staging root.
 fn local_state(
     args: &ServeArgs,
     meta: &dyn Meta,
     disk_cache: &Option<DiskCacheConfig>,
     staging_root: &Path,
 ) -> LocalState {
-    let url = args.meta_url.expose();
+    let mut cache_roots: Vec<&Path> = disk_cache
+        .iter()
+        .flat_map(|c| c.dirs.iter().map(|d| d.path.as_path()))
+        .collect();
+    if args.writeback.writeback {
+        cache_roots.push(staging_root);
+    }
+    volume_state(args.meta_url.expose(), meta, &cache_roots)
+}
+
+/// The local files a daemon of the volume at `url` keeps using (`serve`,
+/// `host`): the SQLite database, the `file://` bucket, each of
+/// `cache_roots`' folders for the volume (disk cache, writeback staging),
+/// and files read later (Redis TLS certificates, the AWS shared
+/// configuration).
+pub(crate) fn volume_state(url: &str, meta: &dyn Meta, cache_roots: &[&Path]) -> LocalState {
     let mut state = LocalState {
         database: sandbox::sqlite_path(url),
         read: sandbox::tls_files(url),
@@ -601,13 +652,6 @@ fn local_state(
         }
     } else {
         state.read.extend(sandbox::aws_config_files());
-    }
-    let mut cache_roots: Vec<&Path> = disk_cache
-        .iter()
-        .flat_map(|c| c.dirs.iter().map(|d| d.path.as_path()))
-        .collect();
-    if args.writeback.writeback {
-        cache_roots.push(staging_root);
     }
     for root in cache_roots {
         let dir = volume_dir(root, &format.uuid);

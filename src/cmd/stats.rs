@@ -1,7 +1,9 @@
 //! `sluice stats MOUNTPOINT|SOCKET`: a running daemon's activity, one line
 //! per interval, in the manner of `juicefs stats`. It asks the daemon's
 //! control socket for its totals (JSON: [`Snapshot`]; so it works with
-//! `--no-metrics` too) and prints the rates between two samples.
+//! `--no-metrics` too) and prints the rates between two samples; for a
+//! host daemon (`sluice host`), its fetches and memory and each VM's
+//! requests and hits.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::FileTypeExt as _;
@@ -17,8 +19,9 @@ use crate::metrics::Snapshot;
 /// Arguments of `sluice stats`.
 #[derive(Debug, clap::Args)]
 pub struct StatsArgs {
-    /// A sluice mount point (or a path in one), or the vhost-user socket of
-    /// a `sluice serve` (or its `.control` socket).
+    /// A sluice mount point (or a path in one), the vhost-user socket of a
+    /// `sluice serve` (or its `.control` socket), or the socket of a `sluice
+    /// host` (its `--control PATH`): the host's fetches and each VM.
     pub target: PathBuf,
     /// Seconds between lines.
     #[arg(long, default_value_t = 1.0)]
@@ -37,16 +40,20 @@ pub fn run(args: StatsArgs) -> anyhow::Result<()> {
     let interval = Duration::from_secs_f64(args.interval);
     let mut before = Sample::take(&socket)?;
     let queues = before.queues();
+    let mut vms = before.vms();
     let mut printed = 0u64;
     let stdout = std::io::stdout();
     loop {
         std::thread::sleep(interval);
         let now = Sample::take(&socket)?;
         let mut out = stdout.lock();
-        if printed.is_multiple_of(20) {
-            writeln!(out, "{}", header(&queues))?;
+        // A host daemon's VMs come and go: a new set gets a new header.
+        let now_vms = now.vms();
+        if printed.is_multiple_of(20) || now_vms != vms {
+            vms = now_vms;
+            writeln!(out, "{}", header(&queues, before.is_host(), &vms))?;
         }
-        writeln!(out, "{}", line(&before, &now, &queues))?;
+        writeln!(out, "{}", line(&before, &now, &queues, &vms))?;
         out.flush()?;
         printed += 1;
         if args.count > 0 && printed >= args.count {
@@ -70,7 +77,7 @@ fn control_socket(target: &Path) -> anyhow::Result<PathBuf> {
     match super::mount::sluice_mount_of(&abs)? {
         Some((mp, _)) => Ok(socket_for_mount(&mp)),
         None => bail!(
-            "{} is neither in a sluice mount nor a `sluice serve` socket",
+            "{} is neither in a sluice mount nor a `sluice serve` or `sluice host` socket",
             target.display()
         ),
     }
@@ -114,6 +121,24 @@ impl Sample {
         }
     }
 
+    /// Whether the daemon is a host daemon (`sluice host`).
+    fn is_host(&self) -> bool {
+        self.totals.host.is_some()
+    }
+
+    /// The VMs attached to a host daemon, by name.
+    fn vms(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .totals
+            .host
+            .iter()
+            .flat_map(|h| h.vms.iter().map(|vm| vm.name.clone()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// The request queues of a `serve` daemon (hiprio, queue 0, left out).
     fn queues(&self) -> Vec<String> {
         (1..self.totals.queues.len())
@@ -122,7 +147,7 @@ impl Sample {
     }
 }
 
-fn header(queues: &[String]) -> String {
+fn header(queues: &[String], host: bool, vms: &[String]) -> String {
     let mut top = String::from(
         "-----usage----- --------------fuse-------------- ----meta---- ---blockcache--- \
          -------------object-------------",
@@ -135,10 +160,19 @@ fn header(queues: &[String]) -> String {
         top.push_str(&format!(" ------queue {q:<3}-----"));
         bottom.push_str(" |   ops/s  out MiB/s");
     }
+    if host || !vms.is_empty() {
+        top.push_str(" -------------host-------------");
+        bottom.push_str(" | fetch/s fetch MiB/s  mem MiB");
+    }
+    for vm in vms {
+        let name: String = vm.chars().take(12).collect();
+        top.push_str(&format!(" ---vm {name:-<12}-"));
+        bottom.push_str(" |   req/s  hit%");
+    }
     format!("{top}\n{bottom}")
 }
 
-fn line(a: &Sample, b: &Sample, queues: &[String]) -> String {
+fn line(a: &Sample, b: &Sample, queues: &[String], vms: &[String]) -> String {
     let dt = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
     let (a, b) = (&a.totals, &b.totals);
     // A total's growth (a restarted daemon starts again at 0: no growth).
@@ -183,13 +217,40 @@ fn line(a: &Sample, b: &Sample, queues: &[String]) -> String {
             mib(rate(&|s| queue(s).reply_bytes as f64)),
         ));
     }
+    if let Some(host) = &b.host {
+        let fetched = |s: &Snapshot| s.host.as_ref().map_or(0, |h| h.fetches) as f64;
+        let bytes = |s: &Snapshot| s.host.as_ref().map_or(0, |h| h.fetched_bytes) as f64;
+        line.push_str(&format!(
+            " | {:7.0} {:11.1} {:8.0}",
+            rate(&fetched),
+            mib(rate(&bytes)),
+            mib(host.memory_bytes as f64),
+        ));
+    }
+    for vm in vms {
+        let of = |s: &Snapshot| {
+            s.host
+                .as_ref()
+                .and_then(|h| h.vms.iter().find(|v| v.name == *vm))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let asked = d(&|s| of(s).requests as f64);
+        let hits = d(&|s| of(s).hits as f64);
+        let hit_pct = if asked > 0.0 {
+            hits / asked * 100.0
+        } else {
+            0.0
+        };
+        line.push_str(&format!(" | {:7.0} {hit_pct:5.0}", asked / dt));
+    }
     line
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::QueueSnapshot;
+    use crate::metrics::{HostSnapshot, QueueSnapshot, VmSnapshot};
 
     #[test]
     fn the_daemons_totals_come_as_json() {
@@ -216,7 +277,7 @@ mod tests {
 
     #[test]
     fn every_column_names_its_unit() {
-        let h = header(&["1".to_owned()]);
+        let h = header(&["1".to_owned()], false, &[]);
         let (_, bottom) = h.split_once('\n').unwrap();
         for column in [
             "rdMiB/s",
@@ -268,7 +329,7 @@ mod tests {
             },
         };
         assert_eq!(a.queues(), vec!["1".to_owned()]);
-        let l = line(&a, &b, &a.queues());
+        let l = line(&a, &b, &a.queues(), &[]);
         // 50 % CPU; 100 requests/s of 2 ms each; 4 MiB/s read; 75 % hits;
         // queue 1: 10 requests/s, 2 MiB/s out.
         assert!(
@@ -278,7 +339,66 @@ mod tests {
         assert!(l.contains("|   75 "), "{l}");
         assert!(l.ends_with("|      10        2.0"), "{l}");
         // A restarted daemon (totals back near 0) shows no negative rate.
-        let l = line(&b, &a, &a.queues());
+        let l = line(&b, &a, &a.queues(), &[]);
         assert!(!l.contains('-'), "{l}");
+    }
+
+    #[test]
+    fn a_host_daemon_shows_its_fetches_and_each_vm() {
+        let t = Instant::now();
+        let vm = |requests, hits| VmSnapshot {
+            name: "vm1-7".to_owned(),
+            requests,
+            hits,
+        };
+        let a = Sample {
+            at: t,
+            totals: Snapshot {
+                host: Some(HostSnapshot {
+                    fetches: 4,
+                    vms: vec![vm(10, 5)],
+                    ..HostSnapshot::default()
+                }),
+                ..Snapshot::default()
+            },
+        };
+        let b = Sample {
+            at: t + Duration::from_secs(2),
+            totals: Snapshot {
+                host: Some(HostSnapshot {
+                    fetches: 8,
+                    memory_bytes: 16 << 20,
+                    vms: vec![vm(30, 25)],
+                    ..HostSnapshot::default()
+                }),
+                ..Snapshot::default()
+            },
+        };
+        assert!(b.is_host());
+        assert_eq!(b.vms(), vec!["vm1-7".to_owned()]);
+        let h = header(&[], true, &b.vms());
+        assert!(h.contains("host") && h.contains("vm vm1-7"), "{h}");
+        let l = line(&a, &b, &[], &b.vms());
+        // 4 fetches in 2 s; 16 MiB held; 20 requests in 2 s, all hits.
+        assert!(
+            l.ends_with("|       2         0.0       16 |      10   100"),
+            "{l}"
+        );
+        // The host's part travels in the control socket's JSON; a mount's
+        // or a VM server's snapshot has none.
+        let json = serde_json::to_string(&Reply::Stats(b.totals.clone())).unwrap();
+        match serde_json::from_str::<Reply>(&json).unwrap() {
+            Reply::Stats(back) => assert_eq!(back, b.totals),
+            other => panic!("{other:?}"),
+        }
+        let plain = serde_json::to_string(&Snapshot::default()).unwrap();
+        assert!(!plain.contains("host"), "{plain}");
+        assert!(
+            !Sample {
+                at: t,
+                totals: serde_json::from_str(&plain).unwrap()
+            }
+            .is_host()
+        );
     }
 }

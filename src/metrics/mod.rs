@@ -1,7 +1,8 @@
-//! The metrics of a running daemon (`sluice mount`, `sluice serve`): what
-//! the engine, the FUSE dispatcher and the virtio-fs queues count, read
-//! when a scrape comes in and written in the Prometheus text format as a
-//! JuiceFS mount writes it (`text`). Nothing here runs on the data path:
+//! The metrics of a running daemon (`sluice mount`, `sluice serve`,
+//! `sluice host`): what the engine, the FUSE dispatcher, the virtio-fs
+//! queues and the host daemon's block service count, read when a scrape
+//! comes in and written in the Prometheus text format as a JuiceFS mount
+//! writes it (`text`). Nothing here runs on the data path:
 //! the data path only adds to atomic counters (`sluice-metrics`).
 //!
 //! Names: where a metric means what a JuiceFS metric means, it carries
@@ -26,6 +27,7 @@ use sluice_engine::reader::Reader;
 use sluice_engine::vfs::VfsGauges;
 use sluice_engine::volume::Volume;
 use sluice_fuse::OpMetrics;
+use sluice_host::server::ClientView;
 use sluice_vhost::{QueueStats, REJECT_ERRNOS};
 
 use text::{Exposition, Kind};
@@ -66,6 +68,11 @@ pub struct Sources {
     pub subdir: String,
     /// When the daemon started.
     pub started: Instant,
+    /// The block service of `sluice host`: its fetches, its memory table,
+    /// and each attached VM (`vm` label).
+    pub host: Option<Arc<sluice_host::Host>>,
+    /// The client of `sluice serve --host`: where its blocks came from.
+    pub host_client: Option<Arc<sluice_host::HostClient>>,
 }
 
 /// A daemon's metrics: renders them in the Prometheus text format.
@@ -157,6 +164,7 @@ impl Metrics {
                     reply_bytes: sluice_metrics::get(&q.bytes_out),
                 })
                 .collect(),
+            host: s.host.as_deref().map(HostSnapshot::of),
         }
     }
 
@@ -179,6 +187,12 @@ impl Metrics {
         staging(&mut x, &s.volume);
         if let Some(queues) = &s.queues {
             virtio_queues(&mut x, queues);
+        }
+        if let Some(host) = &s.host {
+            host_daemon(&mut x, host);
+        }
+        if let Some(client) = &s.host_client {
+            host_client(&mut x, client);
         }
         x.finish()
     }
@@ -225,6 +239,58 @@ pub struct Snapshot {
     /// The virtio-fs queues of a `serve` daemon, by number (0: hiprio);
     /// empty for a mount.
     pub queues: Vec<QueueSnapshot>,
+    /// A host daemon's block service (`sluice host`); absent for a mount
+    /// or a VM's server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSnapshot>,
+}
+
+/// A host daemon's totals in a [`Snapshot`] (the `sluice_host_*` metrics
+/// `sluice stats` shows).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostSnapshot {
+    /// Blocks fetched from the object store, for all VMs.
+    pub fetches: u64,
+    /// Their bytes (decompressed).
+    pub fetched_bytes: u64,
+    /// Bytes of blocks in its memory table now.
+    pub memory_bytes: u64,
+    /// The VM servers attached now, by name.
+    pub vms: Vec<VmSnapshot>,
+}
+
+impl HostSnapshot {
+    fn of(host: &sluice_host::Host) -> HostSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        let st = host.stats();
+        let mut vms: Vec<VmSnapshot> = host
+            .clients()
+            .iter()
+            .map(|vm| VmSnapshot {
+                name: vm.name.clone(),
+                requests: vm.counts[0],
+                hits: vm.counts[1] + vm.counts[2],
+            })
+            .collect();
+        vms.sort_by(|a, b| a.name.cmp(&b.name));
+        HostSnapshot {
+            fetches: st.fetches.load(Relaxed),
+            fetched_bytes: st.fetched_bytes.load(Relaxed),
+            memory_bytes: host.memory_used().0,
+            vms,
+        }
+    }
+}
+
+/// One attached VM's totals in a [`HostSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// The name its server gave, made unique by its pid (the `vm` label).
+    pub name: String,
+    /// Blocks it asked for.
+    pub requests: u64,
+    /// Those answered from the host's memory or its disk cache.
+    pub hits: u64,
 }
 
 /// One virtio-fs queue's totals in a [`Snapshot`].
@@ -804,6 +870,137 @@ fn staging(x: &mut Exposition, volume: &Volume) {
         Kind::Counter,
         v.failures as f64,
     );
+}
+
+fn host_daemon(x: &mut Exposition, host: &sluice_host::Host) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let st = host.stats();
+    x.single(
+        "sluice_host_fetches_total",
+        "Blocks the host daemon fetched from the object store, for all VMs.",
+        Kind::Counter,
+        st.fetches.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_fetched_bytes_total",
+        "Bytes of the blocks the host daemon fetched (decompressed).",
+        Kind::Counter,
+        st.fetched_bytes.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_fetch_errors_total",
+        "Block fetches of the host daemon that failed.",
+        Kind::Counter,
+        st.fetch_errors.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_joined_total",
+        "Block requests that joined a fetch already in flight (another VM's or their own).",
+        Kind::Counter,
+        st.joined.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_dropped_total",
+        "VM servers dropped for breaking the protocol.",
+        Kind::Counter,
+        st.dropped.load(Relaxed) as f64,
+    );
+    let (bytes, blocks) = host.memory_used();
+    x.single(
+        "sluice_host_memory_bytes",
+        "Bytes of blocks in the host daemon's memory table (each held once).",
+        Kind::Gauge,
+        bytes as f64,
+    );
+    x.single(
+        "sluice_host_memory_blocks",
+        "Blocks in the host daemon's memory table.",
+        Kind::Gauge,
+        blocks as f64,
+    );
+    let vms = host.clients();
+    x.single(
+        "sluice_host_vms",
+        "VM servers attached to the host daemon.",
+        Kind::Gauge,
+        vms.len() as f64,
+    );
+    let per =
+        |x: &mut Exposition, name: &str, help: &str, kind: Kind, f: &dyn Fn(&ClientView) -> u64| {
+            let mut fam = x.family(name, help, kind);
+            for vm in &vms {
+                fam.sample(&[("vm", &vm.name)], f(vm) as f64);
+            }
+        };
+    per(
+        x,
+        "sluice_host_vm_requests_total",
+        "Blocks a VM asked the host daemon for.",
+        Kind::Counter,
+        &|vm| vm.counts[0],
+    );
+    let mut hits = x.family(
+        "sluice_host_vm_hits_total",
+        "A VM's block requests answered from the host's memory or its disk cache.",
+        Kind::Counter,
+    );
+    for vm in &vms {
+        hits.sample(&[("vm", &vm.name), ("kind", "memory")], vm.counts[1] as f64);
+        hits.sample(&[("vm", &vm.name), ("kind", "file")], vm.counts[2] as f64);
+    }
+    drop(hits);
+    per(
+        x,
+        "sluice_host_vm_fetched_total",
+        "A VM's block requests answered once a fetch ended.",
+        Kind::Counter,
+        &|vm| vm.counts[3],
+    );
+    per(
+        x,
+        "sluice_host_vm_errors_total",
+        "A VM's block requests answered with an error (not cached, would wait included).",
+        Kind::Counter,
+        &|vm| vm.counts[4],
+    );
+    per(
+        x,
+        "sluice_host_vm_outstanding",
+        "A VM's block requests not yet answered.",
+        Kind::Gauge,
+        &|vm| u64::from(vm.outstanding),
+    );
+}
+
+fn host_client(x: &mut Exposition, client: &sluice_host::HostClient) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = client.counters();
+    x.single(
+        "sluice_host_attached",
+        "1 while this server is attached to its host daemon (serve --host).",
+        Kind::Gauge,
+        f64::from(u8::from(client.attached())),
+    );
+    x.single(
+        "sluice_host_attaches_total",
+        "Times this server attached to its host daemon (the first included).",
+        Kind::Counter,
+        c.attaches.load(Relaxed) as f64,
+    );
+    let mut blocks = x.family(
+        "sluice_host_blocks_total",
+        "Blocks this server read: from its own mappings of the host's memory, from the host's \
+         memory or disk cache, or standalone (the host away, or a small random read's miss).",
+        Kind::Counter,
+    );
+    for (from, n) in [
+        ("mapped", &c.mapped_hits),
+        ("memory", &c.memory),
+        ("file", &c.files),
+        ("standalone", &c.standalone),
+    ] {
+        blocks.sample(&[("from", from)], n.load(Relaxed) as f64);
+    }
 }
 
 fn virtio_queues(x: &mut Exposition, queues: &[QueueStats]) {

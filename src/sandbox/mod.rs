@@ -17,7 +17,8 @@
 //!    from ABI 8), so it comes before the volume starts any thread.
 //! 3. The caller opens the volume (S3 clients, writeback uploads).
 //! 4. [`Sandbox::lock_down`]: hands the volume's local files (the opening
-//!    created some as root) to the user, raises the locked-memory limit io_uring needs,
+//!    created some as root) to the user, lifts the locked-memory limit io_uring needs
+//!    (or, where root may not, keeps CAP_IPC_LOCK alone across the switch),
 //!    switches user (glibc applies set*id to every thread) and installs the
 //!    seccomp filter on every thread (TSYNC). With Redis over TLS it then
 //!    loads the system's TLS roots as the Redis client will for each new
@@ -162,6 +163,11 @@ impl Sandbox {
         Ok(())
     }
 
+    /// The uid the daemon will run as once sandboxed, when it switches.
+    pub fn target_uid(&self) -> Option<u32> {
+        self.target.as_ref().map(|u| u.uid)
+    }
+
     /// Whether the daemon keeps running as root once sandboxed.
     fn runs_as_root(&self) -> bool {
         // SAFETY: geteuid has no preconditions and cannot fail.
@@ -173,14 +179,28 @@ impl Sandbox {
     pub fn lock_down(&self, state: &LocalState) -> anyhow::Result<()> {
         if let Some(user) = &self.target {
             user::hand_over(state, user)?;
-            user::raise_memlock_limit();
-            user::switch_to(user)?;
+            let lifted = user::raise_memlock_limit();
+            let keep_ipc_lock = user::keeps_ipc_lock(lifted);
+            user::switch_to(user, keep_ipc_lock)?;
             log::info!(
                 "running as {} (uid {}, gid {})",
                 user.name,
                 user.uid,
                 user.gid
             );
+            if keep_ipc_lock {
+                log::info!(
+                    "RLIMIT_MEMLOCK cannot be lifted (no CAP_SYS_RESOURCE); the daemon keeps \
+                     CAP_IPC_LOCK alone, so io_uring fixed buffers are not limited by it"
+                );
+            } else if !lifted {
+                log::warn!(
+                    "cannot lift RLIMIT_MEMLOCK and no CAP_IPC_LOCK to keep; it stays at {} \
+                     MiB for io_uring fixed buffers, and a ring that needs more falls back to \
+                     pread",
+                    sluice_numa::memlock::current().map_or(0, |l| l.1 >> 20)
+                );
+            }
         }
         seccomp::install(self.args.seccomp)?;
         if state.tls_roots {

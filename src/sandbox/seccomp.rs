@@ -77,6 +77,8 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_removexattr,
     libc::SYS_copy_file_range,
     libc::SYS_fadvise64,
+    // The host daemon's blocks (`sluice host`): a memfd per block, sealed
+    // with fcntl; a `serve --host` maps them read-only (mmap below).
     libc::SYS_memfd_create,
     // Memory: allocator, guest memory maps, NUMA placement.
     libc::SYS_mmap,
@@ -116,7 +118,9 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_timerfd_create,
     libc::SYS_timerfd_settime,
     libc::SYS_timerfd_gettime,
-    // Sockets: vhost-user (SCM_RIGHTS), S3 over HTTP, Redis, DNS.
+    // Sockets: vhost-user (SCM_RIGHTS), S3 over HTTP, Redis, DNS, the
+    // host daemon's SOCK_SEQPACKET socket (SCM_RIGHTS both ways, the
+    // peer's credentials with getsockopt).
     libc::SYS_socket,
     libc::SYS_socketpair,
     libc::SYS_connect,

@@ -332,35 +332,85 @@ fn reachable(path: &Path, user: &ServiceUser) -> anyhow::Result<()> {
 /// Lifts the hard limit on locked memory, which only a process with
 /// CAP_SYS_RESOURCE may do: io_uring fixed buffers (`--guest-io uring`)
 /// count against it once the daemon no longer has CAP_IPC_LOCK; the
-/// reactor raises its soft limit when it needs to. Where the limit cannot
-/// be lifted (a container without that capability) the daemon keeps the
-/// one it has, and a ring that needs more falls back to `pread` (logged).
-pub fn raise_memlock_limit() {
+/// reactor raises its soft limit when it needs to. Returns whether the
+/// daemon may lock what its rings need after the switch: the limit is
+/// (now) unlimited, or it could not be lifted (a container without that
+/// capability) and the daemon keeps the one it has — then
+/// [`keeps_ipc_lock`] says whether CAP_IPC_LOCK can stand in for it.
+pub fn raise_memlock_limit() -> bool {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid rlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
-        || lim.rlim_max == libc::RLIM_INFINITY
-    {
-        return;
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return false;
     }
-    let hard = lim.rlim_max;
+    if lim.rlim_max == libc::RLIM_INFINITY {
+        return true;
+    }
     lim.rlim_max = libc::RLIM_INFINITY;
     // SAFETY: `lim` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
-        log::warn!(
-            "cannot lift RLIMIT_MEMLOCK ({}); it stays at {} MiB for io_uring fixed buffers",
-            io::Error::last_os_error(),
-            hard >> 20
-        );
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) == 0 }
+}
+
+/// Whether the daemon keeps CAP_IPC_LOCK across the switch, given whether
+/// the hard RLIMIT_MEMLOCK was lifted: only when it was not (root without
+/// CAP_SYS_RESOURCE, as in most containers) and the process holds it now.
+/// With it the kernel does not count io_uring fixed buffers against the
+/// limit at all (`sluice_numa::memlock::exempt`).
+pub fn keeps_ipc_lock(limit_lifted: bool) -> bool {
+    !limit_lifted && sluice_numa::memlock::exempt()
+}
+
+/// `CAP_IPC_LOCK`'s bit in the capability sets.
+const CAP_IPC_LOCK: u32 = 14;
+
+/// `capset(2)`'s header and data (`_LINUX_CAPABILITY_VERSION_3`: two data
+/// words, 64 capabilities).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// Sets this thread's effective and permitted capabilities to `caps` (bits
+/// of the first word) and nothing else.
+fn set_capabilities(caps: u32) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let data = [
+        CapData {
+            effective: caps,
+            permitted: caps,
+            inheritable: 0,
+        },
+        CapData::default(),
+    ];
+    // SAFETY: `header` and the two-element `data` are what capset reads for
+    // version 3; the kernel writes nothing.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(())
 }
 
 /// Switches every thread of the process to `user`: groups, gid, uid (glibc
 /// runs each set*id call on all threads), and checks that root is gone.
-pub fn switch_to(user: &ServiceUser) -> anyhow::Result<()> {
+/// With `keep_ipc_lock` every thread keeps CAP_IPC_LOCK, and only it
+/// (see [`keeps_ipc_lock`]).
+pub fn switch_to(user: &ServiceUser, keep_ipc_lock: bool) -> anyhow::Result<()> {
     let failed = |what: &str| {
         anyhow::Error::new(io::Error::last_os_error()).context(format!(
             "cannot switch to user {}: {what} failed",
@@ -375,9 +425,34 @@ pub fn switch_to(user: &ServiceUser) -> anyhow::Result<()> {
     if unsafe { libc::setresgid(user.gid, user.gid, user.gid) } != 0 {
         return Err(failed("setresgid"));
     }
+    // A thread's permitted capabilities survive setresuid only with its
+    // KEEPCAPS flag, which is the calling thread's own (glibc broadcasts
+    // the set*id calls to every thread, not prctl or capset): only this
+    // thread keeps CAP_IPC_LOCK, and the threads it starts afterwards —
+    // each VM's queue workers, which register the guest's memory with
+    // their rings — inherit it. Threads the volume started before lose
+    // every capability at the switch, as without it.
+    if keep_ipc_lock {
+        // SAFETY: plain prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) } != 0 {
+            return Err(failed("prctl(PR_SET_KEEPCAPS)"));
+        }
+    }
     // SAFETY: as above.
     if unsafe { libc::setresuid(user.uid, user.uid, user.uid) } != 0 {
         return Err(failed("setresuid"));
+    }
+    if keep_ipc_lock {
+        set_capabilities(1 << CAP_IPC_LOCK).map_err(|e| {
+            anyhow::Error::new(e).context(format!(
+                "cannot switch to user {}: keeping CAP_IPC_LOCK (capset) failed",
+                user.name
+            ))
+        })?;
+        // SAFETY: plain prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0) } != 0 {
+            return Err(failed("prctl(PR_SET_KEEPCAPS)"));
+        }
     }
     // SAFETY: as above; with every id given up this must fail.
     if user.uid != 0 && unsafe { libc::setuid(0) } == 0 {

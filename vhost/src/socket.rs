@@ -20,6 +20,16 @@ use std::path::{Path, PathBuf};
 /// `group` when one is given; a socket or file already at `path` is
 /// replaced.
 pub fn bind_private(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
+    bind_private_with(path, group, |tmp| UnixListener::bind(tmp))
+}
+
+/// [`bind_private`] for any kind of socket: `bind` binds one at the path
+/// it is given (in the private directory) and returns it.
+pub fn bind_private_with<T>(
+    path: &Path,
+    group: Option<u32>,
+    bind: impl FnOnce(&Path) -> io::Result<T>,
+) -> io::Result<T> {
     let name = path.file_name().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -31,14 +41,19 @@ pub fn bind_private(path: &Path, group: Option<u32>) -> io::Result<UnixListener>
         _ => PathBuf::from("."),
     };
     let private = private_dir(&parent, name.as_bytes())?;
-    let result = bind_in(&private, path, group);
+    let result = bind_in(&private, path, group, bind);
     let _ = std::fs::remove_dir(&private);
     result
 }
 
-fn bind_in(private: &Path, path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
+fn bind_in<T>(
+    private: &Path,
+    path: &Path,
+    group: Option<u32>,
+    bind: impl FnOnce(&Path) -> io::Result<T>,
+) -> io::Result<T> {
     let tmp = private.join("s");
-    let listener = UnixListener::bind(&tmp)?;
+    let listener = bind(&tmp)?;
     let placed = (|| {
         let mode = match group {
             Some(gid) => {

@@ -99,6 +99,82 @@ pub(super) struct DumpedXattr {
     pub value: String,
 }
 
+/// One named entry of a dumped POSIX ACL.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DumpedAclEntry {
+    pub id: u32,
+    pub perm: u16,
+}
+
+/// A POSIX ACL as JuiceFS dumps it (`posix_acl_access`,
+/// `posix_acl_default`): the perms, 65535 where unset, and the named users
+/// and groups (`null` when there are none).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DumpedAcl {
+    pub owner: u16,
+    pub group: u16,
+    pub other: u16,
+    pub mask: u16,
+    pub users: Option<Vec<DumpedAclEntry>>,
+    pub groups: Option<Vec<DumpedAclEntry>>,
+}
+
+impl DumpedAcl {
+    pub(super) fn of(rule: &crate::meta::acl::Rule) -> DumpedAcl {
+        let list = |l: &[crate::meta::acl::AclEntry]| {
+            (!l.is_empty()).then(|| {
+                l.iter()
+                    .map(|e| DumpedAclEntry {
+                        id: e.id,
+                        perm: e.perm,
+                    })
+                    .collect()
+            })
+        };
+        DumpedAcl {
+            owner: rule.owner,
+            group: rule.group,
+            other: rule.other,
+            mask: rule.mask,
+            users: list(&rule.named_users),
+            groups: list(&rule.named_groups),
+        }
+    }
+
+    /// The rule, its named entries sorted; too many entries is an error.
+    pub(super) fn rule(&self) -> crate::error::Result<crate::meta::acl::Rule> {
+        use crate::meta::acl::{AclEntry, MAX_ENTRIES};
+        let list = |l: &Option<Vec<DumpedAclEntry>>| -> crate::error::Result<Vec<AclEntry>> {
+            let l = l.as_deref().unwrap_or_default();
+            if l.len() > MAX_ENTRIES {
+                return Err(crate::error::Error::Invalid(format!(
+                    "a POSIX ACL with {} entries (at most {MAX_ENTRIES})",
+                    l.len()
+                )));
+            }
+            let mut v: Vec<AclEntry> = l
+                .iter()
+                .map(|e| AclEntry {
+                    id: e.id,
+                    perm: e.perm,
+                })
+                .collect();
+            v.sort_unstable();
+            Ok(v)
+        };
+        Ok(crate::meta::acl::Rule {
+            owner: self.owner,
+            group: self.group,
+            mask: self.mask,
+            other: self.other,
+            named_users: list(&self.users)?,
+            named_groups: list(&self.groups)?,
+        })
+    }
+}
+
 /// A directory quota's limits (the usage is recomputed by a load).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,8 +12,8 @@ use std::io::Read;
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 
 use super::json::{
-    DumpedAttr, DumpedChunk, DumpedCounters, DumpedDelFile, DumpedQuota, DumpedSustained,
-    DumpedXattr, type_from_name, unescape,
+    DumpedAcl, DumpedAttr, DumpedChunk, DumpedCounters, DumpedDelFile, DumpedQuota,
+    DumpedSustained, DumpedXattr, type_from_name, unescape,
 };
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -171,6 +171,8 @@ fn attr_of(d: &DumpedAttr, place: Place) -> Result<(Ino, Attr)> {
             nlink: d.nlink,
             length: if typ == FileType::File { d.length } else { 0 },
             parent: 0,
+            access_acl: 0,
+            default_acl: 0,
         },
     ))
 }
@@ -260,6 +262,8 @@ impl<'de> Visitor<'de> for EntrySeed<'_, '_, '_> {
         let mut repeat = false;
         let mut symlink: Option<Vec<u8>> = None;
         let mut xattrs: Vec<DumpedXattr> = Vec::new();
+        let mut access_acl: Option<DumpedAcl> = None;
+        let mut default_acl: Option<DumpedAcl> = None;
         let mut chunks: Vec<(u32, Vec<Slice>)> = Vec::new();
         let mut stat = DirStat::default();
         let (mut subdirs, mut below_space, mut below_inodes) = (0u32, 0i64, 0i64);
@@ -328,15 +332,8 @@ impl<'de> Visitor<'de> for EntrySeed<'_, '_, '_> {
                     below_space = out.space;
                     below_inodes = out.inodes;
                 }
-                "posix_acl_access" | "posix_acl_default" => {
-                    let v: serde_json::Value = map.next_value()?;
-                    if !v.is_null() {
-                        let ino = node.as_ref().map_or(0, |n| n.0);
-                        return Err(l.fail(Error::NotSupported(format!(
-                            "inode {ino} has a POSIX ACL ({key}); sluice does not serve ACLs"
-                        ))));
-                    }
-                }
+                "posix_acl_access" => access_acl = map.next_value()?,
+                "posix_acl_default" => default_acl = map.next_value()?,
                 other => {
                     return Err(l.invalid(format!(
                         "unknown field {other:?} in a node under directory {parent}"
@@ -385,6 +382,13 @@ impl<'de> Visitor<'de> for EntrySeed<'_, '_, '_> {
             _ => 1,
         };
         let r = (|| -> Result<()> {
+            // The node names its ACLs by the ids the new store gives them.
+            if let Some(d) = &access_acl {
+                attr.access_acl = l.sink.acl(&d.rule()?)?;
+            }
+            if let Some(d) = &default_acl {
+                attr.default_acl = l.sink.acl(&d.rule()?)?;
+            }
             if let Some(link) = l.links.get_mut(&ino) {
                 link.attr = attr.clone();
             } else {

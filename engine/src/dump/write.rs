@@ -8,11 +8,12 @@ use std::io::Write;
 use serde::Serialize;
 
 use super::json::{
-    DumpedAttr, DumpedChunk, DumpedCounters, DumpedDelFile, DumpedQuota, DumpedSlice,
+    DumpedAcl, DumpedAttr, DumpedChunk, DumpedCounters, DumpedDelFile, DumpedQuota, DumpedSlice,
     DumpedSustained, DumpedXattr, escape, type_name,
 };
 use crate::error::{Error, Result};
 use crate::format::{Format, SECRET_FIELDS};
+use crate::meta::acl::{self, AclType};
 use crate::meta::{Attr, Context, DirCursor, Entry, FileType, Ino, Meta, ROOT_INO, TRASH_INO};
 
 /// How many entries one directory page asks for.
@@ -151,6 +152,18 @@ impl<W: Write> Writer<'_, W> {
         }
         if !xattrs.is_empty() {
             s.push_str(&format!(",\n{field}\"xattrs\": {}", to_json(&xattrs)?));
+        }
+        for typ in [AclType::Access, AclType::Default] {
+            if acl::acl_id(attr, typ) == 0 {
+                continue;
+            }
+            if let Some(rule) = self.meta.get_facl(ino, typ)? {
+                let key = String::from_utf8_lossy(&typ.xattr_name()[b"system.".len()..]);
+                s.push_str(&format!(
+                    ",\n{field}\"{key}\": {}",
+                    to_json(&DumpedAcl::of(&rule))?
+                ));
+            }
         }
         if attr.typ == FileType::File {
             let chunks = self.chunks(ino)?;

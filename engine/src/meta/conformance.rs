@@ -25,7 +25,7 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("format_and_load", format_and_load),
     ("refuse_different_volume", refuse_different_volume),
     ("refuse_encrypted", refuse_encrypted),
-    ("refuse_acl_volume", refuse_acl_volume),
+    ("posix_acls", posix_acls),
     ("create_lookup_getattr", create_lookup_getattr),
     ("names_are_checked", names_are_checked),
     ("mkdir_rmdir_nlink", mkdir_rmdir_nlink),
@@ -101,6 +101,7 @@ fn user(uid: u32) -> Context {
         gids: vec![uid],
         pid: 1,
         privileged: false,
+        kernel_checked: false,
     }
 }
 
@@ -193,14 +194,175 @@ pub(crate) fn refuse_encrypted(m: &dyn Meta) {
     }
 }
 
-/// A volume with POSIX ACLs enabled is refused: sluice would ignore them.
-pub(crate) fn refuse_acl_volume(m: &dyn Meta) {
+/// POSIX ACLs on a volume formatted with them: access decided by the
+/// rule, the mode kept as its summary, chmod moving the mask, default ACLs
+/// inherited by new nodes instead of the umask, and who may set them.
+pub(crate) fn posix_acls(m: &dyn Meta) {
+    use crate::meta::acl::{AclEntry, AclType, Rule, UNSET};
     let mut f = test_format(0);
     f.enable_acl = true;
-    match m.init(&f) {
-        Err(Error::NotSupported(msg)) => assert!(msg.contains("ACL"), "{msg}"),
-        other => panic!("volume with ACLs accepted: {other:?}"),
-    }
+    m.init(&f).expect("format a volume with ACLs");
+    m.load().expect("load it");
+    let (owner, friend, stranger) = (user(1000), user(2000), user(3000));
+    let (dir, _) = m.mkdir(&root(), ROOT_INO, b"d", 0o777, 0).expect("mkdir");
+    let (file, attr) = m.create(&owner, dir, b"f", 0o640, 0).expect("create");
+    m.close(file).expect("close");
+    assert_eq!((attr.mode, attr.access_acl), (0o640, 0));
+    assert_eq!(m.get_facl(file, AclType::Access).expect("get"), None);
+    assert!(matches!(m.access(&friend, file, 4), Err(Error::Access)));
+
+    // user:2000:rw-, mask rw-: the friend may read and write, the mode's
+    // group bits become the mask.
+    let rule = Rule {
+        owner: 6,
+        group: 4,
+        mask: 6,
+        other: 0,
+        named_users: vec![AclEntry { id: 2000, perm: 6 }],
+        named_groups: vec![],
+    };
+    assert!(matches!(
+        m.set_facl(&friend, file, AclType::Access, &rule),
+        Err(Error::Perm)
+    ));
+    m.set_facl(&owner, file, AclType::Access, &rule)
+        .expect("setfacl");
+    let a = m.getattr(file).expect("getattr");
+    assert_eq!(a.mode, 0o660);
+    assert_ne!(a.access_acl, 0);
+    assert_eq!(
+        m.get_facl(file, AclType::Access).expect("get"),
+        Some(rule.clone())
+    );
+    m.access(&friend, file, 6)
+        .expect("the named user may read and write");
+    assert!(matches!(m.access(&stranger, file, 4), Err(Error::Access)));
+    m.open(&friend, file, libc::O_RDWR as u32)
+        .expect("open by the named user");
+    m.close(file).expect("close");
+    // The owning group reads (group::r--), writes not, though the mode's
+    // group bits (the mask) say rw-.
+    let member = Context {
+        gids: vec![3000, 1000],
+        ..user(3000)
+    };
+    m.access(&member, file, 4).expect("group read");
+    assert!(matches!(m.access(&member, file, 2), Err(Error::Access)));
+
+    // chmod moves the mask: 0600 leaves the friend nothing.
+    m.setattr(
+        &owner,
+        file,
+        &SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod");
+    let got = m
+        .get_facl(file, AclType::Access)
+        .expect("get")
+        .expect("an ACL");
+    assert_eq!((got.owner, got.group, got.mask, got.other), (6, 4, 0, 0));
+    assert!(matches!(m.access(&friend, file, 4), Err(Error::Access)));
+
+    // A minimal access ACL is the mode: the ACL goes, the mode follows.
+    let minimal = Rule {
+        owner: 7,
+        group: 5,
+        mask: UNSET,
+        other: 4,
+        named_users: vec![],
+        named_groups: vec![],
+    };
+    m.set_facl(&owner, file, AclType::Access, &minimal)
+        .expect("setfacl minimal");
+    let a = m.getattr(file).expect("getattr");
+    assert_eq!((a.mode, a.access_acl), (0o754, 0));
+    m.access(&friend, file, 4).expect("other may read now");
+
+    // A default ACL is for directories only.
+    assert!(matches!(
+        m.set_facl(&owner, file, AclType::Default, &rule),
+        Err(Error::Access)
+    ));
+    // Inherited: a new file's access ACL is the default and'ed with its
+    // mode, and the umask does not apply; a new directory keeps the default.
+    let default = Rule {
+        owner: 7,
+        group: 5,
+        mask: 7,
+        other: 5,
+        named_users: vec![AclEntry { id: 2000, perm: 7 }],
+        named_groups: vec![],
+    };
+    m.set_facl(&root(), dir, AclType::Default, &default)
+        .expect("default ACL");
+    let (child, ca) = m
+        .create(&owner, dir, b"child", 0o666, 0o077)
+        .expect("create");
+    m.close(child).expect("close");
+    assert_eq!(
+        ca.mode, 0o664,
+        "mode and'ed with the default, umask ignored"
+    );
+    let got = m
+        .get_facl(child, AclType::Access)
+        .expect("get")
+        .expect("inherited");
+    assert_eq!((got.owner, got.mask, got.other), (6, 6, 4));
+    assert_eq!(got.named_users, default.named_users);
+    assert_eq!(ca.default_acl, 0);
+    m.access(&friend, child, 6)
+        .expect("the inherited entry grants");
+    let (sub, sa) = m.mkdir(&owner, dir, b"sub", 0o755, 0o022).expect("mkdir");
+    assert_eq!(
+        m.get_facl(sub, AclType::Default).expect("get"),
+        Some(default.clone())
+    );
+    assert_eq!(sa.mode, 0o755);
+    let (_, la) = m.symlink(&owner, dir, b"ln", b"child").expect("symlink");
+    assert_eq!((la.access_acl, la.default_acl), (0, 0));
+    // Removed: new entries get the umask again.
+    m.set_facl(&root(), dir, AclType::Default, &Rule::empty())
+        .expect("remove");
+    assert_eq!(m.get_facl(dir, AclType::Default).expect("get"), None);
+    let (plain, pa) = m
+        .create(&owner, dir, b"plain", 0o666, 0o022)
+        .expect("create");
+    m.close(plain).expect("close");
+    assert_eq!((pa.mode, pa.access_acl), (0o644, 0));
+
+    // An ACL change by an owner outside the group drops setgid.
+    let (sg, _) = m.create(&owner, dir, b"sg", 0o640, 0).expect("create");
+    m.close(sg).expect("close");
+    m.setattr(
+        &root(),
+        sg,
+        &SetAttr {
+            mode: Some(0o2640),
+            gid: Some(5000),
+            ..SetAttr::default()
+        },
+    )
+    .expect("setgid, group 5000");
+    m.set_facl(&owner, sg, AclType::Access, &rule)
+        .expect("setfacl");
+    assert_eq!(m.getattr(sg).expect("getattr").mode, 0o660);
+
+    // A request the kernel checked (a FUSE_POSIX_ACL session: it knew the
+    // caller's supplementary groups) is not judged again by mode or ACL;
+    // the ownership rules still hold.
+    assert!(matches!(m.access(&stranger, sg, 4), Err(Error::Access)));
+    let checked = Context {
+        kernel_checked: true,
+        ..user(3000)
+    };
+    m.access(&checked, sg, 4).expect("checked by the kernel");
+    assert!(matches!(
+        m.set_facl(&checked, sg, AclType::Access, &Rule::empty()),
+        Err(Error::Perm)
+    ));
 }
 
 /// create, lookup, getattr.

@@ -333,6 +333,8 @@ mod tests {
             nlink: 1,
             length,
             parent: 1,
+            access_acl: 0,
+            default_acl: 0,
         }
     }
 

@@ -63,6 +63,8 @@ struct Queue {
     /// Work left to `cleanup` because the queue was full (logged once per
     /// run of it).
     overflowed: bool,
+    /// Holds in force ([`Deleter::hold`]): the thread takes nothing.
+    held: usize,
 }
 
 impl Queue {
@@ -141,6 +143,16 @@ impl Deleter {
         }
     }
 
+    /// Keeps the thread from taking work until the guard is dropped: what
+    /// is queued meanwhile is then taken as one batch. For tests that count
+    /// the round trips of a batch, which otherwise depend on when the
+    /// thread wakes (a loaded host wakes it between unlinks).
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> Hold {
+        self.shared.queue.lock().held += 1;
+        Hold(self.shared.clone())
+    }
+
     /// Stops the thread (what is queued is left to `cleanup`).
     pub(crate) fn stop(&self) {
         self.shared.queue.lock().stop = true;
@@ -157,6 +169,18 @@ impl Deleter {
 impl Drop for Deleter {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A hold on the deleter's thread ([`Deleter::hold`]).
+#[cfg(test)]
+pub(crate) struct Hold(Arc<Shared>);
+
+#[cfg(test)]
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.queue.lock().held -= 1;
+        self.0.work.notify_all();
     }
 }
 
@@ -179,7 +203,7 @@ fn run<B: Deletes>(shared: &Shared, backend: &Weak<B>) {
                 q.overflowed = false;
                 shared.idle.notify_all();
             }
-            while q.len() == 0 && !q.stop {
+            while (q.len() == 0 || q.held > 0) && !q.stop {
                 shared.work.wait(&mut q);
             }
             if q.stop {

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+pub mod acl;
 pub mod bounded;
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -452,6 +453,13 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
     /// Removes an extended attribute.
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
+    /// A node's ACL of type `typ` (`None`: it has none, its mode is its
+    /// access ACL). Only for volumes with ACLs (`Format::enable_acl`; the
+    /// caller checks).
+    fn get_facl(&self, ino: Ino, typ: acl::AclType) -> Result<Option<acl::Rule>>;
+    /// Sets a node's ACL of type `typ` by [`rules::apply_facl`]'s rules (an
+    /// empty rule removes it). Only for volumes with ACLs.
+    fn set_facl(&self, ctx: &Context, ino: Ino, typ: acl::AclType, rule: &acl::Rule) -> Result<()>;
 
     /// The limits and usage this client checks changes against (see
     /// [`quota`]).

@@ -42,6 +42,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::acl::{self, AclType, acl_id};
 use crate::meta::rules;
 use crate::meta::rules::statfs_from;
 use crate::meta::sqlite::volume::{merge, settings_json};
@@ -53,7 +54,7 @@ use crate::meta::{
 
 use super::deleter::{Deleter, Deletes};
 use keys::{Keys, counter, slice_field};
-use tx::{Pool, PostCommit, Source, Tx, TxError, TxResult};
+use tx::{Pool, PostCommit, Source, Tx, TxEnv, TxError, TxResult};
 
 /// How many inode numbers one counter increment reserves (JuiceFS `inodeBatch`).
 const INODE_BATCH: u64 = 1024;
@@ -111,6 +112,8 @@ struct Inner {
     work: crate::meta::WorkCounters,
     /// Capacity, inode limit and directory quotas, with their usage.
     quotas: Quotas,
+    /// The ACL rules this client has read or made.
+    acls: crate::meta::acl::RuleCache,
 }
 
 impl std::fmt::Debug for RedisMeta {
@@ -243,6 +246,13 @@ impl TlsOptions {
 }
 
 impl RedisMeta {
+    /// Holds the background deleter (see `Deleter::hold`); `None` before
+    /// it started.
+    #[cfg(test)]
+    pub(crate) fn hold_deletes(&self) -> Option<super::deleter::Hold> {
+        self.inner.deleter.lock().as_ref().map(|d| d.hold())
+    }
+
     /// Connects to the Redis server a JuiceFS metadata URL names:
     /// `redis://[[user]:pass@]host[:port][/db]`, the same with `rediss://`
     /// for TLS (options in [`TlsOptions`]), `unix://[/path]?db=N`, or the
@@ -414,6 +424,7 @@ impl RedisMeta {
                 trash_dir: Mutex::new(None),
                 work: Default::default(),
                 quotas: Quotas::default(),
+                acls: Default::default(),
             }),
         }
     }
@@ -561,7 +572,7 @@ impl Inner {
         let (value, post) = {
             let _guard = self.stripes[(stripe % STRIPES as u64) as usize].lock();
             self.pool
-                .transact(&self.keys, true, dir_stats, trash_days, &self.quotas, f)?
+                .transact(&self.env(dir_stats, trash_days), true, f)?
         };
         self.after_commit(post);
         Ok(value)
@@ -582,19 +593,27 @@ impl Inner {
         let (value, mut post) = {
             let _guard = self.stripes[(stripe % STRIPES as u64) as usize].lock();
             self.pool
-                .transact(&self.keys, true, dir_stats, trash_days, &self.quotas, f)?
+                .transact(&self.env(dir_stats, trash_days), true, f)?
         };
         let results = std::mem::take(&mut post.results);
         self.after_commit(post);
         Ok((value, results))
     }
 
+    /// What this volume's transactions work with.
+    fn env(&self, dir_stats: bool, trash_days: u32) -> TxEnv<'_> {
+        TxEnv {
+            keys: &self.keys,
+            dir_stats,
+            trash_days,
+            quotas: &self.quotas,
+            acls: &self.acls,
+        }
+    }
+
     /// Runs `f` as a series of reads (nothing watched, nothing written).
     fn read<T>(&self, f: impl FnMut(&mut Tx<'_>) -> TxResult<T>) -> Result<T> {
-        Ok(self
-            .pool
-            .transact(&self.keys, false, false, 0, &self.quotas, f)?
-            .0)
+        Ok(self.pool.transact(&self.env(false, 0), false, f)?.0)
     }
 
     /// Deletes the data of removed files and the objects of released slices.
@@ -898,8 +917,13 @@ impl Meta for RedisMeta {
     fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
         self.inner.write(ino, |tx| {
             let cur = node::must_get(tx, ino)?;
-            match rules::apply_setattr(ctx, &cur, set)? {
-                Some(a) => {
+            let acl = node::access_rule(tx, &cur)?;
+            match rules::apply_setattr(ctx, &cur, acl.as_deref(), set)? {
+                Some(mut a) => {
+                    // A chmod changes the access ACL's entries with it.
+                    if let Some(rule) = acl.filter(|_| a.mode != cur.mode) {
+                        a.access_acl = node::store_rule(tx, &rules::chmod_acl(&rule, a.mode))?;
+                    }
                     node::put(tx, ino, &a);
                     Ok(a)
                 }
@@ -1084,7 +1108,13 @@ impl Meta for RedisMeta {
                         raw.len()
                     ))
                 })
-                .and_then(|attr| rules::check_open(ctx, &attr, flags).map(|()| attr)),
+                .and_then(|attr| {
+                    let acl = match attr.access_acl {
+                        0 => None,
+                        _ => self.inner.read(|tx| node::access_rule(tx, &attr))?,
+                    };
+                    rules::check_open(ctx, &attr, acl.as_deref(), flags).map(|()| attr)
+                }),
         };
         if checked.is_err()
             && let Err(e) = session::closed(&self.inner, ino)
@@ -1099,8 +1129,10 @@ impl Meta for RedisMeta {
     }
 
     fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
-        let attr = self.getattr(ino)?;
-        rules::check_access(ctx, &attr, (mask & 7) as u8)
+        self.inner.read(|tx| {
+            let attr = node::must_get(tx, ino)?;
+            node::check(tx, ctx, &attr, (mask & 7) as u8)
+        })
     }
 
     fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
@@ -1179,6 +1211,33 @@ impl Meta for RedisMeta {
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         xattr::remove(&self.inner, ctx, ino, name)
+    }
+
+    fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {
+        self.inner.read(|tx| {
+            let a = node::must_get(tx, ino)?;
+            match acl_id(&a, typ) {
+                0 => Ok(None),
+                id => Ok(Some(node::rule(tx, id)?.as_ref().clone())),
+            }
+        })
+    }
+
+    fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
+        self.inner.write(ino, |tx| {
+            let cur = node::must_get(tx, ino)?;
+            if let Some((mut a, store)) = rules::apply_facl(ctx, &cur, typ, rule)? {
+                if let Some(r) = store {
+                    let id = node::store_rule(tx, &r)?;
+                    match typ {
+                        AclType::Access => a.access_acl = id,
+                        AclType::Default => a.default_acl = id,
+                    }
+                }
+                node::put(tx, ino, &a);
+            }
+            Ok(())
+        })
     }
 
     fn quotas(&self) -> &Quotas {

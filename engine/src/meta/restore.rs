@@ -63,6 +63,9 @@ pub trait Restore {
     fn symlink(&mut self, ino: Ino, target: &[u8]) -> Result<()>;
     /// Writes an extended attribute.
     fn xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()>;
+    /// Stores a POSIX ACL rule (once per distinct rule) and returns the id
+    /// the nodes that have it name.
+    fn acl(&mut self, rule: &crate::meta::acl::Rule) -> Result<u32>;
     /// Writes a chunk's slice list (in write order).
     fn chunk(&mut self, ino: Ino, indx: u32, slices: &[Slice]) -> Result<()>;
     /// Writes how many chunk records name slice `(id, size)`.

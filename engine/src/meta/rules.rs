@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::acl::{AclType, Rule};
 use crate::meta::{
     Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, SetAttr, StatFs, TimeChange, Timestamp,
 };
@@ -47,16 +48,184 @@ pub(crate) fn is_root(ctx: &Context) -> bool {
 
 /// Fails with `Access` unless `ctx` has every bit of `mask` on the node.
 /// Root passes every check but one, as in Linux's `generic_permission`: it
-/// may execute a non-directory only when some execute bit is set.
-pub(crate) fn check_access(ctx: &Context, a: &Attr, mask: u8) -> Result<()> {
-    let ok = if ctx.privileged {
+/// may execute a non-directory only when some execute bit is set. A node
+/// with an access ACL (`a.access_acl`) is judged by its rule, `acl`, which
+/// the engine read ([`Rule::permits`]); a node whose rule was not
+/// given fails with `Corrupt` rather than be judged by its mode alone. A
+/// request the kernel already checked ([`Context::kernel_checked`]) passes.
+pub(crate) fn check_access(ctx: &Context, a: &Attr, acl: Option<&Rule>, mask: u8) -> Result<()> {
+    // The kernel checked with the caller's full credentials (see
+    // `Context::kernel_checked`).
+    let ok = if ctx.privileged || ctx.kernel_checked {
         true
     } else if ctx.uid == 0 {
         mask & MASK_X == 0 || a.typ == FileType::Directory || a.mode & 0o111 != 0
+    } else if a.access_acl != 0 {
+        let rule = acl.ok_or_else(|| {
+            Error::Corrupt(format!(
+                "the access ACL {} of a node was not read before a permission check",
+                a.access_acl
+            ))
+        })?;
+        let mut gids = ctx.gids.clone();
+        gids.push(ctx.gid);
+        rule.permits(ctx.uid, &gids, a.uid, a.gid, mask)
     } else {
         access_mode(ctx, a) & mask == mask
     };
     if ok { Ok(()) } else { Err(Error::Access) }
+}
+
+/// The mode and access ACL of a new node of type `typ` created with `mode`
+/// and `umask` in a directory whose default ACL is `default` (Linux's
+/// `posix_acl_create`): without one the umask applies; with one the umask
+/// does not, and the default ACL's entries are and'ed with the mode — a
+/// minimal one shapes the mode alone, another becomes the node's access
+/// ACL (returned, for the engine to store), the mode its summary. A
+/// symlink takes no ACL.
+pub(crate) fn new_node_mode(
+    typ: FileType,
+    mode: u16,
+    umask: u16,
+    default: Option<&Rule>,
+) -> (u16, Option<Rule>) {
+    let mode = mode & 0o7777;
+    match default {
+        Some(rule) if typ != FileType::Symlink => {
+            if rule.is_minimal() {
+                (mode & (0o7000 | rule.mode()), None)
+            } else {
+                let child = rule.child_access(mode);
+                ((mode & 0o7000) | child.mode(), Some(child))
+            }
+        }
+        _ => (mode & !umask, None),
+    }
+}
+
+/// The attributes of a new node `typ` in directory `parent` (attributes
+/// `pa`), made by `ctx` with `mode` as [`new_node_mode`] shaped it: a
+/// setgid directory passes its group on (and its setgid bit to a new
+/// directory); otherwise a caller outside the parent's group loses the
+/// setgid bit of a group-executable file, as Linux's `inode_init_owner`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_node_attr(
+    ctx: &Context,
+    pa: &Attr,
+    parent: Ino,
+    typ: FileType,
+    mode: u16,
+    rdev: u32,
+    target_len: usize,
+    access_acl: u32,
+    now: Timestamp,
+) -> Attr {
+    let mut mode = mode;
+    let mut gid = ctx.gid;
+    if pa.mode & 0o2000 != 0 {
+        gid = pa.gid;
+        if typ == FileType::Directory {
+            mode |= 0o2000;
+        }
+    } else if mode & 0o2010 == 0o2010 && !is_root(ctx) && !ctx.gids.contains(&pa.gid) {
+        mode &= !0o2000;
+    }
+    Attr {
+        flags: 0,
+        typ,
+        mode,
+        uid: ctx.uid,
+        gid,
+        rdev: if matches!(typ, FileType::BlockDev | FileType::CharDev) {
+            rdev
+        } else {
+            0
+        },
+        atime: now,
+        mtime: now,
+        ctime: now,
+        nlink: if typ == FileType::Directory { 2 } else { 1 },
+        length: match typ {
+            FileType::Directory => 4096,
+            FileType::Symlink => target_len as u64,
+            _ => 0,
+        },
+        parent,
+        access_acl,
+        // A new directory passes its parent's default ACL on.
+        default_acl: if typ == FileType::Directory {
+            pa.default_acl
+        } else {
+            0
+        },
+    }
+}
+
+/// What setting ACL `typ` of a node to `rule` makes of its attributes
+/// `cur` (JuiceFS `doSetFacl`, Linux's `posix_acl_update_mode`): only the
+/// owner or root may; an immutable node refuses; a default ACL is for
+/// directories alone. An empty rule removes the ACL; a minimal access
+/// rule is the mode and removes it too; another rule, its missing owner,
+/// group and other entries taken from the mode, is stored (returned for
+/// the engine to store and name in the attributes' id) and an access rule
+/// sets the mode's bits. A caller outside the node's group, not root,
+/// drops its setgid bit, as the kernel asks with
+/// `FUSE_SETXATTR_ACL_KILL_SGID`. `None` when nothing changes.
+pub(crate) fn apply_facl(
+    ctx: &Context,
+    cur: &Attr,
+    typ: AclType,
+    rule: &Rule,
+) -> Result<Option<(Attr, Option<Rule>)>> {
+    let root = is_root(ctx);
+    if !root && ctx.uid != cur.uid {
+        return Err(Error::Perm);
+    }
+    if cur.flags & FLAG_IMMUTABLE != 0 || cur.parent > crate::meta::TRASH_INO {
+        return Err(Error::Perm);
+    }
+    if typ == AclType::Default && cur.typ != FileType::Directory {
+        return if rule.is_empty() {
+            Ok(None)
+        } else {
+            Err(Error::Access)
+        };
+    }
+    let mut a = cur.clone();
+    if !root && !in_group(ctx, a.gid) {
+        a.mode &= !S_ISGID;
+    }
+    let mut store = None;
+    let id = match typ {
+        AclType::Access => &mut a.access_acl,
+        AclType::Default => &mut a.default_acl,
+    };
+    if rule.is_empty() {
+        *id = 0;
+    } else if rule.is_minimal() && typ == AclType::Access {
+        *id = 0;
+        a.mode = (a.mode & 0o7000) | rule.mode();
+    } else {
+        let mut r = rule.clone();
+        r.inherit_perms(cur.mode);
+        if typ == AclType::Access {
+            a.mode = (a.mode & 0o7000) | r.mode();
+        }
+        store = Some(r);
+    }
+    if store.is_none() && a == *cur {
+        return Ok(None);
+    }
+    a.ctime = Timestamp::now();
+    Ok(Some((a, store)))
+}
+
+/// The access ACL a chmod to `mode` leaves a node whose ACL is `acl`:
+/// the owner, mask (or group) and other entries follow the mode.
+pub(crate) fn chmod_acl(acl: &Rule, mode: u16) -> Rule {
+    let mut r = acl.clone();
+    r.set_mode(mode);
+    r
 }
 
 /// The kernel's `__FMODE_EXEC` in an open's flags: the open is execve(2)
@@ -80,9 +249,9 @@ pub(crate) fn open_mask(flags: u32) -> u8 {
 /// execve(2)): the mode (see [`open_mask`]), and the immutable and
 /// append-only flags and the trash, which refuse writing opens and
 /// truncation.
-pub(crate) fn check_open(ctx: &Context, attr: &Attr, flags: u32) -> Result<()> {
+pub(crate) fn check_open(ctx: &Context, attr: &Attr, acl: Option<&Rule>, flags: u32) -> Result<()> {
     let mask = open_mask(flags);
-    check_access(ctx, attr, mask)?;
+    check_access(ctx, attr, acl, mask)?;
     let writing = mask & MASK_W != 0;
     if writing && (attr.flags & FLAG_IMMUTABLE != 0 || attr.parent > crate::meta::TRASH_INO) {
         return Err(Error::Perm);
@@ -151,7 +320,12 @@ pub(crate) fn setid_bits_to_kill(ctx: &Context, a: &Attr) -> u16 {
 /// `HANDLE_KILLPRIV_V2`; explicit times need ownership, "now" write access.
 /// A chown clears setuid/setgid as Linux does; `kill_suidgid` clears them as
 /// a write does ([`setid_bits_to_kill`]).
-pub(crate) fn apply_setattr(ctx: &Context, cur: &Attr, set: &SetAttr) -> Result<Option<Attr>> {
+pub(crate) fn apply_setattr(
+    ctx: &Context,
+    cur: &Attr,
+    acl: Option<&Rule>,
+    set: &SetAttr,
+) -> Result<Option<Attr>> {
     if cur.parent > crate::meta::TRASH_INO {
         // A file in the trash keeps its attributes; a write through a
         // handle still open to it goes on without dropping anything.
@@ -207,7 +381,9 @@ pub(crate) fn apply_setattr(ctx: &Context, cur: &Attr, set: &SetAttr) -> Result<
             let clears_only = mode != cur.mode
                 && mode | S_ISUID | S_ISGID == cur.mode | S_ISUID | S_ISGID
                 && mode & !cur.mode == 0;
-            if !clears_only || cur.typ != FileType::File || check_access(ctx, cur, MASK_W).is_err()
+            if !clears_only
+                || cur.typ != FileType::File
+                || check_access(ctx, cur, acl, MASK_W).is_err()
             {
                 return Err(Error::Perm);
             }
@@ -228,7 +404,7 @@ pub(crate) fn apply_setattr(ctx: &Context, cur: &Attr, set: &SetAttr) -> Result<
         let Some(t) = want else { continue };
         match t {
             TimeChange::Now => {
-                if !owner && check_access(ctx, cur, MASK_W).is_err() {
+                if !owner && check_access(ctx, cur, acl, MASK_W).is_err() {
                     return Err(Error::Access);
                 }
             }
@@ -324,6 +500,8 @@ pub(crate) fn type_only(typ: FileType) -> Attr {
         nlink: 0,
         length: 0,
         parent: 0,
+        access_acl: 0,
+        default_acl: 0,
     }
 }
 

@@ -39,6 +39,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::acl::{self, AclType, acl_id};
 use crate::meta::rules::{self, statfs_from};
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
@@ -957,8 +958,12 @@ impl Meta for SqliteMeta {
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
-        let attr = self.getattr(ino)?;
-        rules::check_open(ctx, &attr, flags)?;
+        let attr = self.inner.read(|c| {
+            let attr = node::must_get(c, ino)?;
+            let acl = node::access_rule(c, &attr)?;
+            rules::check_open(ctx, &attr, acl.as_deref(), flags)?;
+            Ok(attr)
+        })?;
         session::opened(&self.inner, ino);
         Ok(attr)
     }
@@ -968,8 +973,10 @@ impl Meta for SqliteMeta {
     }
 
     fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
-        let attr = self.getattr(ino)?;
-        rules::check_access(ctx, &attr, (mask & 7) as u8)
+        self.inner.read(|c| {
+            let attr = node::must_get(c, ino)?;
+            node::check(c, ctx, &attr, (mask & 7) as u8)
+        })
     }
 
     fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
@@ -1047,6 +1054,33 @@ impl Meta for SqliteMeta {
 
     fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
         xattr::remove(&self.inner, ctx, ino, name)
+    }
+
+    fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {
+        self.inner.read(|c| {
+            let a = node::must_get(c, ino)?;
+            match acl_id(&a, typ) {
+                0 => Ok(None),
+                id => Ok(Some(node::rule(c, id)?.as_ref().clone())),
+            }
+        })
+    }
+
+    fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
+        self.inner.write(|tx| {
+            let cur = node::must_get(tx, ino)?;
+            if let Some((mut a, store)) = rules::apply_facl(ctx, &cur, typ, rule)? {
+                if let Some(r) = store {
+                    let id = node::store_rule(tx, &r)?;
+                    match typ {
+                        AclType::Access => a.access_acl = id,
+                        AclType::Default => a.default_acl = id,
+                    }
+                }
+                node::update(tx, ino, &a)?;
+            }
+            Ok(())
+        })
     }
 
     fn quotas(&self) -> &Quotas {

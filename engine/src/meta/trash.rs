@@ -37,6 +37,8 @@ pub(crate) fn new_trash_attr(parent: Ino) -> Attr {
         nlink: 2,
         length: 4096,
         parent,
+        access_acl: 0,
+        default_acl: 0,
     }
 }
 

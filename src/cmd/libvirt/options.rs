@@ -125,8 +125,9 @@ mod why {
                                requests that wait on its waiter threads (--waiters)";
     pub const SANDBOX: &str = "sluice always sandboxes itself (service user, Landlock, seccomp)";
     pub const XATTR: &str = "the volume's extended attributes are always served";
-    pub const ACL: &str = "sluice does not enforce POSIX ACLs: setfacl in the guest fails with \
-                           EOPNOTSUPP, as on a JuiceFS volume formatted without --enable-acl";
+    pub const ACL: &str = "POSIX ACLs follow the volume: kept and checked where it was \
+                           formatted with --enable-acl (as JuiceFS), refused with EOPNOTSUPP \
+                           elsewhere";
     pub const SUBMOUNTS: &str = "a volume served from its metadata has no submounts";
     pub const HANDLES: &str = "sluice names nodes by the volume's inode numbers, not by host \
                                file handles";

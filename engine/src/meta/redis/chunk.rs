@@ -312,7 +312,7 @@ pub(super) fn truncate(
             return Err(Error::Perm.into());
         }
         if via == TruncateVia::Path {
-            rules::check_access(ctx, &a, MASK_W)?;
+            node::check(tx, ctx, &a, MASK_W)?;
         }
         if length == a.length {
             return Ok(a);
@@ -465,7 +465,7 @@ fn fallocatable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, mode: u32) -> TxResult
     if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
         return Err(Error::Perm.into());
     }
-    rules::check_access(ctx, &a, MASK_W)?;
+    node::check(tx, ctx, &a, MASK_W)?;
     if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
         return Err(Error::Perm.into());
     }

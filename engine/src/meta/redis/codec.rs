@@ -6,18 +6,23 @@ use crate::meta::{Attr, FileType, Ino, Timestamp};
 
 /// The length JuiceFS gives an encoded attribute without ACLs: 71 bytes of
 /// fields in a 72-byte buffer (the last byte stays zero).
+#[cfg(test)]
 pub(super) const ATTR_LEN: usize = 72;
 /// Where the optional fields (ACL ids, storage tier) start.
 const ATTR_FIELDS_END: usize = 71;
+/// Where the storage tier is in a value with ACL ids.
+const ATTR_ACL_END: usize = ATTR_FIELDS_END + 8;
 /// The shortest attribute JuiceFS ever wrote (before `Parent` was added).
 const ATTR_MIN_LEN: usize = 63;
 
 /// Encodes attributes as JuiceFS's `Attr.Marshal`, big-endian: flags u8,
 /// type<<12|mode u16, uid, gid, atime s i64 + ns u32, mtime, ctime, nlink u32,
-/// length u64, rdev u32, parent u64. `tail` is what followed the fixed fields
-/// in the stored value (ACL ids, tier), kept so a rewrite loses nothing.
-pub(super) fn encode_attr(a: &Attr, tail: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(ATTR_LEN.max(ATTR_FIELDS_END + tail.len()));
+/// length u64, rdev u32, parent u64, then the access and default ACL ids
+/// (u32 each) where either is set, then the storage tier where it is not
+/// 0, in a buffer one byte longer than the fields (`tier`: the stored
+/// value's, [`attr_tier`], kept so a rewrite loses nothing).
+pub(super) fn encode_attr(a: &Attr, tier: u8) -> Vec<u8> {
+    let mut b = Vec::with_capacity(ATTR_ACL_END + 2);
     b.push(a.flags);
     b.extend_from_slice(&(((a.typ as u16) << 12) | (a.mode & 0o7777)).to_be_bytes());
     b.extend_from_slice(&a.uid.to_be_bytes());
@@ -30,20 +35,25 @@ pub(super) fn encode_attr(a: &Attr, tail: &[u8]) -> Vec<u8> {
     b.extend_from_slice(&a.length.to_be_bytes());
     b.extend_from_slice(&a.rdev.to_be_bytes());
     b.extend_from_slice(&a.parent.to_be_bytes());
-    if tail.is_empty() {
-        b.push(0);
-    } else {
-        b.extend_from_slice(tail);
+    if a.access_acl | a.default_acl != 0 {
+        b.extend_from_slice(&a.access_acl.to_be_bytes());
+        b.extend_from_slice(&a.default_acl.to_be_bytes());
     }
+    if tier != 0 {
+        b.push(tier);
+    }
+    b.push(0);
     b
 }
 
-/// The bytes after the fixed fields of a stored attribute.
-pub(super) fn attr_tail(raw: &[u8]) -> &[u8] {
-    match raw.get(ATTR_FIELDS_END..) {
-        // A lone zero byte is the padding of a plain attribute.
-        Some([0]) | None => &[],
-        Some(t) => t,
+/// The storage tier a stored attribute carries (0 when it has none), as
+/// JuiceFS's `Attr.Unmarshal` reads it: after the ACL ids where at least 8
+/// bytes follow the fixed fields, else right after them.
+pub(super) fn attr_tier(raw: &[u8]) -> u8 {
+    if raw.len() >= ATTR_ACL_END {
+        raw.get(ATTR_ACL_END).copied().unwrap_or(0)
+    } else {
+        raw.get(ATTR_FIELDS_END).copied().unwrap_or(0)
     }
 }
 
@@ -80,6 +90,16 @@ pub(super) fn decode_attr(b: &[u8]) -> Option<Attr> {
         rdev: u32_at(59),
         parent: if b.len() >= ATTR_FIELDS_END {
             u64_at(63)
+        } else {
+            0
+        },
+        access_acl: if b.len() >= ATTR_ACL_END {
+            u32_at(71)
+        } else {
+            0
+        },
+        default_acl: if b.len() >= ATTR_ACL_END {
+            u32_at(75)
         } else {
             0
         },
@@ -154,12 +174,14 @@ mod tests {
             nlink: 3,
             length: 0x1_0000_0001,
             parent: 0x7FFF_FFFF_1000_0001,
+            access_acl: 0,
+            default_acl: 0,
         }
     }
 
     #[test]
     fn attr_bytes_match_juicefs_marshal() {
-        let b = encode_attr(&sample(), &[]);
+        let b = encode_attr(&sample(), 0);
         #[rustfmt::skip]
         let want: Vec<u8> = vec![
             2,                          // flags
@@ -184,19 +206,29 @@ mod tests {
     }
 
     #[test]
-    fn attr_tail_survives_a_rewrite() {
-        let mut raw = encode_attr(&sample(), &[]);
-        raw.truncate(71);
-        raw.extend_from_slice(&[0, 0, 0, 9, 0, 0, 0, 10]); // ACL ids
-        assert_eq!(attr_tail(&raw), &[0, 0, 0, 9, 0, 0, 0, 10]);
-        let again = encode_attr(&decode_attr(&raw).expect("decodes"), attr_tail(&raw));
-        assert_eq!(again, raw);
-        assert!(attr_tail(&encode_attr(&sample(), &[])).is_empty());
+    fn acl_ids_and_tier_are_where_juicefs_puts_them() {
+        let mut a = sample();
+        a.access_acl = 9;
+        a.default_acl = 10;
+        let raw = encode_attr(&a, 0);
+        assert_eq!(&raw[71..], &[0, 0, 0, 9, 0, 0, 0, 10, 0]);
+        assert_eq!(decode_attr(&raw), Some(a.clone()));
+        assert_eq!(attr_tier(&raw), 0);
+        // A tier after the ACL ids, or after the fixed fields without them.
+        let raw = encode_attr(&a, 3);
+        assert_eq!(&raw[71..], &[0, 0, 0, 9, 0, 0, 0, 10, 3, 0]);
+        assert_eq!(attr_tier(&raw), 3);
+        assert_eq!(decode_attr(&raw), Some(a));
+        let raw = encode_attr(&sample(), 2);
+        assert_eq!(&raw[71..], &[2, 0]);
+        assert_eq!(attr_tier(&raw), 2);
+        assert_eq!(decode_attr(&raw), Some(sample()));
+        assert_eq!(attr_tier(&encode_attr(&sample(), 0)), 0);
     }
 
     #[test]
     fn old_and_bad_attrs() {
-        let b = encode_attr(&sample(), &[]);
+        let b = encode_attr(&sample(), 0);
         // Before `Parent` existed attributes were 63 bytes.
         assert_eq!(decode_attr(&b[..63]).expect("old layout").parent, 0);
         assert!(decode_attr(&b[..62]).is_none());

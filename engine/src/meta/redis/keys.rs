@@ -23,6 +23,8 @@ pub(super) mod counter {
     pub const TOTAL_INODES: &str = "totalInodes";
     /// The last hourly trash directory number handed out.
     pub const NEXT_TRASH: &str = "nextTrash";
+    /// The last ACL rule id handed out.
+    pub const ACL_MAX_ID: &str = "aclMaxId";
 }
 
 impl Keys {
@@ -45,6 +47,10 @@ impl Keys {
     /// The volume settings (JSON).
     pub(super) fn setting(&self) -> String {
         self.k("setting")
+    }
+    /// The ACL rules: id → encoded rule.
+    pub(super) fn acl(&self) -> String {
+        self.k("acl")
     }
     /// A counter.
     pub(super) fn counter(&self, name: &str) -> String {

@@ -83,7 +83,7 @@ fn writable_dir(tx: &mut Tx<'_>, ctx: &Context, dir: Ino, creating: bool) -> TxR
     if creating && a.parent > TRASH_INO {
         return Err(Error::NotFound.into());
     }
-    rules::check_access(ctx, &a, MASK_W | MASK_X)?;
+    node::check(tx, ctx, &a, MASK_W | MASK_X)?;
     Ok(a)
 }
 
@@ -135,7 +135,7 @@ pub(super) fn lookup(
         if pa.typ != FileType::Directory {
             return Err(Error::NotDir.into());
         }
-        rules::check_access(ctx, &pa, MASK_X)?;
+        node::check(tx, ctx, &pa, MASK_X)?;
         match name {
             b"." => Ok((parent, pa)),
             b".." => {
@@ -212,7 +212,11 @@ pub(super) fn lookup_name(
     if pa.typ != FileType::Directory {
         return Err(Error::NotDir);
     }
-    rules::check_access(ctx, &pa, MASK_X)?;
+    let acl = match pa.access_acl {
+        0 => None,
+        _ => inner.read(|tx| node::access_rule(tx, &pa))?,
+    };
+    rules::check_access(ctx, &pa, acl.as_deref(), MASK_X)?;
     let e = found.next().ok_or(Error::NotFound)?;
     let (_, ino) = decode_entry(&e).ok_or_else(|| {
         Error::Corrupt(format!(
@@ -267,38 +271,26 @@ pub(super) fn mknod(
             return Err(Error::Exists.into());
         }
         let now = Timestamp::now();
-        let mut mode = (mode & 0o7777) & !umask;
-        let mut gid = ctx.gid;
-        if pa.mode & 0o2000 != 0 {
-            gid = pa.gid;
-            if typ == FileType::Directory {
-                mode |= 0o2000;
-            }
-        } else if mode & 0o2010 == 0o2010 && !rules::is_root(ctx) && !ctx.gids.contains(&pa.gid) {
-            mode &= !0o2000;
-        }
-        let attr = Attr {
-            flags: 0,
+        let default = match pa.default_acl {
+            0 => None,
+            id => Some(node::rule(tx, id)?),
+        };
+        let (mode, access) = rules::new_node_mode(typ, mode, umask, default.as_deref());
+        let access_acl = match access {
+            Some(rule) => node::store_rule(tx, &rule)?,
+            None => 0,
+        };
+        let attr = rules::new_node_attr(
+            ctx,
+            &pa,
+            parent,
             typ,
             mode,
-            uid: ctx.uid,
-            gid,
-            rdev: if matches!(typ, FileType::BlockDev | FileType::CharDev) {
-                rdev
-            } else {
-                0
-            },
-            atime: now,
-            mtime: now,
-            ctime: now,
-            nlink: if typ == FileType::Directory { 2 } else { 1 },
-            length: match typ {
-                FileType::Directory => 4096,
-                FileType::Symlink => target.len() as u64,
-                _ => 0,
-            },
-            parent,
-        };
+            rdev,
+            target.len(),
+            access_acl,
+            now,
+        );
         insert_edge(tx, parent, name, ino, typ);
         node::put(tx, ino, &attr);
         if open && sid > 0 {
@@ -605,8 +597,8 @@ pub(super) fn rename(
         if dpa.parent > TRASH_INO {
             return Err(Error::NotFound.into());
         }
-        rules::check_access(ctx, &spa, MASK_W | MASK_X)?;
-        rules::check_access(ctx, &dpa, MASK_W | MASK_X)?;
+        node::check(tx, ctx, &spa, MASK_W | MASK_X)?;
+        node::check(tx, ctx, &dpa, MASK_W | MASK_X)?;
         let se = get_edge(tx, psrc, nsrc)?.ok_or(TxError::Fs(Error::NotFound))?;
         let mut sa = node::must_get(tx, se.inode)?;
         if psrc == pdst && nsrc == ndst {
@@ -878,7 +870,7 @@ fn dots(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<En
         return Err(Error::NotDir.into());
     }
     let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-    rules::check_access(ctx, &a, mask)?;
+    node::check(tx, ctx, &a, mask)?;
     let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
     let up_attr = if plus { node::get(tx, up)? } else { None };
     Ok(dot_entries(ino, a, up, up_attr, plus))

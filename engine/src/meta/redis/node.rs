@@ -1,12 +1,15 @@
 //! Nodes (`i{ino}`), hard-link parents (`p{ino}`), the usage counters and
 //! the directory statistics JuiceFS keeps beside them.
 
-use super::codec::{attr_tail, decode_attr, encode_attr};
+use super::codec::{attr_tier, decode_attr, encode_attr};
 use super::keys::counter;
 use super::tx::{Tx, TxError, TxResult};
+use std::sync::Arc;
+
 use crate::error::Error;
-use crate::meta::rules::align4k;
-use crate::meta::{Attr, FileType, Ino, TRASH_INO};
+use crate::meta::acl::Rule;
+use crate::meta::rules::{self, align4k};
+use crate::meta::{Attr, Context, FileType, Ino, TRASH_INO};
 
 /// The attributes of `ino`, if the node exists.
 pub(super) fn get(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Option<Attr>> {
@@ -27,12 +30,66 @@ pub(super) fn must_get(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Attr> {
     get(tx, ino)?.ok_or(TxError::Fs(Error::NotFound))
 }
 
-/// Writes a node's attributes, keeping what JuiceFS stored after the fixed
-/// fields (ACL ids, tier).
+/// Writes a node's attributes, keeping the storage tier JuiceFS stored.
 pub(super) fn put(tx: &mut Tx<'_>, ino: Ino, a: &Attr) {
     let key = tx.keys.inode(ino);
-    let tail = tx.raw(&key).map(attr_tail).unwrap_or_default().to_vec();
-    tx.set(&key, &encode_attr(a, &tail));
+    let tier = tx.raw(&key).map(attr_tier).unwrap_or(0);
+    tx.set(&key, &encode_attr(a, tier));
+}
+
+/// The access ACL of a node, when it has one.
+pub(super) fn access_rule(tx: &mut Tx<'_>, a: &Attr) -> TxResult<Option<Arc<Rule>>> {
+    if a.access_acl == 0 {
+        return Ok(None);
+    }
+    rule(tx, a.access_acl).map(Some)
+}
+
+/// [`rules::check_access`] of a node, its access ACL read where it has one.
+pub(super) fn check(tx: &mut Tx<'_>, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
+    let acl = access_rule(tx, a)?;
+    Ok(rules::check_access(ctx, a, acl.as_deref(), mask)?)
+}
+
+/// The ACL rule stored under `id` (a field of the `acl` hash). Rules never
+/// change, so one read once is kept ([`acl::RuleCache`]) and needs no
+/// watch.
+pub(super) fn rule(tx: &mut Tx<'_>, id: u32) -> TxResult<Arc<Rule>> {
+    if let Some(r) = tx.acls.get(id) {
+        return Ok(r);
+    }
+    let key = tx.keys.acl();
+    let raw: Option<Vec<u8>> = tx.now(redis::cmd("HGET").arg(&key).arg(id))?;
+    let raw = raw.ok_or_else(|| {
+        TxError::Fs(Error::Corrupt(format!(
+            "ACL {id} is named by a node but not stored in {key}"
+        )))
+    })?;
+    let rule = Rule::decode(&raw, &format!("ACL {id} in {key}"))?;
+    Ok(tx.acls.put(id, rule))
+}
+
+/// The id of a rule with `rule`'s content, stored now if this client knows
+/// none (JuiceFS shares one id among identical rules); 0 for a rule that is
+/// no ACL. A new rule is written at once, outside the transaction, under a
+/// new id from `aclMaxId`: a transaction that then fails leaves an unused
+/// rule behind, which harms nothing (rules are never removed, as in
+/// JuiceFS), while a rule a committed node names always exists.
+pub(super) fn store_rule(tx: &mut Tx<'_>, rule: &Rule) -> TxResult<u32> {
+    if rule.is_empty() {
+        return Ok(0);
+    }
+    if let Some(id) = tx.acls.id_of(rule) {
+        return Ok(id);
+    }
+    let counter = tx.keys.counter(counter::ACL_MAX_ID);
+    let id: i64 = tx.now(redis::cmd("INCR").arg(&counter))?;
+    let id = u32::try_from(id)
+        .map_err(|_| TxError::Fs(Error::Corrupt(format!("{counter} is past 2^32: {id}"))))?;
+    let key = tx.keys.acl();
+    let _: i64 = tx.now(redis::cmd("HSETNX").arg(&key).arg(id).arg(rule.encode()))?;
+    tx.acls.put(id, rule.clone());
+    Ok(id)
 }
 
 /// Deletes a node with its symlink target, extended attributes and parents.

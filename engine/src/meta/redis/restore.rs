@@ -70,6 +70,7 @@ impl Inner {
             inner: self,
             pipe: redis::pipe(),
             queued: 0,
+            acls: std::collections::HashMap::new(),
         })
     }
 }
@@ -79,6 +80,8 @@ pub(super) struct RedisRestore<'a> {
     inner: &'a Inner,
     pipe: Pipeline,
     queued: usize,
+    /// The ACL rules stored so far, with their ids (1, 2, …).
+    acls: std::collections::HashMap<crate::meta::acl::Rule, u32>,
 }
 
 impl RedisRestore<'_> {
@@ -112,7 +115,7 @@ impl Restore for RedisRestore<'_> {
         self.pipe
             .cmd("SET")
             .arg(keys.inode(ino))
-            .arg(encode_attr(attr, &[]))
+            .arg(encode_attr(attr, 0))
             .ignore();
         self.queued()?;
         if parents.len() > 1 || parents.iter().any(|&(_, n)| n > 1) {
@@ -147,6 +150,25 @@ impl Restore for RedisRestore<'_> {
             .arg(target)
             .ignore();
         self.queued()
+    }
+
+    fn acl(&mut self, rule: &crate::meta::acl::Rule) -> Result<u32> {
+        if rule.is_empty() {
+            return Ok(0);
+        }
+        if let Some(&id) = self.acls.get(rule) {
+            return Ok(id);
+        }
+        let id = self.acls.len() as u32 + 1;
+        self.acls.insert(rule.clone(), id);
+        self.pipe
+            .cmd("HSET")
+            .arg(self.inner.keys.acl())
+            .arg(id)
+            .arg(rule.encode())
+            .ignore();
+        self.queued()?;
+        Ok(id)
     }
 
     fn xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
@@ -239,6 +261,7 @@ impl Restore for RedisRestore<'_> {
             (counter::USED_SPACE, counters.used_space),
             (counter::TOTAL_INODES, counters.used_inodes),
             (counter::NEXT_TRASH, counters.next_trash),
+            (counter::ACL_MAX_ID, self.acls.len() as i64),
         ] {
             self.pipe
                 .cmd("SET")

@@ -18,6 +18,7 @@ use redis::{Cmd, Connection, ConnectionLike, Pipeline, RedisError, RedisResult, 
 use super::keys::{Keys, slice_field};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
+use crate::meta::acl::RuleCache;
 use crate::meta::quota::UsageDelta;
 use crate::meta::{Ino, Quotas, ReleasedSlice};
 
@@ -366,6 +367,21 @@ fn backoff(tries: u32) {
     std::thread::sleep(RECONNECT.delay(tries));
 }
 
+/// What every transaction of a volume works with: its key names, the
+/// settings its rules follow, and the client's shared state.
+#[derive(Clone, Copy)]
+pub(super) struct TxEnv<'a> {
+    pub(super) keys: &'a Keys,
+    /// Whether directory statistics are kept.
+    pub(super) dir_stats: bool,
+    /// Days deleted files stay in the trash (0 = no trash).
+    pub(super) trash_days: u32,
+    /// The limits changes are checked against.
+    pub(super) quotas: &'a Quotas,
+    /// The ACL rules this client has read or made.
+    pub(super) acls: &'a RuleCache,
+}
+
 /// One transaction attempt on one connection.
 pub(super) struct Tx<'c> {
     conn: &'c mut Conn,
@@ -403,6 +419,8 @@ pub(super) struct Tx<'c> {
     pub(super) trash_days: u32,
     /// The limits changes are checked against.
     pub(super) quotas: &'c Quotas,
+    /// The ACL rules this client has read or made.
+    pub(super) acls: &'c RuleCache,
     /// Whether growth below a quota directory is checked (a rename checks
     /// before its transaction, by JuiceFS's rule, and turns this off).
     pub(super) check_quota: bool,
@@ -811,13 +829,17 @@ impl Pool {
     /// that must not wait, as [`Pool::with_conn`] does.
     pub(super) fn transact<T>(
         &self,
-        keys: &Keys,
+        env: &TxEnv<'_>,
         writing: bool,
-        dir_stats: bool,
-        trash_days: u32,
-        quotas: &Quotas,
         mut f: impl FnMut(&mut Tx<'_>) -> TxResult<T>,
     ) -> Result<(T, PostCommit)> {
+        let TxEnv {
+            keys,
+            dir_stats,
+            trash_days,
+            quotas,
+            acls,
+        } = *env;
         sluice_api::wait::may_wait()?;
         let (mut conflicts, mut reconnects) = (0u32, 0u32);
         let started = std::time::Instant::now();
@@ -848,6 +870,7 @@ impl Pool {
                             dir_stats,
                             trash_days,
                             quotas,
+                            acls,
                             check_quota: true,
                             usage: UsageDelta::default(),
                         };

@@ -58,7 +58,7 @@ fn check_writable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino) -> TxResult<Attr> {
     if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
         return Err(Error::Perm.into());
     }
-    rules::check_access(ctx, &a, MASK_W)?;
+    node::check(tx, ctx, &a, MASK_W)?;
     Ok(a)
 }
 

@@ -375,7 +375,7 @@ pub(super) fn truncate(
             return Err(Error::Perm.into());
         }
         if via == TruncateVia::Path {
-            rules::check_access(ctx, &a, MASK_W)?;
+            node::check(tx, ctx, &a, MASK_W)?;
         }
         if length == a.length {
             return Ok(a);
@@ -475,7 +475,7 @@ pub(super) fn fallocate(
             if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
                 return Err(Error::Perm.into());
             }
-            rules::check_access(ctx, &a, MASK_W)?;
+            node::check(tx, ctx, &a, MASK_W)?;
             if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
                 return Err(Error::Perm.into());
             }

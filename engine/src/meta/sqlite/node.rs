@@ -5,16 +5,19 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{Inner, TxError, TxResult, counter};
 use crate::error::{Error, Result};
-use crate::meta::rules::align4k;
-use crate::meta::rules::apply_setattr;
+use std::sync::Arc;
+
+use crate::meta::acl::{self, Rule};
+use crate::meta::rules::{self, align4k, apply_setattr};
 use crate::meta::{Attr, Context, FileType, Ino, SetAttr, Timestamp};
 
 /// The columns [`from_row`] reads, in order.
 pub(super) const COLUMNS: &str = "inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
-     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent";
+     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, default_acl_id";
 
 const SELECT_NODE: &str = "SELECT inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
-     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent FROM jfs_node WHERE inode=?";
+     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, default_acl_id \
+     FROM jfs_node WHERE inode=?";
 
 /// JuiceFS stores a time as microseconds plus the nanoseconds left over.
 pub(super) fn split_time(t: Timestamp) -> (i64, i64) {
@@ -59,6 +62,8 @@ pub(super) fn from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(Ino, Attr)> 
         length: r.get::<_, i64>(at + 13)? as u64,
         rdev: r.get::<_, Option<i64>>(at + 14)?.unwrap_or(0) as u32,
         parent: r.get::<_, Option<i64>>(at + 15)?.unwrap_or(0) as u64,
+        access_acl: r.get::<_, Option<i64>>(at + 16)?.unwrap_or(0) as u32,
+        default_acl: r.get::<_, Option<i64>>(at + 17)?.unwrap_or(0) as u32,
     };
     Ok((ino as u64, attr))
 }
@@ -84,7 +89,7 @@ pub(super) fn insert(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
     c.prepare_cached(
         "INSERT INTO jfs_node (inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
          atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, \
-         default_acl_id, tier_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,0,0)",
+         default_acl_id, tier_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
     )?
     .execute(params![
         ino as i64,
@@ -102,7 +107,9 @@ pub(super) fn insert(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
         a.nlink,
         a.length as i64,
         a.rdev,
-        a.parent as i64
+        a.parent as i64,
+        a.access_acl,
+        a.default_acl
     ])?;
     Ok(())
 }
@@ -115,8 +122,8 @@ pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
     let n = c
         .prepare_cached(
             "UPDATE jfs_node SET flags=?, mode=?, uid=?, gid=?, atime=?, mtime=?, ctime=?, \
-             atimensec=?, mtimensec=?, ctimensec=?, nlink=?, length=?, rdev=?, parent=? \
-             WHERE inode=?",
+             atimensec=?, mtimensec=?, ctimensec=?, nlink=?, length=?, rdev=?, parent=?, \
+             access_acl_id=?, default_acl_id=? WHERE inode=?",
         )?
         .execute(params![
             a.flags,
@@ -133,6 +140,8 @@ pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
             a.length as i64,
             a.rdev,
             a.parent as i64,
+            a.access_acl,
+            a.default_acl,
             ino as i64
         ])?;
     if n == 0 {
@@ -284,16 +293,99 @@ pub(super) fn parents(c: &Connection, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// setattr with Linux's rules ([`apply_setattr`]).
+/// setattr with Linux's rules ([`apply_setattr`]); a chmod of a node
+/// with an access ACL changes the ACL's entries with it.
 pub(super) fn setattr(inner: &Inner, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
     inner.write(|tx| {
         let cur = must_get(tx, ino)?;
-        match apply_setattr(ctx, &cur, set)? {
-            Some(a) => {
+        let acl = access_rule(tx, &cur)?;
+        match apply_setattr(ctx, &cur, acl.as_deref(), set)? {
+            Some(mut a) => {
+                if let Some(rule) = acl.filter(|_| a.mode != cur.mode) {
+                    a.access_acl = store_rule(tx, &rules::chmod_acl(&rule, a.mode))?;
+                }
                 update(tx, ino, &a)?;
                 Ok(a)
             }
             None => Ok(cur),
         }
     })
+}
+
+/// The access ACL of a node, when it has one.
+pub(super) fn access_rule(c: &Connection, a: &Attr) -> TxResult<Option<Arc<Rule>>> {
+    if a.access_acl == 0 {
+        return Ok(None);
+    }
+    rule(c, a.access_acl).map(Some)
+}
+
+/// [`rules::check_access`] of a node, its access ACL read where it has one.
+pub(super) fn check(c: &Connection, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
+    let acl = access_rule(c, a)?;
+    Ok(rules::check_access(ctx, a, acl.as_deref(), mask)?)
+}
+
+/// The ACL rule stored under `id` (a `jfs_acl` row).
+pub(super) fn rule(c: &Connection, id: u32) -> TxResult<Arc<Rule>> {
+    let row = c
+        .prepare_cached(
+            "SELECT owner, `group`, mask, other, named_users, named_groups FROM jfs_acl \
+             WHERE id=?",
+        )?
+        .query_row(params![id], |r| {
+            Ok((
+                r.get::<_, Option<i64>>(0)?.unwrap_or(0xFFFF) as u16,
+                r.get::<_, Option<i64>>(1)?.unwrap_or(0xFFFF) as u16,
+                r.get::<_, Option<i64>>(2)?.unwrap_or(0xFFFF) as u16,
+                r.get::<_, Option<i64>>(3)?.unwrap_or(0xFFFF) as u16,
+                r.get::<_, Option<Vec<u8>>>(4)?.unwrap_or_default(),
+                r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default(),
+            ))
+        })
+        .optional()?;
+    let Some((owner, group, mask, other, users, groups)) = row else {
+        return Err(Error::Corrupt(format!("ACL {id} is named by a node but not stored")).into());
+    };
+    let what = format!("ACL {id}");
+    Ok(Arc::new(Rule {
+        owner,
+        group,
+        mask,
+        other,
+        named_users: acl::decode_named(&users, &what)?,
+        named_groups: acl::decode_named(&groups, &what)?,
+    }))
+}
+
+/// The id of a rule with `rule`'s content, stored now if none is (JuiceFS
+/// shares one id among identical rules); 0 for a rule that is no ACL.
+pub(super) fn store_rule(c: &Connection, rule: &Rule) -> TxResult<u32> {
+    if rule.is_empty() {
+        return Ok(0);
+    }
+    let users = acl::encode_named(&rule.named_users);
+    let groups = acl::encode_named(&rule.named_groups);
+    let found: Option<i64> = c
+        .prepare_cached(
+            "SELECT id FROM jfs_acl WHERE owner=? AND `group`=? AND mask=? AND other=? \
+             AND named_users=? AND named_groups=? LIMIT 1",
+        )?
+        .query_row(
+            params![rule.owner, rule.group, rule.mask, rule.other, users, groups],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(id) = found {
+        return Ok(id as u32);
+    }
+    c.prepare_cached(
+        "INSERT INTO jfs_acl (owner, `group`, mask, other, named_users, named_groups) \
+         VALUES (?,?,?,?,?,?)",
+    )?
+    .execute(params![
+        rule.owner, rule.group, rule.mask, rule.other, users, groups
+    ])?;
+    u32::try_from(c.last_insert_rowid())
+        .map_err(|_| Error::Corrupt("the jfs_acl ids ran past 2^32".into()).into())
 }

@@ -133,6 +133,10 @@ impl Restore for SqliteRestore<'_> {
         )
     }
 
+    fn acl(&mut self, rule: &crate::meta::acl::Rule) -> Result<u32> {
+        node::store_rule(&self.conn, rule).map_err(tx_error)
+    }
+
     fn xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
         // JuiceFS's column is TEXT; names are stored as their bytes.
         let name = String::from_utf8_lossy(name);

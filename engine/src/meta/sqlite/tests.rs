@@ -37,7 +37,7 @@ conformance_tests!(
     format_and_load,
     refuse_different_volume,
     refuse_encrypted,
-    refuse_acl_volume,
+    posix_acls,
     create_lookup_getattr,
     names_are_checked,
     mkdir_rmdir_nlink,

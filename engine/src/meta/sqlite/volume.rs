@@ -48,6 +48,9 @@ pub(crate) fn merge(old: &Format, new: &Format) -> Result<Format> {
     merged.inodes = new.inodes;
     merged.trash_days = new.trash_days;
     merged.dir_stats = new.dir_stats || old.dir_stats;
+    // ACLs, once on, stay on: nodes name their rules (JuiceFS refuses to
+    // turn them off too).
+    merged.enable_acl = new.enable_acl || old.enable_acl;
     for (k, v) in &new.extra {
         merged.extra.insert(k.clone(), v.clone());
     }

@@ -69,7 +69,7 @@ fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<Attr> {
     if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
         return Err(Error::Perm.into());
     }
-    rules::check_access(ctx, &a, MASK_W)?;
+    node::check(c, ctx, &a, MASK_W)?;
     Ok(a)
 }
 
