@@ -60,6 +60,7 @@ impl HostDaemon {
         let child = Command::new(SLUICE)
             .args(["host", meta_url, "--control"])
             .arg(control)
+            .args(["--metrics", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
@@ -305,6 +306,60 @@ fn two_vms_on_one_host_daemon_fetch_each_block_once_and_survive_its_restart() {
     assert!(
         text.contains("host") && text.contains("vm vm1-") && text.contains("vm vm2-"),
         "{text}"
+    );
+    // Its metrics say the same: the sluice_host_* families, each VM's by
+    // its `vm` label; and each server's where its blocks came from.
+    let metrics = common::scrape(&common::metrics_addr(&|| host.log_text()));
+    for family in [
+        "# TYPE sluice_host_fetches_total counter",
+        "# TYPE sluice_host_fetched_bytes_total counter",
+        "# TYPE sluice_host_memory_bytes gauge",
+        "# TYPE sluice_host_vms gauge",
+        "# TYPE sluice_host_vm_requests_total counter",
+        "# TYPE sluice_host_vm_hits_total counter",
+        "# TYPE sluice_host_vm_outstanding gauge",
+    ] {
+        assert!(metrics.contains(family), "{family}:\n{metrics}");
+    }
+    let sample = |text: &str, name: &str, with: &[&str]| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter(|l| with.iter().all(|w| l.contains(w)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        sample(&metrics, "sluice_host_fetches_total", &[]),
+        (BLOCKS + TENANT_BLOCKS) as f64,
+        "{metrics}"
+    );
+    for vm in ["vm=\"vm1-", "vm=\"vm2-"] {
+        assert!(
+            sample(&metrics, "sluice_host_vm_requests_total", &[vm]) > 0.0,
+            "{vm}:\n{metrics}"
+        );
+        for kind in ["kind=\"memory\"", "kind=\"file\""] {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("sluice_host_vm_hits_total{")
+                        && l.contains(vm)
+                        && l.contains(kind)),
+                "{vm} {kind}:\n{metrics}"
+            );
+        }
+    }
+    let server = common::scrape(&common::metrics_addr(&|| serves[0].log_text()));
+    assert_eq!(
+        sample(&server, "sluice_host_attached", &[]),
+        1.0,
+        "{server}"
+    );
+    assert!(
+        server.contains("# TYPE sluice_host_blocks_total counter")
+            && server.contains("from=\"mapped\"")
+            && server.contains("from=\"standalone\""),
+        "{server}"
     );
     // The host daemon goes (an upgrade): the guests read on, served
     // standalone by their servers...

@@ -690,7 +690,9 @@ fn capabilities_and_descriptor() {
     fs::write(
         &env,
         format!(
-            "# as the systemd units' env files\nMETA_URL={}\nSOCKET=/unused\nSLUICE_ARGS=--no-metrics\n",
+            "# as the systemd units' env files (systemd's EnvironmentFile= format)\n\
+             META_URL='{}'\nSOCKET=/unused\nSLUICE_ARGS=\"--no-metrics --queues 2\"\n\
+             META_PASSWORD=\nRUST_LOG=info\n",
             vol.meta_url
         ),
     )

@@ -105,9 +105,29 @@ fn format_run_again_keeps_every_setting_it_is_not_given() {
     let before = settings(&vol.meta_url);
     let out = sluice_ok(&["format", &vol.meta_url, "keepvol"]);
     assert!(out.contains("every setting kept"), "{out}");
+    // Sizes with their unit, the exact count beside them; 0 is no limit.
+    assert!(
+        out.contains("capacity 5.00 GiB (5368709120 bytes), inodes unlimited"),
+        "{out}"
+    );
     assert_eq!(settings(&vol.meta_url), before);
     let out = sluice_ok(&["format", &vol.meta_url, "keepvol", "--trash-days", "7"]);
     assert!(out.contains("trash days 2 → 7"), "{out}");
+    let out = sluice_ok(&["format", &vol.meta_url, "keepvol", "--capacity", "0"]);
+    assert!(
+        out.contains("capacity 5.00 GiB (5368709120 bytes) → unlimited"),
+        "{out}"
+    );
+    let out = sluice_ok(&["format", &vol.meta_url, "keepvol", "--capacity", "5G"]);
+    assert!(out.contains("unlimited → 5.00 GiB"), "{out}");
+    // ACLs turned on: the summary names them after the sizes with their
+    // units, and the change says so.
+    let out = sluice_ok(&["format", &vol.meta_url, "keepvol", "--enable-acl"]);
+    assert!(out.contains("POSIX ACLs false → true"), "{out}");
+    assert!(
+        out.contains("capacity 5.00 GiB (5368709120 bytes), inodes unlimited, POSIX ACLs"),
+        "{out}"
+    );
     let after = settings(&vol.meta_url);
     assert_eq!(
         (

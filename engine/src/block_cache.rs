@@ -93,6 +93,8 @@ pub struct BlockCacheStats {
     pub evicted_bytes: u64,
     /// Bytes held now.
     pub used_bytes: u64,
+    /// Blocks held now.
+    pub blocks: u64,
     /// Spare whole-block buffers kept for reuse now.
     pub spare_buffers: u64,
 }
@@ -259,6 +261,7 @@ impl BlockCache {
             evictions: get(&c.evictions),
             evicted_bytes: get(&c.evicted_bytes),
             used_bytes: self.used() as u64,
+            blocks: self.shards.iter().map(|s| s.lock().map.len() as u64).sum(),
             spare_buffers: self.spare_buffers() as u64,
         }
     }

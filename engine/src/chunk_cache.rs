@@ -157,7 +157,8 @@ impl ChunkCache {
         };
         // A metadata round trip waits.
         sluice_api::wait::may_wait()?;
-        let slices = meta.read_chunk(ino, indx)?;
+        let slices =
+            crate::metrics::meta_op(crate::metrics::MetaOp::Read, || meta.read_chunk(ino, indx))?;
         let pieces = Arc::new(visible(&slices));
         #[cfg(test)]
         if let Some(hook) = &*self.after_resolve.lock() {

@@ -338,6 +338,9 @@ impl Shared {
             let started = Instant::now();
             let recorded = self.vol.meta.write_chunks(&commits);
             crate::metrics::COMMITS.recorded(started);
+            // JuiceFS's `Write` records one slice; a group's one
+            // transaction records them all, and counts once.
+            crate::metrics::META_OPS.record(crate::metrics::MetaOp::Write, started);
             for (j, r) in ready.iter().zip(recorded) {
                 results[*j] = Some(r);
             }

@@ -81,16 +81,18 @@ pub fn compact_chunk(
         new.push(hole(de, last.end()));
     }
     let changed = commit(vol, reader, ino, indx, &old, &new);
-    if !matches!(changed, Ok(true)) {
-        // Not committed (or unknown): the new objects are orphans. On an
-        // error leave them for gc; on a clean "changed meanwhile" drop them.
-        if matches!(changed, Ok(false)) {
+    match changed {
+        Ok(true) => crate::metrics::COMPACTED.observe(de - ds),
+        // Not committed: the new objects are orphans. On a clean "changed
+        // meanwhile" drop them; on an error (unknown) leave them for gc.
+        Ok(false) => {
             for key in slice_keys(vol.name(), slice.id, slice.size, vol.block_size) {
                 if let Err(e) = vol.store.delete(&key) {
                     log::warn!("cannot delete unused compaction object {key}: {e}");
                 }
             }
         }
+        Err(_) => {}
     }
     changed
 }

@@ -38,6 +38,9 @@ pub fn slice_releaser(
 /// What a gc sweep found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct GcReport {
+    /// Objects listed under the volume's `chunks/` (what the sweep looks
+    /// at; known once the listing is done).
+    pub listed: usize,
     /// Block objects looked at.
     pub scanned: usize,
     /// Objects some slice references.
@@ -54,7 +57,14 @@ pub struct GcReport {
 /// Sweeps the volume's block objects and deletes those no slice references
 /// and that are older than `min_age` (slices still being written have
 /// objects but no reference yet). With `dry_run`, deletes nothing.
-pub fn collect_garbage(vol: &Volume, min_age: Duration, dry_run: bool) -> Result<GcReport> {
+/// `progress` is told the report so far: once the objects are listed, then
+/// after every [`GC_PROGRESS_EVERY`] objects looked at and at the end.
+pub fn collect_garbage(
+    vol: &Volume,
+    min_age: Duration,
+    dry_run: bool,
+    progress: &mut dyn FnMut(&GcReport),
+) -> Result<GcReport> {
     // List objects before reading the chunks: a slice committed in between
     // then counts as referenced, and one committed later is protected by age.
     let objects = vol.store.list(&chunks_prefix(vol.name()))?;
@@ -65,8 +75,15 @@ pub fn collect_garbage(vol: &Volume, min_age: Duration, dry_run: bool) -> Result
         }
     }
     let now = SystemTime::now();
-    let mut report = GcReport::default();
-    for obj in objects {
+    let mut report = GcReport {
+        listed: objects.len(),
+        ..GcReport::default()
+    };
+    progress(&report);
+    for (i, obj) in objects.into_iter().enumerate() {
+        if i > 0 && i % GC_PROGRESS_EVERY == 0 {
+            progress(&report);
+        }
         let Some((id, indx, bsize)) = parse_block_key(&obj.key) else {
             continue;
         };
@@ -90,5 +107,9 @@ pub fn collect_garbage(vol: &Volume, min_age: Duration, dry_run: bool) -> Result
         report.orphan_bytes += obj.size;
         report.orphans.push(obj.key);
     }
+    progress(&report);
     Ok(report)
 }
+
+/// How many objects `collect_garbage` looks at between two progress reports.
+pub const GC_PROGRESS_EVERY: usize = 256;

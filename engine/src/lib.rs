@@ -6,6 +6,7 @@ pub mod format;
 pub mod meta;
 
 pub use error::{Error, Limit, Result};
+pub mod backoff;
 pub mod block_cache;
 pub mod block_key;
 pub mod block_source;

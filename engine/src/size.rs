@@ -213,6 +213,16 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// A byte count that may have to be compared exactly (a mismatch to
+/// repair): `1.50 MiB (1572864 bytes)`, or `512 B` when that is exact.
+pub fn format_size_exact(bytes: u64) -> String {
+    if bytes < 1024 {
+        format_size(bytes)
+    } else {
+        format!("{} ({bytes} bytes)", format_size(bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,5 +303,7 @@ mod tests {
         assert_eq!(format_size(16 << 20), "16.00 MiB");
         assert_eq!(format_size(u64::MAX), "16.00 EiB");
         assert_eq!(format_size(1 << 40), "1.00 TiB");
+        assert_eq!(format_size_exact(1000), "1000 B");
+        assert_eq!(format_size_exact(3 << 19), "1.50 MiB (1572864 bytes)");
     }
 }

@@ -26,6 +26,7 @@ use crate::meta::{
     Attr, CHUNK_SIZE, Context, CopyRange, DirCursor, Entry, FileType, Ino, ROOT_INO, RenameFlags,
     SetAttr, StatFs, TruncateVia, XattrMode,
 };
+use crate::metrics::{MetaOp, meta_op};
 use crate::object::ObjectStore;
 use crate::object::disk_cache::{CachedStore, DiskCache, DiskCacheConfig, DiskCacheCounters};
 use crate::readahead::{Readahead, ReadaheadConfig};
@@ -253,6 +254,25 @@ impl Drop for Listing {
     }
 }
 
+/// Live gauges of a [`Vfs`] (shared counters: they outlive a borrow of it).
+#[derive(Debug, Clone)]
+pub struct VfsGauges {
+    open_handles: Arc<AtomicU64>,
+    buffered: Arc<AtomicUsize>,
+}
+
+impl VfsGauges {
+    /// Open file and directory handles (JuiceFS's `fuse_open_handlers`).
+    pub fn open_handles(&self) -> u64 {
+        self.open_handles.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the write buffers hold (JuiceFS's `used_buffer_size_bytes`).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.buffered.load(Ordering::Relaxed) as u64
+    }
+}
+
 /// The background thread that runs the metadata engine's cleanup.
 #[derive(Debug)]
 struct Janitor {
@@ -269,6 +289,8 @@ pub struct Vfs {
     cfg: VfsConfig,
     handles: Mutex<HashMap<Fh, Arc<Handle>>>,
     next_fh: AtomicU64,
+    /// How many `handles` there are, for [`VfsGauges`].
+    open_handles: Arc<AtomicU64>,
     /// Directory entries the snapshots of open directory handles hold.
     listed: Arc<AtomicU64>,
     /// Files open here, or closed with a commit the group has not run yet
@@ -407,6 +429,7 @@ impl Vfs {
             committer,
             forgotten: Arc::new(AtomicU64::new(0)),
             buffered: Arc::new(AtomicUsize::new(0)),
+            open_handles: Arc::new(AtomicU64::new(0)),
             uploader,
             janitor: Mutex::new(janitor),
             disk_cache,
@@ -435,6 +458,15 @@ impl Vfs {
     /// metrics endpoint that outlives this session's borrow.
     pub fn disk_cache_counters(&self) -> Option<Arc<crate::object::disk_cache::DiskCacheStats>> {
         self.disk_cache.as_ref().map(|c| c.stats().clone())
+    }
+
+    /// Gauges of this file system that a metrics endpoint reads while it
+    /// serves.
+    pub fn gauges(&self) -> VfsGauges {
+        VfsGauges {
+            open_handles: self.open_handles.clone(),
+            buffered: self.buffered.clone(),
+        }
     }
 
     /// The volume served.
@@ -469,7 +501,9 @@ impl Vfs {
         if !fits {
             return Err(Error::BadHandle);
         }
-        handles.remove(&fh).ok_or(Error::BadHandle)
+        let h = handles.remove(&fh).ok_or(Error::BadHandle)?;
+        self.open_handles.fetch_sub(1, Ordering::Relaxed);
+        Ok(h)
     }
 
     fn file_handle(&self, ino: Ino, fh: Fh) -> Result<(Arc<OpenFile>, bool)> {
@@ -553,6 +587,7 @@ impl Vfs {
     fn add_handle(&self, h: Handle) -> Fh {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, Arc::new(h));
+        self.open_handles.fetch_add(1, Ordering::Relaxed);
         fh
     }
 
@@ -733,7 +768,8 @@ impl Vfs {
         {
             self.with_buffered(ino, attr)
         } else {
-            self.with_buffered(ino, self.vol.meta.getattr(ino)?)
+            let attr = meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino))?;
+            self.with_buffered(ino, attr)
         };
         self.without_trash_links(ino, attr)
     }
@@ -816,7 +852,7 @@ impl Vfs {
             kill_suidgid: true,
             ..SetAttr::default()
         };
-        let a = self.vol.meta.setattr(ctx, ino, &kill)?;
+        let a = meta_op(MetaOp::SetAttr, || self.vol.meta.setattr(ctx, ino, &kill))?;
         file.setid.store(has_setid(&a), Ordering::Release);
         Ok(())
     }
@@ -827,11 +863,11 @@ impl Vfs {
             return Ok(());
         };
         let epoch = self.forgotten.load(Ordering::Acquire);
-        let page = match self
-            .vol
-            .meta
-            .readdir_page(ctx, ino, listing.plus, &cursor, READDIR_PAGE)
-        {
+        let page = match meta_op(MetaOp::Readdir, || {
+            self.vol
+                .meta
+                .readdir_page(ctx, ino, listing.plus, &cursor, READDIR_PAGE)
+        }) {
             Ok(page) => page,
             Err(e) => {
                 // The same page is read again by the next call.
@@ -1149,7 +1185,8 @@ impl Filesystem for Vfs {
             }
             _ => {
                 let epoch = self.forgotten.load(Ordering::Acquire);
-                let (ino, attr) = self.vol.meta.lookup(ctx, parent, name)?;
+                let (ino, attr) =
+                    meta_op(MetaOp::Lookup, || self.vol.meta.lookup(ctx, parent, name))?;
                 Ok(Entry {
                     inode: ino,
                     name: name.to_vec(),
@@ -1167,7 +1204,7 @@ impl Filesystem for Vfs {
     /// with no links (as a removed open file does: the engine keeps those).
     fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
         let epoch = self.forgotten.load(Ordering::Acquire);
-        match self.vol.meta.getattr(ino) {
+        match meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino)) {
             Ok(attr) => self.adjusted(ino, attr, epoch),
             Err(Error::NotFound) => self.removed_open_dir(ino).ok_or(Error::NotFound),
             Err(e) => Err(e),
@@ -1199,7 +1236,9 @@ impl Filesystem for Vfs {
             };
             // Writes made before the truncate must land before it.
             self.flush_ino(ino)?;
-            let a = self.vol.meta.truncate(ctx, ino, size, via)?;
+            let a = meta_op(MetaOp::Truncate, || {
+                self.vol.meta.truncate(ctx, ino, size, via)
+            })?;
             self.reader.invalidate_inode(ino);
             if let Some(f) = self.open_state(ino) {
                 f.length.store(a.length, Ordering::Release);
@@ -1218,7 +1257,7 @@ impl Filesystem for Vfs {
             self.flush_ino(ino)?;
         }
         if set != SetAttr::default() {
-            let a = self.vol.meta.setattr(ctx, ino, &set)?;
+            let a = meta_op(MetaOp::SetAttr, || self.vol.meta.setattr(ctx, ino, &set))?;
             if let Some(f) = self.open_state(ino) {
                 f.setid.store(has_setid(&a), Ordering::Release);
             }
@@ -1232,7 +1271,7 @@ impl Filesystem for Vfs {
 
     /// The target of a symlink.
     fn readlink(&self, _ctx: &Context, ino: Ino) -> Result<Vec<u8>> {
-        self.vol.meta.readlink(ino)
+        meta_op(MetaOp::ReadLink, || self.vol.meta.readlink(ino))
     }
 
     /// Creates a node; `mode` carries the `S_IF*` type bits.
@@ -1249,16 +1288,16 @@ impl Filesystem for Vfs {
             .ok_or_else(|| Error::Invalid(format!("mknod with unknown file type {mode:o}")))?;
         let perm = (mode & 0o7777) as u16;
         let umask = (umask & 0o7777) as u16;
-        let (ino, attr) = match typ {
-            FileType::Directory => self.vol.meta.mkdir(ctx, parent, name, perm, umask)?,
-            FileType::Symlink => {
-                return Err(Error::Invalid("mknod cannot make a symlink".into()));
-            }
+        if typ == FileType::Symlink {
+            return Err(Error::Invalid("mknod cannot make a symlink".into()));
+        }
+        let (ino, attr) = meta_op(MetaOp::Mknod, || match typ {
+            FileType::Directory => self.vol.meta.mkdir(ctx, parent, name, perm, umask),
             _ => self
                 .vol
                 .meta
-                .mknod(ctx, parent, name, typ, perm, umask, rdev)?,
-        };
+                .mknod(ctx, parent, name, typ, perm, umask, rdev),
+        })?;
         Ok(self.entry(ino, name, attr))
     }
 
@@ -1271,29 +1310,33 @@ impl Filesystem for Vfs {
         mode: u32,
         umask: u32,
     ) -> Result<Entry> {
-        let (ino, attr) = self.vol.meta.mkdir(
-            ctx,
-            parent,
-            name,
-            (mode & 0o7777) as u16,
-            (umask & 0o7777) as u16,
-        )?;
+        let (ino, attr) = meta_op(MetaOp::Mknod, || {
+            self.vol.meta.mkdir(
+                ctx,
+                parent,
+                name,
+                (mode & 0o7777) as u16,
+                (umask & 0o7777) as u16,
+            )
+        })?;
         Ok(self.entry(ino, name, attr))
     }
 
     /// Removes a non-directory entry.
     fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        self.vol.meta.unlink(ctx, parent, name)
+        meta_op(MetaOp::Unlink, || self.vol.meta.unlink(ctx, parent, name))
     }
 
     /// Removes an empty directory.
     fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        self.vol.meta.rmdir(ctx, parent, name)
+        meta_op(MetaOp::Rmdir, || self.vol.meta.rmdir(ctx, parent, name))
     }
 
     /// Creates a symbolic link.
     fn symlink(&self, ctx: &Context, parent: Ino, name: &[u8], target: &[u8]) -> Result<Entry> {
-        let (ino, attr) = self.vol.meta.symlink(ctx, parent, name, target)?;
+        let (ino, attr) = meta_op(MetaOp::Mknod, || {
+            self.vol.meta.symlink(ctx, parent, name, target)
+        })?;
         Ok(self.entry(ino, name, attr))
     }
 
@@ -1311,16 +1354,20 @@ impl Filesystem for Vfs {
         if flags.exchange {
             self.commit_before_rename(ctx, new_parent, new_name)?;
         }
-        self.vol
-            .meta
-            .rename(ctx, parent, name, new_parent, new_name, flags)
-            .map(|_| ())
+        meta_op(MetaOp::Rename, || {
+            self.vol
+                .meta
+                .rename(ctx, parent, name, new_parent, new_name, flags)
+        })
+        .map(|_| ())
     }
 
     /// Adds a hard link.
     fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
         let epoch = self.forgotten.load(Ordering::Acquire);
-        let attr = self.vol.meta.link(ctx, ino, new_parent, new_name)?;
+        let attr = meta_op(MetaOp::Link, || {
+            self.vol.meta.link(ctx, ino, new_parent, new_name)
+        })?;
         Ok(Entry {
             inode: ino,
             name: new_name.to_vec(),
@@ -1349,13 +1396,15 @@ impl Filesystem for Vfs {
         umask: u32,
         flags: u32,
     ) -> Result<(Entry, OpenOut)> {
-        let (ino, attr) = self.vol.meta.create(
-            ctx,
-            parent,
-            name,
-            (mode & 0o7777) as u16,
-            (umask & 0o7777) as u16,
-        )?;
+        let (ino, attr) = meta_op(MetaOp::Mknod, || {
+            self.vol.meta.create(
+                ctx,
+                parent,
+                name,
+                (mode & 0o7777) as u16,
+                (umask & 0o7777) as u16,
+            )
+        })?;
         let out = self.open_out(ino, flags, attr.clone());
         Ok((self.entry(ino, name, attr), out))
     }
@@ -1465,7 +1514,7 @@ impl Filesystem for Vfs {
 
     /// Opens a directory.
     fn opendir(&self, _ctx: &Context, ino: Ino) -> Result<Fh> {
-        let attr = self.vol.meta.getattr(ino)?;
+        let attr = meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino))?;
         if attr.typ != FileType::Directory {
             return Err(Error::NotDir);
         }
@@ -1584,7 +1633,7 @@ impl Filesystem for Vfs {
 
     /// Space and inode usage.
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs> {
-        self.vol.meta.statfs(ctx, ino)
+        meta_op(MetaOp::StatFs, || self.vol.meta.statfs(ctx, ino))
     }
 
     /// Sets an extended attribute; a POSIX ACL's name sets the ACL (see
@@ -1602,9 +1651,14 @@ impl Filesystem for Vfs {
                 return Err(acls_not_supported());
             }
             let rule = acl::Rule::from_xattr(value)?;
-            return self.vol.meta.set_facl(ctx, ino, typ, &rule);
+            // Counted as the attribute request it is (JuiceFS: SetFacl).
+            return meta_op(MetaOp::SetXattr, || {
+                self.vol.meta.set_facl(ctx, ino, typ, &rule)
+            });
         }
-        self.vol.meta.setxattr(ctx, ino, name, value, mode)
+        meta_op(MetaOp::SetXattr, || {
+            self.vol.meta.setxattr(ctx, ino, name, value, mode)
+        })
     }
 
     /// Reads an extended attribute. A POSIX ACL the node does not have (or
@@ -1616,17 +1670,17 @@ impl Filesystem for Vfs {
             if !self.vol.format.enable_acl {
                 return Err(Error::NoXattr);
             }
-            return match self.vol.meta.get_facl(ino, typ)? {
+            return match meta_op(MetaOp::GetXattr, || self.vol.meta.get_facl(ino, typ))? {
                 Some(rule) => Ok(rule.to_xattr()),
                 None => Err(Error::NoXattr),
             };
         }
-        self.vol.meta.getxattr(ino, name)
+        meta_op(MetaOp::GetXattr, || self.vol.meta.getxattr(ino, name))
     }
 
     /// Lists extended attribute names, with the POSIX ACLs the node has.
     fn listxattr(&self, _ctx: &Context, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let mut names = self.vol.meta.listxattr(ino)?;
+        let mut names = meta_op(MetaOp::ListXattr, || self.vol.meta.listxattr(ino))?;
         names.retain(|n| !is_posix_acl(n));
         if self.vol.format.enable_acl {
             let a = self.vol.meta.getattr(ino)?;
@@ -1646,9 +1700,13 @@ impl Filesystem for Vfs {
             if !self.vol.format.enable_acl {
                 return Err(acls_not_supported());
             }
-            return self.vol.meta.set_facl(ctx, ino, typ, &acl::Rule::empty());
+            return meta_op(MetaOp::RemoveXattr, || {
+                self.vol.meta.set_facl(ctx, ino, typ, &acl::Rule::empty())
+            });
         }
-        self.vol.meta.removexattr(ctx, ino, name)
+        meta_op(MetaOp::RemoveXattr, || {
+            self.vol.meta.removexattr(ctx, ino, name)
+        })
     }
 
     /// Checks access permissions.
@@ -1675,7 +1733,9 @@ impl Filesystem for Vfs {
         // with HANDLE_KILLPRIV_V2 the kernel leaves it to the file system.
         self.drop_setid(ctx, ino, &file)?;
         self.flush_file(ino, &file)?;
-        let attr = self.vol.meta.fallocate(ctx, ino, mode, offset, len)?;
+        let attr = meta_op(MetaOp::Fallocate, || {
+            self.vol.meta.fallocate(ctx, ino, mode, offset, len)
+        })?;
         self.reader.invalidate_inode(ino);
         file.length.store(attr.length, Ordering::Release);
         Ok(())
@@ -1704,7 +1764,7 @@ impl Filesystem for Vfs {
         // The copy shows every write made before it, to either file.
         self.flush_ino(req.fin)?;
         self.flush_ino(req.fout)?;
-        let (copied, attr) = self.vol.meta.copy_file_range(req)?;
+        let (copied, attr) = meta_op(MetaOp::CopyFileRange, || self.vol.meta.copy_file_range(req))?;
         self.reader.invalidate_inode(req.fout);
         dst.length.store(attr.length, Ordering::Release);
         Ok(copied)

@@ -54,7 +54,7 @@ pub mod waiters;
 pub use dev::{DevError, Mount, MountOptions, unmount};
 pub use dispatch::{Config, DataCache, Dispatcher, Outcome, ReadReply, ReplySink, Scratch};
 pub use export::Export;
-pub use metrics::{OpMetrics, OpSnapshot};
+pub use metrics::{OpMetrics, OpSnapshot, method_name};
 pub use reply::{ReplyHead, Timeouts};
 pub use request::{BadRequest, DecodeError, Limits, Operation, Request, WriteData};
 pub use session::{BackgroundSession, Session, Waiting};

@@ -1,6 +1,7 @@
 //! Per-operation counters of a FUSE session, whichever transport carries it
 //! (the host's `/dev/fuse` or a virtio-fs queue): requests and their
-//! latency by opcode, the errno of every error reply, READ and WRITE sizes.
+//! latency by operation (named as JuiceFS names them: [`method_name`]), the
+//! errno of every error reply, READ and WRITE sizes.
 //! The dispatcher updates them in [`crate::Dispatcher::handle_message`];
 //! a metrics endpoint reads [`OpMetrics::snapshot`] when it is scraped.
 
@@ -10,19 +11,78 @@ use std::time::Instant;
 
 use sluice_metrics::{Histogram, HistogramSnapshot, Sharded, add, get};
 
+use crate::abi::opcode;
 use crate::dispatch::{ReadReply, ReplySink};
 use crate::reply::ReplyHead;
-use crate::request::opcode_name;
 
-/// Opcodes below this are counted one by one; the rest as `UNKNOWN`.
+/// Opcodes below this are counted one by one; the rest as `unknown`.
 const OPCODES: usize = 64;
 /// Errnos below this are counted one by one; the rest as this.
 const ERRNOS: usize = 134;
 
-/// The latency buckets JuiceFS gives `fuse_ops_durations_histogram_seconds`
-/// (100 µs × 1.5^k, 30 of them), in nanoseconds.
+/// The latency buckets JuiceFS 1.4 gives
+/// `fuse_ops_durations_histogram_seconds` (10 µs × 1.8^k, 29 of them), in
+/// nanoseconds.
 pub fn op_latency_bounds() -> Vec<u64> {
-    sluice_metrics::exponential_bounds(100_000.0, 1.5, 30)
+    sluice_metrics::exponential_bounds(10_000.0, 1.8, 29)
+}
+
+/// The `method` label of an opcode's requests: the name JuiceFS's access
+/// log and its `fuse_ops_*` metrics give the operation (`lookup`, `read`,
+/// …), so that JuiceFS dashboards and alerts find them. Where one JuiceFS
+/// operation has several opcodes they share its name (RENAME2 is `rename`,
+/// READDIRPLUS `readdir`, SETLKW `setlk`); an opcode JuiceFS does not log
+/// (INIT, FORGET, …) is its FUSE name in lower case.
+pub fn method_name(op: u32) -> &'static str {
+    match op {
+        opcode::LOOKUP => "lookup",
+        opcode::FORGET => "forget",
+        opcode::GETATTR => "getattr",
+        opcode::SETATTR => "setattr",
+        opcode::READLINK => "readlink",
+        opcode::SYMLINK => "symlink",
+        opcode::MKNOD => "mknod",
+        opcode::MKDIR => "mkdir",
+        opcode::UNLINK => "unlink",
+        opcode::RMDIR => "rmdir",
+        opcode::RENAME | opcode::RENAME2 => "rename",
+        opcode::LINK => "link",
+        opcode::OPEN => "open",
+        opcode::READ => "read",
+        opcode::WRITE => "write",
+        opcode::STATFS => "statfs",
+        opcode::RELEASE => "release",
+        opcode::FSYNC => "fsync",
+        opcode::SETXATTR => "setxattr",
+        opcode::GETXATTR => "getxattr",
+        opcode::LISTXATTR => "listxattr",
+        opcode::REMOVEXATTR => "removexattr",
+        opcode::FLUSH => "flush",
+        opcode::INIT => "init",
+        opcode::OPENDIR => "opendir",
+        opcode::READDIR | opcode::READDIRPLUS => "readdir",
+        opcode::RELEASEDIR => "releasedir",
+        opcode::FSYNCDIR => "fsyncdir",
+        opcode::GETLK => "getlk",
+        opcode::SETLK | opcode::SETLKW => "setlk",
+        opcode::ACCESS => "access",
+        opcode::CREATE => "create",
+        opcode::INTERRUPT => "interrupt",
+        opcode::BMAP => "bmap",
+        opcode::DESTROY => "destroy",
+        opcode::IOCTL => "ioctl",
+        opcode::POLL => "poll",
+        opcode::NOTIFY_REPLY => "notify_reply",
+        opcode::BATCH_FORGET => "batch_forget",
+        opcode::FALLOCATE => "fallocate",
+        opcode::LSEEK => "lseek",
+        opcode::COPY_FILE_RANGE => "copy_file_range",
+        opcode::SETUPMAPPING => "setupmapping",
+        opcode::REMOVEMAPPING => "removemapping",
+        opcode::SYNCFS => "syncfs",
+        opcode::TMPFILE => "tmpfile",
+        _ => "unknown",
+    }
 }
 
 /// The size buckets JuiceFS gives `fuse_read_size_bytes` and
@@ -65,7 +125,8 @@ pub struct OpMetrics {
 /// [`OpMetrics`] summed at one moment.
 #[derive(Debug, Clone, Default)]
 pub struct OpSnapshot {
-    /// (opcode name, requests, nanoseconds spent) for each opcode seen.
+    /// (method name, requests, nanoseconds spent) for each method seen
+    /// ([`method_name`]; opcodes of one method summed), sorted by name.
     pub ops: Vec<(&'static str, u64, u64)>,
     /// Latency of every request, in nanoseconds.
     pub latency: HistogramSnapshot,
@@ -128,10 +189,14 @@ impl OpMetrics {
             shard.read_size.add_to(&mut s.read_size);
             shard.written_size.add_to(&mut s.written_size);
         }
-        s.ops = (0..OPCODES)
-            .filter(|&i| count[i] > 0)
-            .map(|i| (opcode_name(i as u32), count[i], nanos[i]))
-            .collect();
+        let mut by_method: std::collections::BTreeMap<&'static str, (u64, u64)> =
+            Default::default();
+        for i in (0..OPCODES).filter(|&i| count[i] > 0) {
+            let m = by_method.entry(method_name(i as u32)).or_default();
+            m.0 += count[i];
+            m.1 += nanos[i];
+        }
+        s.ops = by_method.into_iter().map(|(m, (n, t))| (m, n, t)).collect();
         s.errors = (1..ERRNOS)
             .filter(|&e| errors[e] > 0)
             .map(|e| (e as i32, errors[e]))
@@ -167,19 +232,23 @@ mod tests {
     fn requests_errors_and_sizes_add_up() {
         let m = OpMetrics::default();
         let t = Instant::now();
-        m.record(crate::abi::opcode::LOOKUP, t, 0);
-        m.record(crate::abi::opcode::LOOKUP, t, libc::ENOENT);
-        m.record(crate::abi::opcode::READ, t, 0);
+        m.record(opcode::LOOKUP, t, 0);
+        m.record(opcode::LOOKUP, t, libc::ENOENT);
+        m.record(opcode::READ, t, 0);
+        m.record(opcode::READDIR, t, 0);
+        m.record(opcode::READDIRPLUS, t, 0);
         m.record(9999, t, 100_000);
         m.read(8192);
         m.written(100);
         let s = m.snapshot();
-        assert_eq!(s.requests(), 4);
-        let lookups = s.ops.iter().find(|o| o.0 == "LOOKUP").expect("lookups");
-        assert_eq!(lookups.1, 2);
-        assert!(s.ops.iter().any(|o| o.0 == "UNKNOWN" && o.1 == 1));
+        assert_eq!(s.requests(), 6);
+        let names: Vec<_> = s.ops.iter().map(|o| (o.0, o.1)).collect();
+        assert_eq!(
+            names,
+            [("lookup", 2), ("read", 1), ("readdir", 2), ("unknown", 1)]
+        );
         assert_eq!(s.errors, vec![(libc::ENOENT, 1), (ERRNOS as i32 - 1, 1)]);
-        assert_eq!(s.latency.count(), 4);
+        assert_eq!(s.latency.count(), 6);
         assert_eq!(s.read_size.count(), 1);
         assert_eq!(s.read_size.sum, 8192);
         assert_eq!(s.written_size.sum, 100);

@@ -3,8 +3,11 @@
 //! daemon's own. One request per connection, as a JSON line; the daemon
 //! answers with JSON lines: the size of the job, progress now and then, and
 //! the final counts (or an error). `sluice stats` asks it for the
-//! daemon's metrics the same way, and `sluice umount --flush` asks a mount
-//! to upload what `--writeback` staged.
+//! daemon's totals the same way (a [`Snapshot`], JSON like the rest), and
+//! `sluice umount --flush` asks a mount to upload what `--writeback`
+//! staged. A host daemon (`sluice host`) has one too, beside its
+//! `--control` socket, for `sluice stats`: its [`Snapshot`] carries the
+//! host's fetches and each VM.
 //!
 //! The socket is created mode 0600 and root's (the daemon binds it as root;
 //! `sluice serve` before it switches to its service user): warming or
@@ -21,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use sluice_engine::reader::Reader;
 use sluice_engine::warmup::{CacheOp, Progress, collect, run};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Snapshot};
 
 /// A request to the daemon.
 #[derive(Debug, Serialize, Deserialize)]
@@ -34,12 +37,13 @@ pub struct Request {
     pub threads: usize,
 }
 
-/// Asks for the daemon's metrics (`sluice stats`): `{"metrics": true}`.
+/// Asks for the daemon's totals (`sluice stats`): `{"stats": true}`; the
+/// daemon answers with one [`Reply::Stats`] line.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MetricsRequest {
+pub struct StatsRequest {
     /// Always true.
-    pub metrics: bool,
+    pub stats: bool,
 }
 
 /// Asks the daemon to upload every block `--writeback` staged, now (the
@@ -73,11 +77,8 @@ pub enum Reply {
     Progress(Progress),
     /// The final counts.
     Done(Progress),
-    /// The daemon's metrics, in the Prometheus text format.
-    Metrics {
-        /// The exposition text.
-        text: String,
-    },
+    /// The daemon's totals now.
+    Stats(Snapshot),
     /// The staged blocks not uploaded yet (a flush's progress and end).
     Uploads {
         /// Blocks staged and not uploaded.
@@ -273,9 +274,9 @@ fn handle(conn: UnixStream, slot: &ReaderSlot, metrics: Option<&Metrics>) -> any
         text.push('\n');
         out.lock().write_all(text.as_bytes())
     };
-    if let Ok(MetricsRequest { metrics: true }) = serde_json::from_str(&line) {
+    if let Ok(StatsRequest { stats: true }) = serde_json::from_str(&line) {
         return match metrics {
-            Some(m) => send(&Reply::Metrics { text: m.render() }),
+            Some(m) => send(&Reply::Stats(m.snapshot())),
             None => send(&Reply::Error {
                 message: "this daemon keeps no metrics".into(),
             }),

@@ -217,7 +217,7 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         format.trash_days,
         match (format.capacity, format.inodes) {
             (0, 0) => String::new(),
-            (c, i) => format!(", capacity {c} bytes, inodes {i} (0 = unlimited)"),
+            (c, i) => format!(", capacity {}, inodes {}", capacity(c), inodes(i)),
         },
         if format.enable_acl {
             ", POSIX ACLs"
@@ -237,6 +237,24 @@ pub fn run(mut args: FormatArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A volume's capacity for people (0: no limit).
+fn capacity(bytes: u64) -> String {
+    if bytes == 0 {
+        "unlimited".into()
+    } else {
+        sluice_engine::size::format_size_exact(bytes)
+    }
+}
+
+/// A volume's inode limit for people (0: no limit).
+fn inodes(n: u64) -> String {
+    if n == 0 {
+        "unlimited".into()
+    } else {
+        n.to_string()
+    }
 }
 
 /// The settings `format` run again may change that differ, as
@@ -263,14 +281,10 @@ fn changes(before: &Format, after: &Format) -> Vec<String> {
     );
     note(
         "capacity",
-        before.capacity.to_string(),
-        after.capacity.to_string(),
+        capacity(before.capacity),
+        capacity(after.capacity),
     );
-    note(
-        "inodes",
-        before.inodes.to_string(),
-        after.inodes.to_string(),
-    );
+    note("inodes", inodes(before.inodes), inodes(after.inodes));
     let key = |f: &Format| {
         f.extra
             .get("AccessKey")

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use sluice_engine::fsck::{BlockDamage, FsckOptions, FsckReport, fsck};
 use sluice_engine::meta::{DirStat, MetaUrl};
+use sluice_engine::size::{format_size, format_size_exact};
 use sluice_engine::volume::open_volume_url;
 
 /// Arguments of `sluice fsck`.
@@ -41,8 +42,38 @@ pub struct FsckArgs {
 fn stat(s: &DirStat) -> String {
     format!(
         "length {} space {} inodes {}",
-        s.data_length, s.used_space, s.used_inodes
+        signed_size(s.data_length),
+        signed_size(s.used_space),
+        s.used_inodes
     )
+}
+
+/// A stored byte count, which a damaged record may have made negative.
+fn signed_size(bytes: i64) -> String {
+    match u64::try_from(bytes) {
+        Ok(b) => format_size_exact(b),
+        Err(_) => format!("{bytes} bytes"),
+    }
+}
+
+/// The progress line while the check runs: what was walked and found, and
+/// (unless `fast`) how much of it was read back.
+fn progress_line(r: &FsckReport, fast: bool) -> String {
+    let mut line = format!(
+        "{} nodes, {} files, {} blocks ({})",
+        r.nodes,
+        r.files,
+        r.blocks,
+        format_size(r.block_bytes)
+    );
+    if !fast {
+        line.push_str(&format!(
+            "; read back {} blocks ({})",
+            r.read_blocks,
+            format_size(r.read_bytes)
+        ));
+    }
+    line
 }
 
 /// Prints what the run found, one line per problem.
@@ -82,8 +113,10 @@ fn print_report(r: &FsckReport, repair: bool) {
     if let Some(m) = &r.usage {
         let (s, i) = m.stored.unwrap_or_default();
         println!(
-            "usage counters {done}: usedSpace {s} totalInodes {i}; the tree holds {} bytes in {} inodes",
-            m.actual.0, m.actual.1
+            "usage counters {done}: usedSpace {} totalInodes {i}; the tree holds {} in {} inodes",
+            signed_size(s),
+            signed_size(m.actual.0),
+            m.actual.1
         );
     }
     for m in &r.dir_stats {
@@ -105,13 +138,18 @@ fn print_report(r: &FsckReport, repair: bool) {
         );
     }
     println!(
-        "checked {} nodes, {} files, {} slices, {} blocks ({} bytes)",
-        r.nodes, r.files, r.slices, r.blocks, r.block_bytes
+        "checked {} nodes, {} files, {} slices, {} blocks ({})",
+        r.nodes,
+        r.files,
+        r.slices,
+        r.blocks,
+        format_size(r.block_bytes)
     );
     if r.unreferenced > 0 {
         println!(
-            "{} objects ({} bytes) are referenced by no chunk; `sluice gc --delete` removes them",
-            r.unreferenced, r.unreferenced_bytes
+            "{} objects ({}) are referenced by no chunk; `sluice gc --delete` removes them",
+            r.unreferenced,
+            format_size(r.unreferenced_bytes)
         );
     }
     if !r.broken_files.is_empty() {
@@ -141,13 +179,18 @@ pub fn run(args: FsckArgs) -> anyhow::Result<()> {
     };
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new_spinner();
-        b.set_message("nodes checked");
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]") {
+            b.set_style(style);
+        }
+        b.enable_steady_tick(Duration::from_millis(200));
         b
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let report = fsck(&volume, &opts, &mut |r| bar.set_position(r.nodes))
-        .with_context(|| format!("cannot check {}", args.meta_url))?;
+    let report = fsck(&volume, &opts, &mut |r| {
+        bar.set_message(progress_line(r, args.fast))
+    })
+    .with_context(|| format!("cannot check {}", args.meta_url))?;
     bar.finish_and_clear();
     print_report(&report, args.repair);
     if report.unrepaired() {
@@ -168,4 +211,32 @@ pub fn run(args: FsckArgs) -> anyhow::Result<()> {
         println!("no problems found");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_and_sizes_carry_units() {
+        let r = FsckReport {
+            nodes: 7,
+            files: 3,
+            blocks: 5,
+            block_bytes: 9 << 20,
+            read_blocks: 2,
+            read_bytes: 3 << 19,
+            ..FsckReport::default()
+        };
+        assert_eq!(
+            progress_line(&r, false),
+            "7 nodes, 3 files, 5 blocks (9.00 MiB); read back 2 blocks (1.50 MiB)"
+        );
+        assert_eq!(
+            progress_line(&r, true),
+            "7 nodes, 3 files, 5 blocks (9.00 MiB)"
+        );
+        assert_eq!(signed_size(-5), "-5 bytes");
+        assert_eq!(signed_size(4096), "4.00 KiB (4096 bytes)");
+    }
 }

@@ -1,10 +1,12 @@
 //! `sluice gc META_URL [--delete]`: objects no slice references.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use sluice_engine::gc::collect_garbage;
+use sluice_engine::gc::{GcReport, collect_garbage};
 use sluice_engine::meta::MetaUrl;
+use sluice_engine::size::format_size;
 use sluice_engine::volume::open_volume_url;
 
 /// Arguments of `sluice gc`.
@@ -24,14 +26,43 @@ pub struct GcArgs {
 pub fn run(args: GcArgs) -> anyhow::Result<()> {
     let volume = open_volume_url(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
-    let report = collect_garbage(&volume, Duration::from_secs(args.min_age), !args.delete)?;
+    let bar = if std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_message("listing the objects");
+        b.enable_steady_tick(Duration::from_millis(200));
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut styled = false;
+    let report = collect_garbage(
+        &volume,
+        Duration::from_secs(args.min_age),
+        !args.delete,
+        &mut |r| {
+            // Listed: now the length of the sweep is known.
+            if !styled {
+                bar.set_length(r.listed as u64);
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} objects, {msg} [{elapsed}]",
+                ) {
+                    bar.set_style(style);
+                }
+                styled = true;
+            }
+            bar.set_position(r.scanned as u64);
+            bar.set_message(progress_message(r));
+        },
+    )
+    .with_context(|| format!("cannot sweep the objects of {}", args.meta_url))?;
+    bar.finish_and_clear();
     println!(
-        "scanned {} objects: {} referenced, {} unreferenced but recent (spared), {} leaked ({} bytes){}",
+        "scanned {} objects: {} referenced, {} unreferenced but recent (spared), {} leaked ({}){}",
         report.scanned,
         report.referenced,
         report.too_recent,
         report.orphans.len(),
-        report.orphan_bytes,
+        format_size(report.orphan_bytes),
         if args.delete {
             ", deleted"
         } else {
@@ -42,4 +73,30 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         println!("  {key}");
     }
     Ok(())
+}
+
+/// What the progress bar says beside the count of objects looked at.
+fn progress_message(r: &GcReport) -> String {
+    format!(
+        "{} leaked ({})",
+        r.orphans.len(),
+        format_size(r.orphan_bytes)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_names_the_leaked_bytes_with_a_unit() {
+        let r = GcReport {
+            listed: 10,
+            scanned: 4,
+            orphans: vec!["a".into(), "b".into()],
+            orphan_bytes: 5 << 20,
+            ..GcReport::default()
+        };
+        assert_eq!(progress_message(&r), "2 leaked (5.00 MiB)");
+    }
 }

@@ -153,6 +153,7 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
             queues: None,
             session: Default::default(),
             cache_node: None,
+            subdir: String::new(),
             started: std::time::Instant::now(),
             host: Some(host.clone()),
             host_client: None,

@@ -8,6 +8,7 @@ use anyhow::{Context as _, bail};
 use sluice_engine::info::file_chunks;
 use sluice_engine::meta::{Context, FileType, MetaUrl, ROOT_INO};
 use sluice_engine::redact::redact_url;
+use sluice_engine::size::format_size_exact;
 use sluice_engine::volume::open_volume_url;
 
 use super::mount::sluice_mount_of;
@@ -57,10 +58,10 @@ fn volume_info(meta_url: &MetaUrl) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(&settings)?);
     let stat = volume.meta.statfs(&Context::internal(), ROOT_INO)?;
     println!(
-        "used: {} bytes in {} inodes; available: {} bytes, {} inodes",
-        stat.total_space.saturating_sub(stat.avail_space),
+        "used: {} in {} inodes; available: {}, {} inodes",
+        format_size_exact(stat.total_space.saturating_sub(stat.avail_space)),
         stat.used_inodes,
-        stat.avail_space,
+        format_size_exact(stat.avail_space),
         stat.avail_inodes
     );
     Ok(())
@@ -81,7 +82,7 @@ fn file_info(meta_url: &MetaUrl, mountpoint: &Path, path: &Path, ino: u64) -> an
         "  type: {:?}, mode {:o}, nlink {}",
         attr.typ, attr.mode, attr.nlink
     );
-    println!("  length: {}", attr.length);
+    println!("  length: {}", format_size_exact(attr.length));
     if attr.typ != FileType::File {
         return Ok(());
     }

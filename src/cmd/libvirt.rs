@@ -39,6 +39,7 @@
 //! has the domain XML, the Kata configuration and the Cloud Hypervisor
 //! command line.
 
+mod env_file;
 mod options;
 mod shared_dir;
 mod syslog;
@@ -148,41 +149,65 @@ pub fn is_virtiofsd_command_line(args: &[String]) -> bool {
 pub struct SourceConfig {
     /// `META_URL=`: the metadata engine URL.
     pub meta_url: String,
-    /// `SLUICE_ARGS=`: further `sluice serve` flags, split on spaces.
+    /// `SLUICE_ARGS=`: further `sluice serve` flags, split on blanks (as
+    /// systemd splits `$SLUICE_ARGS` in the units' command line).
     pub serve_args: Vec<String>,
+    /// The variables the file sets for the daemon's environment, as
+    /// systemd's `EnvironmentFile=` sets them for the units
+    /// ([`DAEMON_ENVIRONMENT`]).
+    pub environment: Vec<(String, String)>,
 }
 
-/// Reads `VAR=value` lines (`#` comments, blank lines). `SOCKET=` and
-/// `MOUNTPOINT=` (the systemd units' settings, so one file can serve both)
-/// are skipped: libvirt gives the socket. Other names are an error, so
-/// that a typo does not serve the wrong thing.
+/// The environment variables the daemon reads that a settings file may
+/// set (besides `AWS_*`, the S3 client's): the metadata passwords kept out
+/// of the URL, the log filter, the I/O backend, TLS roots.
+pub const DAEMON_ENVIRONMENT: [&str; 8] = [
+    "META_PASSWORD",
+    "REDIS_PASSWORD",
+    "SENTINEL_PASSWORD",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "SLUICE_IO_BACKEND",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+
+/// Reads a settings file, in the format of systemd's `EnvironmentFile=`
+/// ([`env_file`]), as the systemd units read the same file. `SOCKET=`,
+/// `MOUNTPOINT=` and `CONTROL=` (the units' settings, so one file can serve
+/// them all) are skipped: libvirt gives the socket. The daemon's environment variables
+/// ([`DAEMON_ENVIRONMENT`], `AWS_*`) are kept for it. Other names are an
+/// error, so that a typo does not serve the wrong thing.
 pub fn parse_config(text: &str) -> anyhow::Result<SourceConfig> {
     let mut meta_url = None;
     let mut serve_args = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            bail!("line {}: expected VAR=value", n + 1);
-        };
-        match key.trim() {
-            "META_URL" => meta_url = Some(value.trim().to_owned()),
+    let mut environment = Vec::new();
+    for (name, value) in env_file::parse(text)? {
+        match name.as_str() {
+            "META_URL" => meta_url = Some(value),
             "SLUICE_ARGS" => serve_args = value.split_whitespace().map(str::to_owned).collect(),
-            "SOCKET" | "MOUNTPOINT" => {}
+            "SOCKET" | "MOUNTPOINT" | "CONTROL" => {}
+            n if DAEMON_ENVIRONMENT.contains(&n) || n.starts_with("AWS_") => {
+                environment.push((name, value))
+            }
             other => bail!(
-                "line {}: unknown setting {other} (META_URL, SLUICE_ARGS)",
-                n + 1
+                "unknown setting {other}: the settings are META_URL and SLUICE_ARGS \
+                 (SOCKET, MOUNTPOINT and CONTROL are the systemd units'), and the daemon's \
+                 environment: {}, AWS_*",
+                DAEMON_ENVIRONMENT.join(", ")
             ),
         }
     }
     let meta_url = meta_url
-        .filter(|u| !u.is_empty())
+        .filter(|u| !u.trim().is_empty())
         .context("no META_URL= line")?;
+    if meta_url.split_whitespace().count() != 1 {
+        bail!("META_URL={meta_url:?}: a URL is one word");
+    }
     Ok(SourceConfig {
         meta_url,
         serve_args,
+        environment,
     })
 }
 
@@ -349,7 +374,6 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         print!("{CAPABILITIES}");
         return Ok(());
     }
-    init_logging(inv.log_level, inv.syslog);
     // Where the VMM connects, checked before anything is opened.
     let socket = match (inv.fd, &inv.socket_path) {
         (Some(fd), None) => {
@@ -370,7 +394,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .shared_dir
         .as_deref()
         .context("no --shared-dir=DIR (or -o source=DIR): the directory to share")?;
+    // Before logging is set up: the volume's settings file may set
+    // RUST_LOG (and the rest of the daemon's environment), as systemd's
+    // EnvironmentFile= does for the units.
     let source = shared_dir::find(shared, &shared_dir::volumes_dir())?;
+    init_logging(inv.log_level, inv.syslog);
     for (opt, why) in &inv.ignored {
         log::info!("virtiofsd option {opt} has no effect on sluice: {why}");
     }
@@ -496,8 +524,42 @@ mod tests {
         .unwrap();
         assert_eq!(c.meta_url, "sqlite3:///v.db");
         assert_eq!(c.serve_args, ["--queues", "2", "--read-only"]);
+        assert!(c.environment.is_empty());
         assert!(parse_config("SOKET=/x\nMETA_URL=a").is_err());
         assert!(parse_config("SLUICE_ARGS=").is_err());
+        assert!(parse_config("META_URL=a b").is_err());
+    }
+
+    /// What the systemd units' files hold reads the same here: quotes,
+    /// empty values, the daemon's own variables.
+    #[test]
+    fn config_reads_the_systemd_units_files() {
+        let c = parse_config(
+            "META_URL='redis://r:6379/1'\nRUST_LOG=\nMETA_PASSWORD=\"s e#c\\\"ret\"\n\
+             SLUICE_ARGS=\"--queues 2\" \\\n  --read-only\nAWS_REGION=eu-1\n",
+        )
+        .unwrap();
+        assert_eq!(c.meta_url, "redis://r:6379/1");
+        assert_eq!(c.serve_args, ["--queues", "2", "--read-only"]);
+        assert_eq!(
+            c.environment,
+            [
+                ("RUST_LOG".into(), String::new()),
+                ("META_PASSWORD".into(), "s e#c\"ret".into()),
+                ("AWS_REGION".into(), "eu-1".into()),
+            ] as [(String, String); 3]
+        );
+        // The packaged example is such a file.
+        let example = include_str!("../../packaging/systemd/example.env");
+        assert_eq!(
+            parse_config(example).unwrap().meta_url,
+            "sqlite3:///var/lib/sluice/vol.db"
+        );
+        let err = parse_config("META_URL=a\nMETA_PASWORD=x").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown setting META_PASWORD"),
+            "{err}"
+        );
     }
 
     /// An inherited descriptor must be a listening Unix stream socket.

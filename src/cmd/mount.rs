@@ -177,6 +177,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     let view = crate::metrics::SessionView {
         reader: vfs.reader().clone(),
         disk: vfs.disk_cache_counters(),
+        gauges: vfs.gauges(),
     };
     let volume = vfs.volume().clone();
     let session = Session::new(vfs, mount, config)
@@ -192,6 +193,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             ops: session.dispatcher().metrics().clone(),
             queues: None,
             cache_node: None,
+            subdir: String::new(),
             session: std::sync::Arc::new(parking_lot::Mutex::new(Some(view))),
             started: Instant::now(),
             host: None,

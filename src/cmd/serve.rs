@@ -319,6 +319,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             queues: Some(queue_stats.clone()),
             session: view.clone(),
             cache_node,
+            subdir: args.export.clone().unwrap_or_default(),
             started: std::time::Instant::now(),
             host: None,
             host_client: block_source.clone(),
@@ -408,6 +409,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         *view.lock() = Some(crate::metrics::SessionView {
             reader: vfs.reader().clone(),
             disk: vfs.disk_cache_counters(),
+            gauges: vfs.gauges(),
         });
         let handler = Arc::new(FuseHandler::new(
             Dispatcher::new(

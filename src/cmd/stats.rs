@@ -1,9 +1,10 @@
 //! `sluice stats MOUNTPOINT|SOCKET`: a running daemon's activity, one line
 //! per interval, in the manner of `juicefs stats`. It asks the daemon's
-//! control socket for its metrics (so it works with `--no-metrics` too)
-//! and prints the rates between two samples.
+//! control socket for its totals (JSON: [`Snapshot`]; so it works with
+//! `--no-metrics` too) and prints the rates between two samples; for a
+//! host daemon (`sluice host`), its fetches and memory and each VM's
+//! requests and hits.
 
-use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::FileTypeExt as _;
 use std::os::unix::net::UnixStream;
@@ -12,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-use super::control::{MetricsRequest, Reply, socket_for_mount, socket_for_serve};
+use super::control::{Reply, StatsRequest, socket_for_mount, socket_for_serve};
+use crate::metrics::Snapshot;
 
 /// Arguments of `sluice stats`.
 #[derive(Debug, clap::Args)]
@@ -75,20 +77,17 @@ fn control_socket(target: &Path) -> anyhow::Result<PathBuf> {
     match super::mount::sluice_mount_of(&abs)? {
         Some((mp, _)) => Ok(socket_for_mount(&mp)),
         None => bail!(
-            "{} is neither in a sluice mount nor a `sluice serve` socket",
+            "{} is neither in a sluice mount nor a `sluice serve` or `sluice host` socket",
             target.display()
         ),
     }
 }
 
-/// Every series of a scrape: by name, (labels, value).
-type Series = HashMap<String, Vec<(Vec<(String, String)>, f64)>>;
-
-/// One scrape.
+/// The daemon's totals at one moment.
 #[derive(Debug)]
 struct Sample {
     at: Instant,
-    series: Series,
+    totals: Snapshot,
 }
 
 impl Sample {
@@ -99,125 +98,53 @@ impl Sample {
                 socket.display()
             )
         })?;
-        let mut req = serde_json::to_string(&MetricsRequest { metrics: true })?;
+        let mut req = serde_json::to_string(&StatsRequest { stats: true })?;
         req.push('\n');
         conn.write_all(req.as_bytes())?;
         let mut line = String::new();
         BufReader::new(&conn)
             .read_line(&mut line)
             .context("the daemon closed the control connection")?;
-        let reply: Reply = serde_json::from_str(&line)
-            .with_context(|| format!("unexpected answer from the daemon: {line}"))?;
+        let reply: Reply = serde_json::from_str(&line).with_context(|| {
+            format!(
+                "unexpected answer from the daemon (one of another sluice version?): {}",
+                line.trim_end()
+            )
+        })?;
         match reply {
-            Reply::Metrics { text } => Ok(Sample {
+            Reply::Stats(totals) => Ok(Sample {
                 at: Instant::now(),
-                series: parse(&text),
+                totals,
             }),
             Reply::Error { message } => bail!("{message}"),
-            _ => bail!("unexpected answer from the daemon: {line}"),
+            _ => bail!("unexpected answer from the daemon: {}", line.trim_end()),
         }
-    }
-
-    /// The sum of the series of `name` whose labels include `with`.
-    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
-        self.series.get(name).map_or(0.0, |all| {
-            all.iter()
-                .filter(|(labels, _)| {
-                    with.iter()
-                        .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
-                })
-                .map(|(_, v)| v)
-                .sum()
-        })
     }
 
     /// Whether the daemon is a host daemon (`sluice host`).
     fn is_host(&self) -> bool {
-        self.series.contains_key("sluice_host_fetches_total")
+        self.totals.host.is_some()
     }
 
     /// The VMs attached to a host daemon, by name.
     fn vms(&self) -> Vec<String> {
         let mut v: Vec<String> = self
-            .series
-            .get("sluice_host_vm_requests_total")
-            .into_iter()
-            .flatten()
-            .filter_map(|(labels, _)| labels.iter().find(|(k, _)| k == "vm"))
-            .map(|(_, v)| v.clone())
+            .totals
+            .host
+            .iter()
+            .flat_map(|h| h.vms.iter().map(|vm| vm.name.clone()))
             .collect();
         v.sort();
         v.dedup();
         v
     }
 
-    /// The request queues of a `serve` daemon (hiprio left out).
+    /// The request queues of a `serve` daemon (hiprio, queue 0, left out).
     fn queues(&self) -> Vec<String> {
-        let mut q: Vec<String> = self
-            .series
-            .get("sluice_virtiofs_requests_total")
-            .into_iter()
-            .flatten()
-            .filter_map(|(labels, _)| labels.iter().find(|(k, _)| k == "queue"))
-            .map(|(_, v)| v.clone())
-            .filter(|v| v != "0")
-            .collect();
-        q.sort_by_key(|v| v.parse::<u32>().unwrap_or(u32::MAX));
-        q.dedup();
-        q
+        (1..self.totals.queues.len())
+            .map(|q| q.to_string())
+            .collect()
     }
-}
-
-/// Parses the Prometheus text format: `name{k="v",...} value` lines.
-fn parse(text: &str) -> Series {
-    let mut out: HashMap<String, Vec<_>> = HashMap::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        let (head, value) = match line.rsplit_once(' ') {
-            Some(x) => x,
-            None => continue,
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = match head.split_once('{') {
-            Some((n, rest)) => (n, parse_labels(rest.trim_end_matches('}'))),
-            None => (head, Vec::new()),
-        };
-        out.entry(name.to_owned())
-            .or_default()
-            .push((labels, value));
-    }
-    out
-}
-
-fn parse_labels(s: &str) -> Vec<(String, String)> {
-    let mut labels = Vec::new();
-    let mut rest = s;
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let mut value = String::new();
-        let mut chars = after.char_indices();
-        let mut end = after.len();
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        value.push(if n == 'n' { '\n' } else { n });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        labels.push((key.trim_start_matches(',').trim().to_owned(), value));
-        rest = &after[end..];
-    }
-    labels
 }
 
 fn header(queues: &[String], host: bool, vms: &[String]) -> String {
@@ -226,7 +153,7 @@ fn header(queues: &[String], host: bool, vms: &[String]) -> String {
          -------------object-------------",
     );
     let mut bottom = String::from(
-        "  cpu      mem |   ops/s  lat(ms)  read/s write/s |  tx/s lat(ms)| hit%  hit MiB/s | \
+        "  cpu      mem |   ops/s  lat(ms) rdMiB/s wrMiB/s |  tx/s lat(ms)| hit%  hit MiB/s | \
          get/s  get MiB/s put/s  put MiB/s",
     );
     for q in queues {
@@ -247,134 +174,205 @@ fn header(queues: &[String], host: bool, vms: &[String]) -> String {
 
 fn line(a: &Sample, b: &Sample, queues: &[String], vms: &[String]) -> String {
     let dt = b.at.duration_since(a.at).as_secs_f64().max(1e-3);
-    let d = |name: &str, with: &[(&str, &str)]| (b.sum(name, with) - a.sum(name, with)).max(0.0);
-    let rate = |name: &str, with: &[(&str, &str)]| d(name, with) / dt;
+    let (a, b) = (&a.totals, &b.totals);
+    // A total's growth (a restarted daemon starts again at 0: no growth).
+    let d = |f: &dyn Fn(&Snapshot) -> f64| (f(b) - f(a)).max(0.0);
+    let rate = |f: &dyn Fn(&Snapshot) -> f64| d(f) / dt;
     let mib = |x: f64| x / (1u64 << 20) as f64;
-    let lat = |base: &str, with: &[(&str, &str)]| {
-        let n = d(&format!("{base}_count"), with);
-        if n > 0.0 {
-            d(&format!("{base}_sum"), with) / n * 1000.0
-        } else {
-            0.0
-        }
+    // Milliseconds per operation over the interval.
+    let lat = |n: &dyn Fn(&Snapshot) -> f64, secs: &dyn Fn(&Snapshot) -> f64| {
+        let n = d(n);
+        if n > 0.0 { d(secs) / n * 1000.0 } else { 0.0 }
     };
-    let cpu = rate("juicefs_cpu_usage", &[]) * 100.0;
-    let mem = mib(b.sum("juicefs_memory", &[]));
-    let fuse = "juicefs_fuse_ops_durations_histogram_seconds";
-    let tx = "juicefs_transaction_durations_histogram_seconds";
-    let obj = "juicefs_object_request_durations_histogram_seconds";
-    let hits = d("juicefs_blockcache_hits", &[]);
-    let miss = d("juicefs_blockcache_miss", &[]);
+    let cpu = rate(&|s| s.cpu_seconds) * 100.0;
+    let mem = mib(b.memory_bytes.unwrap_or_default() as f64);
+    let hits = d(&|s| s.blockcache_hits as f64);
+    let miss = d(&|s| s.blockcache_misses as f64);
     let hit_pct = if hits + miss > 0.0 {
         hits / (hits + miss) * 100.0
     } else {
         0.0
     };
-    let get = [("method", "GET")];
-    let put = [("method", "PUT")];
-    let mut s = format!(
+    let mut line = format!(
         "{cpu:4.0}% {mem:6.0}M | {:7.0} {:8.2} {:7.1} {:7.1} | {:5.0} {:7.2}| {hit_pct:4.0} {:10.1} | \
          {:5.0} {:10.1} {:5.0} {:10.1}",
-        rate(&format!("{fuse}_count"), &[]),
-        lat(fuse, &[]),
-        mib(rate("juicefs_fuse_read_size_bytes_sum", &[])),
-        mib(rate("juicefs_fuse_written_size_bytes_sum", &[])),
-        rate(&format!("{tx}_count"), &[]),
-        lat(tx, &[]),
-        mib(rate("juicefs_blockcache_hit_bytes", &[])),
-        rate(&format!("{obj}_count"), &get),
-        mib(rate("juicefs_object_request_data_bytes", &get)),
-        rate(&format!("{obj}_count"), &put),
-        mib(rate("juicefs_object_request_data_bytes", &put)),
+        rate(&|s| s.fuse_requests as f64),
+        lat(&|s| s.fuse_requests as f64, &|s| s.fuse_seconds),
+        mib(rate(&|s| s.fuse_read_bytes as f64)),
+        mib(rate(&|s| s.fuse_written_bytes as f64)),
+        rate(&|s| s.transactions as f64),
+        lat(&|s| s.transactions as f64, &|s| s.transaction_seconds),
+        mib(rate(&|s| s.blockcache_hit_bytes as f64)),
+        rate(&|s| s.object_gets as f64),
+        mib(rate(&|s| s.object_get_bytes as f64)),
+        rate(&|s| s.object_puts as f64),
+        mib(rate(&|s| s.object_put_bytes as f64)),
     );
     for q in queues {
-        let with = [("queue", q.as_str())];
-        s.push_str(&format!(
+        let i: usize = q.parse().unwrap_or(usize::MAX);
+        let queue = |s: &Snapshot| s.queues.get(i).cloned().unwrap_or_default();
+        line.push_str(&format!(
             " | {:7.0} {:10.1}",
-            rate("sluice_virtiofs_requests_total", &with),
-            mib(rate("sluice_virtiofs_reply_bytes_total", &with)),
+            rate(&|s| queue(s).requests as f64),
+            mib(rate(&|s| queue(s).reply_bytes as f64)),
         ));
     }
-    if b.is_host() {
-        s.push_str(&format!(
+    if let Some(host) = &b.host {
+        let fetched = |s: &Snapshot| s.host.as_ref().map_or(0, |h| h.fetches) as f64;
+        let bytes = |s: &Snapshot| s.host.as_ref().map_or(0, |h| h.fetched_bytes) as f64;
+        line.push_str(&format!(
             " | {:7.0} {:11.1} {:8.0}",
-            rate("sluice_host_fetches_total", &[]),
-            mib(rate("sluice_host_fetched_bytes_total", &[])),
-            mib(b.sum("sluice_host_memory_bytes", &[])),
+            rate(&fetched),
+            mib(rate(&bytes)),
+            mib(host.memory_bytes as f64),
         ));
     }
     for vm in vms {
-        let with = [("vm", vm.as_str())];
-        let asked = d("sluice_host_vm_requests_total", &with);
-        let hits = d("sluice_host_vm_hits_total", &with);
+        let of = |s: &Snapshot| {
+            s.host
+                .as_ref()
+                .and_then(|h| h.vms.iter().find(|v| v.name == *vm))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let asked = d(&|s| of(s).requests as f64);
+        let hits = d(&|s| of(s).hits as f64);
         let hit_pct = if asked > 0.0 {
             hits / asked * 100.0
         } else {
             0.0
         };
-        s.push_str(&format!(" | {:7.0} {hit_pct:5.0}", asked / dt));
+        line.push_str(&format!(" | {:7.0} {hit_pct:5.0}", asked / dt));
     }
-    s
+    line
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::{HostSnapshot, QueueSnapshot, VmSnapshot};
 
     #[test]
-    fn the_text_format_parses_into_series() {
-        let text = "# HELP x help\n# TYPE x counter\n\
-                    x_total{vol_name=\"v\",mp=\"/m\"} 3\n\
-                    y{method=\"GET\",vol_name=\"a \\\"b\\\"\"} 1.5\n\
-                    y{method=\"PUT\"} 2\nz 7\n";
-        let s = Sample {
-            at: Instant::now(),
-            series: parse(text),
+    fn the_daemons_totals_come_as_json() {
+        let totals = Snapshot {
+            cpu_seconds: 1.5,
+            memory_bytes: Some(64 << 20),
+            fuse_requests: 7,
+            queues: vec![
+                Default::default(),
+                QueueSnapshot {
+                    requests: 3,
+                    reply_bytes: 4096,
+                },
+            ],
+            ..Snapshot::default()
         };
-        assert_eq!(s.sum("x_total", &[]), 3.0);
-        assert_eq!(s.sum("y", &[("method", "GET")]), 1.5);
-        assert_eq!(s.sum("y", &[]), 3.5);
-        assert_eq!(s.sum("z", &[]), 7.0);
-        let y = &s.series["y"][0].0;
-        assert_eq!(y[1], ("vol_name".to_owned(), "a \"b\"".to_owned()));
+        let line = serde_json::to_string(&Reply::Stats(totals.clone())).unwrap();
+        assert!(line.starts_with("{\"kind\":\"stats\""), "{line}");
+        match serde_json::from_str::<Reply>(&line).unwrap() {
+            Reply::Stats(back) => assert_eq!(back, totals),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_column_names_its_unit() {
+        let h = header(&["1".to_owned()], false, &[]);
+        let (_, bottom) = h.split_once('\n').unwrap();
+        for column in [
+            "rdMiB/s",
+            "wrMiB/s",
+            "hit MiB/s",
+            "get MiB/s",
+            "put MiB/s",
+            "out MiB/s",
+        ] {
+            assert!(bottom.contains(column), "{column}: {h}");
+        }
+        assert!(
+            !bottom.contains(" read/s") && !bottom.contains(" write/s"),
+            "{h}"
+        );
     }
 
     #[test]
     fn rates_are_differences_over_time() {
         let t = Instant::now();
+        let queue = |requests, reply_bytes| QueueSnapshot {
+            requests,
+            reply_bytes,
+        };
         let a = Sample {
             at: t,
-            series: parse("sluice_virtiofs_requests_total{queue=\"1\"} 10\n"),
+            totals: Snapshot {
+                cpu_seconds: 1.0,
+                fuse_requests: 100,
+                fuse_seconds: 1.0,
+                fuse_read_bytes: 0,
+                blockcache_hits: 10,
+                blockcache_misses: 10,
+                queues: vec![queue(5, 0), queue(10, 0)],
+                ..Snapshot::default()
+            },
         };
         let b = Sample {
             at: t + Duration::from_secs(2),
-            series: parse("sluice_virtiofs_requests_total{queue=\"1\"} 30\n"),
+            totals: Snapshot {
+                cpu_seconds: 2.0,
+                fuse_requests: 300,
+                fuse_seconds: 1.4,
+                fuse_read_bytes: 8 << 20,
+                blockcache_hits: 40,
+                blockcache_misses: 20,
+                queues: vec![queue(9, 0), queue(30, 4 << 20)],
+                ..Snapshot::default()
+            },
         };
         assert_eq!(a.queues(), vec!["1".to_owned()]);
         let l = line(&a, &b, &a.queues(), &[]);
-        assert!(l.ends_with("|      10        0.0"), "{l}");
+        // 50 % CPU; 100 requests/s of 2 ms each; 4 MiB/s read; 75 % hits;
+        // queue 1: 10 requests/s, 2 MiB/s out.
+        assert!(
+            l.starts_with("  50%      0M |     100     2.00     4.0     0.0 |"),
+            "{l}"
+        );
+        assert!(l.contains("|   75 "), "{l}");
+        assert!(l.ends_with("|      10        2.0"), "{l}");
+        // A restarted daemon (totals back near 0) shows no negative rate.
+        let l = line(&b, &a, &a.queues(), &[]);
+        assert!(!l.contains('-'), "{l}");
     }
 
     #[test]
     fn a_host_daemon_shows_its_fetches_and_each_vm() {
         let t = Instant::now();
+        let vm = |requests, hits| VmSnapshot {
+            name: "vm1-7".to_owned(),
+            requests,
+            hits,
+        };
         let a = Sample {
             at: t,
-            series: parse(
-                "sluice_host_fetches_total 4\n\
-                 sluice_host_vm_requests_total{vm=\"vm1-7\"} 10\n\
-                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"memory\"} 5\n",
-            ),
+            totals: Snapshot {
+                host: Some(HostSnapshot {
+                    fetches: 4,
+                    vms: vec![vm(10, 5)],
+                    ..HostSnapshot::default()
+                }),
+                ..Snapshot::default()
+            },
         };
         let b = Sample {
             at: t + Duration::from_secs(2),
-            series: parse(
-                "sluice_host_fetches_total 8\n\
-                 sluice_host_memory_bytes 16777216\n\
-                 sluice_host_vm_requests_total{vm=\"vm1-7\"} 30\n\
-                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"memory\"} 20\n\
-                 sluice_host_vm_hits_total{vm=\"vm1-7\",kind=\"file\"} 5\n",
-            ),
+            totals: Snapshot {
+                host: Some(HostSnapshot {
+                    fetches: 8,
+                    memory_bytes: 16 << 20,
+                    vms: vec![vm(30, 25)],
+                    ..HostSnapshot::default()
+                }),
+                ..Snapshot::default()
+            },
         };
         assert!(b.is_host());
         assert_eq!(b.vms(), vec!["vm1-7".to_owned()]);
@@ -385,6 +383,22 @@ mod tests {
         assert!(
             l.ends_with("|       2         0.0       16 |      10   100"),
             "{l}"
+        );
+        // The host's part travels in the control socket's JSON; a mount's
+        // or a VM server's snapshot has none.
+        let json = serde_json::to_string(&Reply::Stats(b.totals.clone())).unwrap();
+        match serde_json::from_str::<Reply>(&json).unwrap() {
+            Reply::Stats(back) => assert_eq!(back, b.totals),
+            other => panic!("{other:?}"),
+        }
+        let plain = serde_json::to_string(&Snapshot::default()).unwrap();
+        assert!(!plain.contains("host"), "{plain}");
+        assert!(
+            !Sample {
+                at: t,
+                totals: serde_json::from_str(&plain).unwrap()
+            }
+            .is_host()
         );
     }
 }

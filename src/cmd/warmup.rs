@@ -141,7 +141,7 @@ pub fn run(args: WarmupArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             Reply::Error { message } => bail!("{message}"),
-            Reply::Metrics { .. } | Reply::Uploads { .. } => {
+            Reply::Stats(_) | Reply::Uploads { .. } => {
                 bail!("unexpected answer from the daemon: {line}")
             }
         }

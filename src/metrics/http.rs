@@ -91,7 +91,29 @@ fn answer(request: tiny_http::Request, metrics: &Metrics) {
     let reply = if *request.method() != Method::Get && *request.method() != Method::Head {
         Response::from_string("only GET\n").with_status_code(405)
     } else if path == "/metrics" {
-        let mut r = Response::from_string(metrics.render());
+        let text = metrics.render();
+        let gzip = request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Accept-Encoding"))
+            .is_some_and(|h| accepts_gzip(h.value.as_str()));
+        let mut r = if gzip {
+            match gzipped(text.as_bytes()) {
+                Ok(body) => {
+                    let mut r = Response::from_data(body);
+                    if let Ok(h) = Header::from_bytes("Content-Encoding", "gzip") {
+                        r.add_header(h);
+                    }
+                    r
+                }
+                Err(e) => {
+                    log::debug!("metrics: cannot compress a scrape: {e}");
+                    Response::from_data(text.into_bytes())
+                }
+            }
+        } else {
+            Response::from_data(text.into_bytes())
+        };
         if let Ok(h) = Header::from_bytes("Content-Type", CONTENT_TYPE) {
             r.add_header(h);
         }
@@ -102,6 +124,29 @@ fn answer(request: tiny_http::Request, metrics: &Metrics) {
     if let Err(e) = request.respond(reply) {
         log::debug!("metrics: cannot answer a scrape: {e}");
     }
+}
+
+/// Whether an `Accept-Encoding` value lets the reply be gzipped, as Go's
+/// Prometheus handler decides it (JuiceFS's endpoint): `gzip` named with
+/// a quality other than 0.
+fn accepts_gzip(value: &str) -> bool {
+    value.split(',').any(|part| {
+        let mut fields = part.split(';').map(str::trim);
+        let coding = fields.next().unwrap_or("");
+        let refused = fields.any(|f| {
+            f.strip_prefix("q=")
+                .and_then(|q| q.parse::<f64>().ok())
+                .is_some_and(|q| q <= 0.0)
+        });
+        coding.eq_ignore_ascii_case("gzip") && !refused
+    })
+}
+
+fn gzipped(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(data)?;
+    enc.finish()
 }
 
 /// A serving endpoint; stops when dropped.
@@ -121,5 +166,24 @@ impl std::fmt::Debug for Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         self.server.unblock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_when_the_scraper_accepts_it() {
+        assert!(accepts_gzip("gzip"));
+        assert!(accepts_gzip("deflate, GZIP;q=0.5"));
+        assert!(!accepts_gzip("identity"));
+        assert!(!accepts_gzip("gzip;q=0"));
+        assert!(!accepts_gzip(""));
+        let z = gzipped(b"juicefs_uptime 1\n").unwrap();
+        let mut back = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&z[..]), &mut back)
+            .unwrap();
+        assert_eq!(back, "juicefs_uptime 1\n");
     }
 }

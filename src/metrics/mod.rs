@@ -1,38 +1,38 @@
-//! The metrics of a running daemon (`sluice mount`, `sluice serve`): what
-//! the engine, the FUSE dispatcher and the virtio-fs queues count, read
-//! when a scrape comes in and written in the Prometheus text format (the
-//! `prometheus-client` crate's encoder). Nothing here runs on the data
-//! path: the data path only adds to atomic counters (`sluice-metrics`).
+//! The metrics of a running daemon (`sluice mount`, `sluice serve`,
+//! `sluice host`): what the engine, the FUSE dispatcher, the virtio-fs
+//! queues and the host daemon's block service count, read when a scrape
+//! comes in and written in the Prometheus text format as a JuiceFS mount
+//! writes it (`text`). Nothing here runs on the data path:
+//! the data path only adds to atomic counters (`sluice-metrics`).
 //!
 //! Names: where a metric means what a JuiceFS metric means, it carries
-//! JuiceFS's name and its `vol_name`/`mp` labels, so JuiceFS dashboards and
-//! alerts work unchanged. JuiceFS's counters are named without `_total`
-//! (Go's client allows that; OpenMetrics does not), so they are written
-//! as `untyped` with their exact JuiceFS names — a counter would be renamed
-//! `…_total` by the encoder and no JuiceFS query would find it. sluice's
-//! own metrics are under `sluice_`, typed, counters ending in `_total`.
+//! JuiceFS's name, type, labels, label values and unit, and every sample
+//! JuiceFS's `vol_name`, `mp`, `instance` (the host name) and
+//! `juicefs_version` labels, so JuiceFS dashboards and alerts work
+//! unchanged. sluice's own metrics are under `sluice_`, counters ending in
+//! `_total`. docs/deployment.md lists both, and what differs from JuiceFS.
 
 pub mod http;
+pub mod text;
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
 use sluice_engine::block_cache::BlockCacheStats;
 use sluice_engine::meta::{Context, ROOT_INO};
-use sluice_engine::object::disk_cache::DiskCacheStats;
+use sluice_engine::object::disk_cache::{DiskCacheCounters, DiskCacheStats};
 use sluice_engine::reader::Reader;
+use sluice_engine::vfs::VfsGauges;
 use sluice_engine::volume::Volume;
 use sluice_fuse::OpMetrics;
-use sluice_metrics::HistogramSnapshot;
+use sluice_host::server::ClientView;
 use sluice_vhost::{QueueStats, REJECT_ERRNOS};
+
+use text::{Exposition, Kind};
+
+pub use text::CONTENT_TYPE;
 
 /// What the current file-system session offers (a `serve` daemon starts a
 /// new one for each VM connection).
@@ -42,6 +42,8 @@ pub struct SessionView {
     pub reader: Arc<Reader>,
     /// The disk cache's counters, if there is one.
     pub disk: Option<Arc<DiskCacheStats>>,
+    /// Its open handles and write buffers.
+    pub gauges: VfsGauges,
 }
 
 /// The slot the daemon puts the current session's view in.
@@ -61,6 +63,9 @@ pub struct Sources {
     /// The NUMA node the memory cache's blocks are allocated on (`serve`
     /// with a placement plan: its prefetch threads run there), if known.
     pub cache_node: Option<String>,
+    /// The directory of the volume served (`""`: its root), as JuiceFS's
+    /// `subdir_info` names it.
+    pub subdir: String,
     /// When the daemon started.
     pub started: Instant,
     /// The block service of `sluice host`: its fetches, its memory table,
@@ -73,761 +78,998 @@ pub struct Sources {
 /// A daemon's metrics: renders them in the Prometheus text format.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    sources: Sources,
+    /// The labels of every sample.
+    labels: Vec<(String, String)>,
+}
+
+/// The `juicefs_version` label sluice gives its samples: which program
+/// and version served them (JuiceFS puts its own version there).
+pub fn version_label() -> String {
+    format!("sluice-{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// This host's name, as JuiceFS's `instance` label carries it (`None`
+/// when the kernel does not say).
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec())
+        .ok()
+        .filter(|h| !h.is_empty())
 }
 
 impl Metrics {
     /// Metrics of `sources`, labelled with the volume name and `mp` (the
-    /// mount point, or the vhost-user socket of `serve`), as JuiceFS labels
-    /// its own.
+    /// mount point, or the vhost-user socket of `serve`), the host name
+    /// and the version, as JuiceFS labels its own.
     pub fn new(sources: Sources, mp: &str) -> Arc<Metrics> {
-        let labels = vec![
-            (
-                Cow::Borrowed("vol_name"),
-                Cow::Owned(sources.volume.name().to_owned()),
-            ),
-            (Cow::Borrowed("mp"), Cow::Owned(mp.to_owned())),
+        let mut labels = vec![
+            ("vol_name".to_owned(), sources.volume.name().to_owned()),
+            ("mp".to_owned(), mp.to_owned()),
+            ("juicefs_version".to_owned(), version_label()),
         ];
-        let mut registry = Registry::with_labels(labels.into_iter());
-        registry.register_collector(Box::new(Collect(sources)));
-        Arc::new(Metrics { registry })
+        match host_name() {
+            Some(h) => labels.push(("instance".to_owned(), h)),
+            None => log::warn!("metrics: cannot get the host name; no instance label"),
+        }
+        Arc::new(Metrics { sources, labels })
+    }
+
+    /// The totals `sluice stats` reads, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = &self.sources;
+        let ops = s.ops.snapshot();
+        let (tx, _) = sluice_engine::metrics::TRANSACTIONS.snapshot();
+        let objects = sluice_engine::metrics::OBJECTS.snapshot();
+        let object = |method: &str| {
+            objects
+                .methods
+                .iter()
+                .find(|(m, _, _)| *m == method)
+                .map_or((0, 0), |(_, h, bytes)| (h.count(), *bytes))
+        };
+        let (object_gets, object_get_bytes) = object("GET");
+        let (object_puts, object_put_bytes) = object("PUT");
+        let cache = s.session.lock().as_ref().map(|v| {
+            let disk = v.disk.as_ref().map(|d| d.snapshot());
+            BlockCacheTotals::of(&v.reader.cache().stats(), disk.as_ref())
+        });
+        let queues = s.queues.as_deref().unwrap_or_default();
+        Snapshot {
+            cpu_seconds: cpu_seconds().unwrap_or_default(),
+            memory_bytes: resident_bytes(),
+            fuse_requests: ops.latency.count(),
+            fuse_seconds: ops.latency.sum as f64 / NS,
+            fuse_read_bytes: ops.read_size.sum,
+            fuse_written_bytes: ops.written_size.sum,
+            transactions: tx.count(),
+            transaction_seconds: tx.sum as f64 / NS,
+            blockcache_hits: cache.map_or(0, |c| c.hits),
+            blockcache_misses: cache.map_or(0, |c| c.misses),
+            blockcache_hit_bytes: cache.map_or(0, |c| c.hit_bytes),
+            object_gets,
+            object_get_bytes,
+            object_puts,
+            object_put_bytes,
+            queues: queues
+                .iter()
+                .map(|q| QueueSnapshot {
+                    requests: sluice_metrics::get(&q.requests),
+                    reply_bytes: sluice_metrics::get(&q.bytes_out),
+                })
+                .collect(),
+            host: s.host.as_deref().map(HostSnapshot::of),
+        }
     }
 
     /// All metrics now, in the Prometheus text format (version 0.0.4).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        if let Err(e) =
-            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
-        {
-            log::warn!("cannot encode the metrics: {e}");
-        }
-        out
-    }
-}
-
-/// The content type of [`Metrics::render`]'s text.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-#[derive(Debug)]
-struct Collect(Sources);
-
-type Enc<'a> = DescriptorEncoder<'a>;
-type Res = Result<(), std::fmt::Error>;
-
-/// A JuiceFS counter: its exact name, written `untyped` (see the module
-/// comment).
-fn juicefs_counter(e: &mut Enc<'_>, name: &str, help: &str, v: u64) -> Res {
-    let m = e.encode_descriptor(name, help, None, MetricType::Unknown)?;
-    ConstGauge::new(v).encode(m)
-}
-
-fn gauge<V>(e: &mut Enc<'_>, name: &str, help: &str, v: V) -> Res
-where
-    V: prometheus_client::encoding::EncodeGaugeValue,
-{
-    let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    ConstGauge::new(v).encode(m)
-}
-
-/// A counter; the encoder appends `_total` to `name`.
-fn counter(e: &mut Enc<'_>, name: &str, help: &str, v: u64) -> Res {
-    let m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-    ConstCounter::new(v).encode(m)
-}
-
-/// `(upper bound, cumulative count)` pairs, the sum and the count of `h`,
-/// whose values are multiplied by `scale` (1e-9: nanoseconds to seconds).
-fn histogram_parts(h: &HistogramSnapshot, scale: f64) -> (f64, u64, Vec<(f64, u64)>) {
-    (h.sum as f64 * scale, h.count(), h.cumulative(scale))
-}
-
-fn histogram(e: &mut Enc<'_>, name: &str, help: &str, h: &HistogramSnapshot, scale: f64) -> Res {
-    let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
-    let (sum, count, buckets) = histogram_parts(h, scale);
-    m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
-}
-
-/// One metric, one series per label value.
-fn family<T>(
-    e: &mut Enc<'_>,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    series: &[(Vec<(&'static str, String)>, T)],
-    mut write: impl FnMut(prometheus_client::encoding::MetricEncoder<'_>, &T) -> Res,
-) -> Res {
-    if series.is_empty() {
-        return Ok(());
-    }
-    let mut m = e.encode_descriptor(name, help, None, kind)?;
-    for (labels, v) in series {
-        let fam = m.encode_family(labels)?;
-        write(fam, v)?;
-    }
-    Ok(())
-}
-
-fn histogram_family(
-    e: &mut Enc<'_>,
-    name: &str,
-    help: &str,
-    series: &[(Vec<(&'static str, String)>, HistogramSnapshot)],
-    scale: f64,
-) -> Res {
-    family(e, name, help, MetricType::Histogram, series, |mut m, h| {
-        let (sum, count, buckets) = histogram_parts(h, scale);
-        m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
-    })
-}
-
-fn value_family(
-    e: &mut Enc<'_>,
-    name: &str,
-    help: &str,
-    kind: MetricType,
-    series: &[(Vec<(&'static str, String)>, u64)],
-) -> Res {
-    family(e, name, help, kind, series, |m, v| match kind {
-        MetricType::Counter => ConstCounter::new(*v).encode(m),
-        _ => ConstGauge::new(*v).encode(m),
-    })
-}
-
-const NS: f64 = 1e-9;
-
-impl Collector for Collect {
-    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Res {
-        let s = &self.0;
-        let e = &mut e;
-        process(e, s.started)?;
-        usage(e, &s.volume)?;
-        fuse_ops(e, &s.ops)?;
-        objects(e)?;
-        transactions(e)?;
-        commits(e)?;
+        let mut x = Exposition::new(self.labels.clone());
+        let s = &self.sources;
+        process(&mut x, s.started);
+        usage(&mut x, &s.volume, &s.subdir);
+        fuse_ops(&mut x, &s.ops);
+        meta_ops(&mut x);
+        objects(&mut x);
+        transactions(&mut x);
+        commits(&mut x);
         let session = s.session.lock().clone();
-        caches(e, session.as_ref(), s.cache_node.as_deref())?;
-        writeback(e, &s.volume)?;
+        if let Some(session) = &session {
+            handles(&mut x, &session.gauges);
+        }
+        caches(&mut x, session.as_ref(), s.cache_node.as_deref());
+        staging(&mut x, &s.volume);
         if let Some(queues) = &s.queues {
-            virtio_queues(e, queues)?;
+            virtio_queues(&mut x, queues);
         }
         if let Some(host) = &s.host {
-            host_daemon(e, host)?;
+            host_daemon(&mut x, host);
         }
         if let Some(client) = &s.host_client {
-            host_client(e, client)?;
+            host_client(&mut x, client);
         }
-        Ok(())
+        x.finish()
     }
 }
 
-fn process(e: &mut Enc<'_>, started: Instant) -> Res {
-    gauge(
-        e,
-        "juicefs_uptime",
-        "Total running time in seconds.",
-        started.elapsed().as_secs_f64(),
-    )?;
+/// Nanoseconds per second: what the histograms of durations divide by.
+const NS: f64 = 1e9;
+
+/// The totals `sluice stats` prints the rates of, as the control socket
+/// sends them (JSON): the same counts the exposition carries, since the
+/// daemon started, in bytes and seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// CPU time used (`juicefs_cpu_usage`).
+    pub cpu_seconds: f64,
+    /// Resident memory (`juicefs_memory`), where /proc shows it.
+    pub memory_bytes: Option<u64>,
+    /// FUSE requests answered.
+    pub fuse_requests: u64,
+    /// Seconds the FUSE requests took, summed.
+    pub fuse_seconds: f64,
+    /// Bytes of READ replies.
+    pub fuse_read_bytes: u64,
+    /// Bytes of WRITE requests.
+    pub fuse_written_bytes: u64,
+    /// Metadata write transactions.
+    pub transactions: u64,
+    /// Seconds they took, summed.
+    pub transaction_seconds: f64,
+    /// Block-cache hits (`juicefs_blockcache_hits`).
+    pub blockcache_hits: u64,
+    /// Block-cache misses (`juicefs_blockcache_miss`).
+    pub blockcache_misses: u64,
+    /// Bytes of the hits (`juicefs_blockcache_hit_bytes`).
+    pub blockcache_hit_bytes: u64,
+    /// Object-store GETs.
+    pub object_gets: u64,
+    /// Bytes the GETs fetched.
+    pub object_get_bytes: u64,
+    /// Object-store PUTs.
+    pub object_puts: u64,
+    /// Bytes the PUTs stored.
+    pub object_put_bytes: u64,
+    /// The virtio-fs queues of a `serve` daemon, by number (0: hiprio);
+    /// empty for a mount.
+    pub queues: Vec<QueueSnapshot>,
+    /// A host daemon's block service (`sluice host`); absent for a mount
+    /// or a VM's server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSnapshot>,
+}
+
+/// A host daemon's totals in a [`Snapshot`] (the `sluice_host_*` metrics
+/// `sluice stats` shows).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostSnapshot {
+    /// Blocks fetched from the object store, for all VMs.
+    pub fetches: u64,
+    /// Their bytes (decompressed).
+    pub fetched_bytes: u64,
+    /// Bytes of blocks in its memory table now.
+    pub memory_bytes: u64,
+    /// The VM servers attached now, by name.
+    pub vms: Vec<VmSnapshot>,
+}
+
+impl HostSnapshot {
+    fn of(host: &sluice_host::Host) -> HostSnapshot {
+        use std::sync::atomic::Ordering::Relaxed;
+        let st = host.stats();
+        let mut vms: Vec<VmSnapshot> = host
+            .clients()
+            .iter()
+            .map(|vm| VmSnapshot {
+                name: vm.name.clone(),
+                requests: vm.counts[0],
+                hits: vm.counts[1] + vm.counts[2],
+            })
+            .collect();
+        vms.sort_by(|a, b| a.name.cmp(&b.name));
+        HostSnapshot {
+            fetches: st.fetches.load(Relaxed),
+            fetched_bytes: st.fetched_bytes.load(Relaxed),
+            memory_bytes: host.memory_used().0,
+            vms,
+        }
+    }
+}
+
+/// One attached VM's totals in a [`HostSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    /// The name its server gave, made unique by its pid (the `vm` label).
+    pub name: String,
+    /// Blocks it asked for.
+    pub requests: u64,
+    /// Those answered from the host's memory or its disk cache.
+    pub hits: u64,
+}
+
+/// One virtio-fs queue's totals in a [`Snapshot`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueSnapshot {
+    /// Requests answered.
+    pub requests: u64,
+    /// Reply bytes written into the guest.
+    pub reply_bytes: u64,
+}
+
+/// The CPU time this process has used, in seconds.
+fn cpu_seconds() -> Option<f64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec for the kernel (or vDSO) to fill.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0 {
-        gauge(
-            e,
-            "juicefs_cpu_usage",
-            "Accumulated CPU usage in seconds.",
-            ts.tv_sec as f64 + ts.tv_nsec as f64 * NS,
-        )?;
-    }
-    // The sandbox of `serve` may hide /proc; then there is no memory figure.
-    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm")
-        && let Some(rss) = statm
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<u64>().ok())
-    {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
-        gauge(e, "juicefs_memory", "Used memory in bytes.", rss * page)?;
-    }
-    Ok(())
+    (unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0)
+        .then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / NS)
 }
 
-fn usage(e: &mut Enc<'_>, volume: &Volume) -> Res {
+/// This process's resident memory in bytes; `None` where the sandbox of
+/// `serve` hides /proc.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let rss = statm.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    Some(rss * page)
+}
+
+fn process(x: &mut Exposition, started: Instant) {
+    x.single(
+        "juicefs_uptime",
+        "Total running time in seconds.",
+        Kind::Gauge,
+        started.elapsed().as_secs_f64(),
+    );
+    if let Some(cpu) = cpu_seconds() {
+        x.single(
+            "juicefs_cpu_usage",
+            "Accumulated CPU usage in seconds.",
+            Kind::Gauge,
+            cpu,
+        );
+    }
+    if let Some(rss) = resident_bytes() {
+        x.single(
+            "juicefs_memory",
+            "Used memory in bytes.",
+            Kind::Gauge,
+            rss as f64,
+        );
+    }
+}
+
+fn usage(x: &mut Exposition, volume: &Volume, subdir: &str) {
     match volume.meta.statfs(&Context::internal(), ROOT_INO) {
         Ok(st) => {
-            gauge(
-                e,
+            x.single(
                 "juicefs_used_space",
                 "Total used space in bytes.",
-                st.total_space.saturating_sub(st.avail_space),
-            )?;
-            gauge(
-                e,
+                Kind::Gauge,
+                st.total_space.saturating_sub(st.avail_space) as f64,
+            );
+            x.single(
                 "juicefs_used_inodes",
                 "Total used number of inodes.",
-                st.used_inodes,
-            )?;
+                Kind::Gauge,
+                st.used_inodes as f64,
+            );
+            x.single(
+                "juicefs_total_space",
+                "Total space in bytes.",
+                Kind::Gauge,
+                st.total_space as f64,
+            );
+            x.single(
+                "juicefs_total_inodes",
+                "Total number of inodes.",
+                Kind::Gauge,
+                st.used_inodes.saturating_add(st.avail_inodes) as f64,
+            );
         }
         Err(err) => log::debug!("metrics: no volume usage: {err}"),
     }
-    Ok(())
+    x.family(
+        "juicefs_subdir_info",
+        "Subdir configuration for JuiceFS mount (empty string means root mount)",
+        Kind::Gauge,
+    )
+    .sample(&[("subdir", subdir)], 1.0);
 }
 
-fn fuse_ops(e: &mut Enc<'_>, ops: &OpMetrics) -> Res {
+fn fuse_ops(x: &mut Exposition, ops: &OpMetrics) {
     let s = ops.snapshot();
-    histogram(
-        e,
+    x.family(
         "juicefs_fuse_ops_durations_histogram_seconds",
         "Operations latency distributions.",
-        &s.latency,
-        NS,
-    )?;
-    let by_method = |f: fn(&(&'static str, u64, u64)) -> u64| -> Vec<_> {
-        s.ops
-            .iter()
-            .map(|o| (vec![("method", o.0.to_owned())], f(o)))
-            .collect()
-    };
-    value_family(
-        e,
-        "juicefs_fuse_ops",
+        Kind::Histogram,
+    )
+    .histogram(&[], &s.latency, NS);
+    let mut total = x.family(
+        "juicefs_fuse_ops_total",
         "Total number of operations.",
-        MetricType::Counter,
-        &by_method(|o| o.1),
-    )?;
-    let seconds: Vec<_> = s
-        .ops
-        .iter()
-        .map(|o| (vec![("method", o.0.to_owned())], o.2 as f64 * NS))
-        .collect();
-    family(
-        e,
+        Kind::Counter,
+    );
+    for (method, n, _) in &s.ops {
+        total.sample(&[("method", method)], *n as f64);
+    }
+    drop(total);
+    let mut seconds = x.family(
         "juicefs_fuse_ops_durations_seconds",
         "Operations latency in seconds.",
-        MetricType::Unknown,
-        &seconds,
-        |m, v| ConstGauge::new(*v).encode(m),
-    )?;
-    histogram(
-        e,
+        Kind::Counter,
+    );
+    for (method, _, nanos) in &s.ops {
+        seconds.sample(&[("method", method)], *nanos as f64 / NS);
+    }
+    drop(seconds);
+    x.family(
         "juicefs_fuse_read_size_bytes",
         "size of read distributions.",
-        &s.read_size,
-        1.0,
-    )?;
-    histogram(
-        e,
+        Kind::Histogram,
+    )
+    .histogram(&[], &s.read_size, 1.0);
+    x.family(
         "juicefs_fuse_written_size_bytes",
         "size of write distributions.",
-        &s.written_size,
-        1.0,
-    )?;
-    let errors: Vec<_> = s
-        .errors
-        .iter()
-        .map(|&(errno, n)| (vec![("errno", errno_name(errno))], n))
-        .collect();
-    value_family(
-        e,
-        "sluice_fuse_errors",
-        "Error replies to FUSE requests (host mount or guest), by errno.",
-        MetricType::Counter,
-        &errors,
+        Kind::Histogram,
     )
+    .histogram(&[], &s.written_size, 1.0);
+    if !s.errors.is_empty() {
+        let mut errors = x.family(
+            "juicefs_fuse_ops_io_errors",
+            "Number of IO errors.",
+            Kind::Counter,
+        );
+        for &(errno, n) in &s.errors {
+            errors.sample(&[("errno", &errno_name(errno))], n as f64);
+        }
+    }
 }
 
-fn objects(e: &mut Enc<'_>) -> Res {
+fn meta_ops(x: &mut Exposition) {
+    let s = sluice_engine::metrics::META_OPS.snapshot();
+    x.family(
+        "juicefs_meta_ops_durations_histogram_seconds",
+        "Operation latency distributions.",
+        Kind::Histogram,
+    )
+    .histogram(&[], &s.latency, NS);
+    if s.ops.is_empty() {
+        return;
+    }
+    let mut total = x.family(
+        "juicefs_meta_ops_total",
+        "Meta operation count",
+        Kind::Counter,
+    );
+    for (method, n, _) in &s.ops {
+        total.sample(&[("method", method)], *n as f64);
+    }
+    drop(total);
+    let mut seconds = x.family(
+        "juicefs_meta_ops_duration_seconds",
+        "Meta operation duration in seconds.",
+        Kind::Counter,
+    );
+    for (method, _, nanos) in &s.ops {
+        seconds.sample(&[("method", method)], *nanos as f64 / NS);
+    }
+}
+
+/// The `storage_class` label JuiceFS gives a method's requests: GET and
+/// PUT carry the class objects are stored in (sluice sets none, so the
+/// bucket's default, which S3 and JuiceFS call `STANDARD`); the rest none.
+fn storage_class(method: &str) -> &'static str {
+    match method {
+        "GET" | "PUT" => "STANDARD",
+        _ => "",
+    }
+}
+
+fn objects(x: &mut Exposition) {
     let s = sluice_engine::metrics::OBJECTS.snapshot();
-    let lat: Vec<_> = s
-        .methods
-        .iter()
-        .map(|(m, h, _)| (vec![("method", (*m).to_owned())], h.clone()))
-        .collect();
-    histogram_family(
-        e,
+    let mut lat = x.family(
         "juicefs_object_request_durations_histogram_seconds",
         "Object requests latency distributions.",
-        &lat,
-        NS,
-    )?;
-    let bytes: Vec<_> = s
-        .methods
-        .iter()
-        .map(|(m, _, b)| (vec![("method", (*m).to_owned())], *b))
-        .collect();
-    value_family(
-        e,
+        Kind::Histogram,
+    );
+    for (m, h, _) in &s.methods {
+        lat.histogram(&[("method", m), ("storage_class", storage_class(m))], h, NS);
+    }
+    drop(lat);
+    let mut bytes = x.family(
         "juicefs_object_request_data_bytes",
         "Object requests size in bytes.",
-        MetricType::Unknown,
-        &bytes,
-    )?;
-    juicefs_counter(
-        e,
+        Kind::Counter,
+    );
+    for (m, _, b) in &s.methods {
+        bytes.sample(
+            &[("method", m), ("storage_class", storage_class(m))],
+            *b as f64,
+        );
+    }
+    drop(bytes);
+    x.single(
         "juicefs_object_request_errors",
         "failed requests to object store",
-        s.errors,
+        Kind::Counter,
+        s.errors as f64,
+    );
+    x.single(
+        "juicefs_object_request_uploading",
+        "number of uploading requests",
+        Kind::Gauge,
+        s.uploading as f64,
+    );
+    let compacted = sluice_engine::metrics::COMPACTED.snapshot();
+    x.family(
+        "juicefs_compact_size_histogram_bytes",
+        "Distribution of size of compacted data in bytes.",
+        Kind::Histogram,
     )
+    .histogram(&[], &compacted, 1.0);
 }
 
-fn transactions(e: &mut Enc<'_>) -> Res {
+fn transactions(x: &mut Exposition) {
     let (lat, restarts) = sluice_engine::metrics::TRANSACTIONS.snapshot();
-    histogram(
-        e,
+    x.family(
         "juicefs_transaction_durations_histogram_seconds",
         "Transactions latency distributions.",
-        &lat,
-        NS,
-    )?;
-    juicefs_counter(
-        e,
+        Kind::Histogram,
+    )
+    .histogram(&[], &lat, NS);
+    x.single(
         "juicefs_transaction_restart",
         "The number of times a transaction is restarted.",
-        restarts,
-    )
+        Kind::Counter,
+        restarts as f64,
+    );
 }
 
-fn commits(e: &mut Enc<'_>) -> Res {
+fn commits(x: &mut Exposition) {
     let c = sluice_engine::metrics::COMMITS.snapshot();
-    counter(
-        e,
-        "sluice_commit_groups",
+    x.single(
+        "sluice_commit_groups_total",
         "Group commits run: each syncs its files' objects at once and records them in one metadata transaction.",
-        c.groups,
-    )?;
-    counter(
-        e,
-        "sluice_commit_files",
+        Kind::Counter,
+        c.groups as f64,
+    );
+    x.single(
+        "sluice_commit_files_total",
         "Files' commits (closes, fsyncs, full write buffers) the group commits held.",
-        c.jobs,
-    )?;
-    histogram(
-        e,
+        Kind::Counter,
+        c.jobs as f64,
+    );
+    x.family(
         "sluice_commit_sync_duration_seconds",
         "How long a group's object sync took.",
-        &c.sync,
-        NS,
-    )?;
-    histogram(
-        e,
+        Kind::Histogram,
+    )
+    .histogram(&[], &c.sync, NS);
+    x.family(
         "sluice_commit_record_duration_seconds",
         "How long a group's metadata transaction took.",
-        &c.record,
-        NS,
+        Kind::Histogram,
     )
+    .histogram(&[], &c.record, NS);
 }
 
-fn caches(e: &mut Enc<'_>, session: Option<&SessionView>, node: Option<&str>) -> Res {
+fn handles(x: &mut Exposition, gauges: &VfsGauges) {
+    x.single(
+        "juicefs_fuse_open_handlers",
+        "number of open files and directories.",
+        Kind::Gauge,
+        gauges.open_handles() as f64,
+    );
+    x.single(
+        "juicefs_used_buffer_size_bytes",
+        "size of currently used buffer.",
+        Kind::Gauge,
+        gauges.buffered_bytes() as f64,
+    );
+}
+
+fn caches(x: &mut Exposition, session: Option<&SessionView>, node: Option<&str>) {
     let Some(session) = session else {
-        return Ok(());
+        return;
     };
     let mem: BlockCacheStats = session.reader.cache().stats();
     let disk = session.disk.as_ref().map(|d| d.snapshot());
-    // JuiceFS's block cache is one cache (its memory or disk store); here
-    // a read is a hit when either cache had the block, and a miss when it
-    // went to the object store.
-    let (hits, hit_bytes) = (
-        mem.hits + disk.map_or(0, |d| d.hits),
-        mem.hit_bytes + disk.map_or(0, |d| d.hit_bytes),
-    );
-    let (miss, miss_bytes) = match disk {
-        Some(d) => (d.misses, d.miss_bytes),
-        None => (mem.misses, 0),
+    let BlockCacheTotals {
+        hits, hit_bytes, ..
+    } = BlockCacheTotals::of(&mem, disk.as_ref());
+    let c = |x: &mut Exposition, name: &str, help: &str, v: u64| {
+        x.single(name, help, Kind::Counter, v as f64);
     };
-    juicefs_counter(e, "juicefs_blockcache_hits", "read from cached block", hits)?;
-    juicefs_counter(
-        e,
+    let g = |x: &mut Exposition, name: &str, help: &str, v: u64| {
+        x.single(name, help, Kind::Gauge, v as f64);
+    };
+    c(x, "juicefs_blockcache_hits", "read from cached block", hits);
+    c(
+        x,
         "juicefs_blockcache_hit_bytes",
         "read bytes from cached block",
         hit_bytes,
-    )?;
-    juicefs_counter(
-        e,
-        "juicefs_blockcache_miss",
-        "missed read from cached block",
-        miss,
-    )?;
-    if disk.is_some() {
-        juicefs_counter(
-            e,
-            "juicefs_blockcache_miss_bytes",
-            "missed bytes from cached block",
-            miss_bytes,
-        )?;
+    );
+    match disk {
+        Some(d) => {
+            c(
+                x,
+                "juicefs_blockcache_miss",
+                "missed read from cached block",
+                d.misses,
+            );
+            c(
+                x,
+                "juicefs_blockcache_miss_bytes",
+                "missed bytes from cached block",
+                d.miss_bytes,
+            );
+            c(
+                x,
+                "juicefs_blockcache_writes",
+                "written cached block",
+                d.inserts,
+            );
+            c(
+                x,
+                "juicefs_blockcache_write_bytes",
+                "write bytes of cached block",
+                d.insert_bytes,
+            );
+            c(
+                x,
+                "juicefs_blockcache_evicts",
+                "evicted cache blocks",
+                d.evictions,
+            );
+            c(
+                x,
+                "juicefs_blockcache_drops",
+                "dropped block",
+                d.dropped + d.skipped,
+            );
+            g(
+                x,
+                "juicefs_blockcache_blocks",
+                "number of cached blocks",
+                d.entries,
+            );
+            g(
+                x,
+                "juicefs_blockcache_bytes",
+                "number of cached bytes",
+                d.used_bytes,
+            );
+        }
+        None => {
+            // The memory cache alone: a miss went to the object store (its
+            // bytes are those of the GETs); nothing is ever dropped.
+            c(
+                x,
+                "juicefs_blockcache_miss",
+                "missed read from cached block",
+                mem.misses,
+            );
+            c(
+                x,
+                "juicefs_blockcache_writes",
+                "written cached block",
+                mem.inserts,
+            );
+            c(
+                x,
+                "juicefs_blockcache_write_bytes",
+                "write bytes of cached block",
+                mem.insert_bytes,
+            );
+            c(
+                x,
+                "juicefs_blockcache_evicts",
+                "evicted cache blocks",
+                mem.evictions,
+            );
+            c(x, "juicefs_blockcache_drops", "dropped block", 0);
+            g(
+                x,
+                "juicefs_blockcache_blocks",
+                "number of cached blocks",
+                mem.blocks,
+            );
+            g(
+                x,
+                "juicefs_blockcache_bytes",
+                "number of cached bytes",
+                mem.used_bytes,
+            );
+        }
     }
-    let (writes, evicts) = match disk {
-        Some(d) => (d.inserts, d.evictions),
-        None => (mem.inserts, mem.evictions),
-    };
-    juicefs_counter(
-        e,
-        "juicefs_blockcache_writes",
-        "written cached block",
-        writes,
-    )?;
-    juicefs_counter(
-        e,
-        "juicefs_blockcache_evicts",
-        "evicted cache blocks",
-        evicts,
-    )?;
-    if let Some(d) = disk {
-        juicefs_counter(
-            e,
-            "juicefs_blockcache_drops",
-            "dropped block",
-            d.dropped + d.skipped,
-        )?;
-        gauge(
-            e,
-            "juicefs_blockcache_blocks",
-            "number of cached blocks",
-            d.entries,
-        )?;
-        gauge(
-            e,
-            "juicefs_blockcache_bytes",
-            "number of cached bytes",
-            d.used_bytes,
-        )?;
-    } else {
-        gauge(
-            e,
-            "juicefs_blockcache_bytes",
-            "number of cached bytes",
-            mem.used_bytes,
-        )?;
+    g(
+        x,
+        "juicefs_store_cache_size_bytes",
+        "size of store cache.",
+        mem.used_bytes,
+    );
+    if let Some(d) = &session.disk {
+        x.family(
+            "juicefs_blockcache_read_hist_seconds",
+            "read cached block latency distribution",
+            Kind::Histogram,
+        )
+        .histogram(&[], &d.read_latency(), NS);
+        x.family(
+            "juicefs_blockcache_write_hist_seconds",
+            "write cached block latency distribution",
+            Kind::Histogram,
+        )
+        .histogram(&[], &d.write_latency(), NS);
     }
-    counter(
-        e,
-        "sluice_memcache_hits",
+    c(
+        x,
+        "sluice_memcache_hits_total",
         "Memory block cache lookups that found the block.",
         mem.hits,
-    )?;
-    counter(
-        e,
-        "sluice_memcache_hit_bytes",
+    );
+    c(
+        x,
+        "sluice_memcache_hit_bytes_total",
         "Bytes of the blocks the memory cache found.",
         mem.hit_bytes,
-    )?;
-    counter(
-        e,
-        "sluice_memcache_misses",
+    );
+    c(
+        x,
+        "sluice_memcache_misses_total",
         "Memory block cache lookups that did not find the block.",
         mem.misses,
-    )?;
-    counter(
-        e,
-        "sluice_memcache_inserts",
+    );
+    c(
+        x,
+        "sluice_memcache_inserts_total",
         "Blocks added to the memory cache.",
         mem.inserts,
-    )?;
-    counter(
-        e,
-        "sluice_memcache_evictions",
+    );
+    c(
+        x,
+        "sluice_memcache_evictions_total",
         "Blocks pushed out of the memory cache for room.",
         mem.evictions,
-    )?;
-    value_family(
-        e,
+    );
+    x.family(
         "sluice_memcache_bytes",
         "Bytes the memory block cache holds, by the NUMA node its blocks are allocated on \
          (\"unplaced\" without a placement plan).",
-        MetricType::Gauge,
-        &[(
-            vec![("node", node.unwrap_or("unplaced").to_owned())],
-            mem.used_bytes,
-        )],
-    )?;
+        Kind::Gauge,
+    )
+    .sample(
+        &[("node", node.unwrap_or("unplaced"))],
+        mem.used_bytes as f64,
+    );
     if let Some(d) = disk {
-        counter(
-            e,
-            "sluice_diskcache_hits",
+        c(
+            x,
+            "sluice_diskcache_hits_total",
             "Reads the disk cache served.",
             d.hits,
-        )?;
-        counter(
-            e,
-            "sluice_diskcache_misses",
+        );
+        c(
+            x,
+            "sluice_diskcache_misses_total",
             "Reads that went past the disk cache to the object store.",
             d.misses,
-        )?;
-        counter(
-            e,
-            "sluice_diskcache_skipped",
+        );
+        c(
+            x,
+            "sluice_diskcache_skipped_total",
             "Blocks not cached (full, low space, too many pending, errors).",
             d.skipped,
-        )?;
-        gauge(
-            e,
+        );
+        g(
+            x,
             "sluice_diskcache_bytes",
             "Bytes of the disk cache's files.",
             d.used_bytes,
-        )?;
+        );
     }
-    Ok(())
 }
 
-fn writeback(e: &mut Enc<'_>, volume: &Volume) -> Res {
-    let Some(w) = volume.store.upload_backlog() else {
-        return Ok(());
+/// JuiceFS's block cache is one cache (its memory or disk store); here a
+/// read is a hit when either cache had the block, and a miss when it went
+/// further: past the disk cache where there is one, past the memory cache
+/// where there is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BlockCacheTotals {
+    hits: u64,
+    hit_bytes: u64,
+    misses: u64,
+}
+
+impl BlockCacheTotals {
+    fn of(mem: &BlockCacheStats, disk: Option<&DiskCacheCounters>) -> BlockCacheTotals {
+        BlockCacheTotals {
+            hits: mem.hits + disk.map_or(0, |d| d.hits),
+            hit_bytes: mem.hit_bytes + disk.map_or(0, |d| d.hit_bytes),
+            misses: disk.map_or(mem.misses, |d| d.misses),
+        }
+    }
+}
+
+fn staging(x: &mut Exposition, volume: &Volume) {
+    // Without --writeback nothing is staged: JuiceFS shows zeros then too.
+    let w = volume.store.upload_backlog();
+    let v = w.clone().unwrap_or_default();
+    let g = |x: &mut Exposition, name: &str, help: &str, v: u64| {
+        x.single(name, help, Kind::Gauge, v as f64);
     };
-    gauge(
-        e,
+    let c = |x: &mut Exposition, name: &str, help: &str, v: f64| {
+        x.single(name, help, Kind::Counter, v);
+    };
+    g(
+        x,
         "juicefs_staging_blocks",
         "Number of blocks in the staging path.",
-        w.pending_blocks,
-    )?;
-    gauge(
-        e,
+        v.pending_blocks,
+    );
+    g(
+        x,
         "juicefs_staging_block_bytes",
         "Total bytes of blocks in the staging path.",
-        w.pending_bytes,
-    )?;
-    gauge(
-        e,
-        "juicefs_object_request_uploading",
-        "number of uploading requests",
-        w.uploading,
-    )?;
-    counter(
-        e,
-        "sluice_writeback_uploaded_blocks",
+        v.pending_bytes,
+    );
+    g(
+        x,
+        "juicefs_staging_writing_blocks",
+        "Number of writing blocks in staging.",
+        v.staging_now,
+    );
+    c(
+        x,
+        "juicefs_staging_write_bytes",
+        "write bytes of blocks in the staging path.",
+        v.staged_bytes as f64,
+    );
+    c(
+        x,
+        "juicefs_staging_block_errors",
+        "Total errors when staging blocks",
+        v.stage_errors as f64,
+    );
+    c(
+        x,
+        "juicefs_staging_block_delay_seconds",
+        "Total seconds of delay for staging blocks",
+        v.staged_wait_nanos as f64 / NS,
+    );
+    if w.is_none() {
+        return;
+    }
+    x.single(
+        "sluice_writeback_uploaded_blocks_total",
         "Staged blocks uploaded.",
-        w.uploaded_blocks,
-    )?;
-    counter(
-        e,
-        "sluice_writeback_uploaded_bytes",
+        Kind::Counter,
+        v.uploaded_blocks as f64,
+    );
+    x.single(
+        "sluice_writeback_uploaded_bytes_total",
         "Bytes of staged blocks uploaded.",
-        w.uploaded_bytes,
-    )?;
-    counter(
-        e,
-        "sluice_writeback_failures",
+        Kind::Counter,
+        v.uploaded_bytes as f64,
+    );
+    x.single(
+        "sluice_writeback_failures_total",
         "Failed upload attempts (each is retried).",
-        w.failures,
-    )
+        Kind::Counter,
+        v.failures as f64,
+    );
 }
 
-fn host_daemon(e: &mut Enc<'_>, host: &sluice_host::Host) -> Res {
+fn host_daemon(x: &mut Exposition, host: &sluice_host::Host) {
     use std::sync::atomic::Ordering::Relaxed;
     let st = host.stats();
-    counter(
-        e,
-        "sluice_host_fetches",
+    x.single(
+        "sluice_host_fetches_total",
         "Blocks the host daemon fetched from the object store, for all VMs.",
-        st.fetches.load(Relaxed),
-    )?;
-    counter(
-        e,
-        "sluice_host_fetched_bytes",
+        Kind::Counter,
+        st.fetches.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_fetched_bytes_total",
         "Bytes of the blocks the host daemon fetched (decompressed).",
-        st.fetched_bytes.load(Relaxed),
-    )?;
-    counter(
-        e,
-        "sluice_host_fetch_errors",
+        Kind::Counter,
+        st.fetched_bytes.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_fetch_errors_total",
         "Block fetches of the host daemon that failed.",
-        st.fetch_errors.load(Relaxed),
-    )?;
-    counter(
-        e,
-        "sluice_host_joined",
+        Kind::Counter,
+        st.fetch_errors.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_joined_total",
         "Block requests that joined a fetch already in flight (another VM's or their own).",
-        st.joined.load(Relaxed),
-    )?;
-    counter(
-        e,
-        "sluice_host_dropped",
+        Kind::Counter,
+        st.joined.load(Relaxed) as f64,
+    );
+    x.single(
+        "sluice_host_dropped_total",
         "VM servers dropped for breaking the protocol.",
-        st.dropped.load(Relaxed),
-    )?;
+        Kind::Counter,
+        st.dropped.load(Relaxed) as f64,
+    );
     let (bytes, blocks) = host.memory_used();
-    gauge(
-        e,
+    x.single(
         "sluice_host_memory_bytes",
         "Bytes of blocks in the host daemon's memory table (each held once).",
-        bytes,
-    )?;
-    gauge(
-        e,
+        Kind::Gauge,
+        bytes as f64,
+    );
+    x.single(
         "sluice_host_memory_blocks",
         "Blocks in the host daemon's memory table.",
-        blocks as u64,
-    )?;
+        Kind::Gauge,
+        blocks as f64,
+    );
     let vms = host.clients();
-    gauge(
-        e,
+    x.single(
         "sluice_host_vms",
         "VM servers attached to the host daemon.",
-        vms.len() as u64,
-    )?;
-    let per = |i: usize| -> Vec<_> {
-        vms.iter()
-            .map(|v| (vec![("vm", v.name.clone())], v.counts[i]))
-            .collect()
-    };
-    value_family(
-        e,
-        "sluice_host_vm_requests",
+        Kind::Gauge,
+        vms.len() as f64,
+    );
+    let per =
+        |x: &mut Exposition, name: &str, help: &str, kind: Kind, f: &dyn Fn(&ClientView) -> u64| {
+            let mut fam = x.family(name, help, kind);
+            for vm in &vms {
+                fam.sample(&[("vm", &vm.name)], f(vm) as f64);
+            }
+        };
+    per(
+        x,
+        "sluice_host_vm_requests_total",
         "Blocks a VM asked the host daemon for.",
-        MetricType::Counter,
-        &per(0),
-    )?;
-    let hits: Vec<_> = vms
-        .iter()
-        .flat_map(|v| {
-            [
-                (
-                    vec![("vm", v.name.clone()), ("kind", "memory".to_owned())],
-                    v.counts[1],
-                ),
-                (
-                    vec![("vm", v.name.clone()), ("kind", "file".to_owned())],
-                    v.counts[2],
-                ),
-            ]
-        })
-        .collect();
-    value_family(
-        e,
-        "sluice_host_vm_hits",
+        Kind::Counter,
+        &|vm| vm.counts[0],
+    );
+    let mut hits = x.family(
+        "sluice_host_vm_hits_total",
         "A VM's block requests answered from the host's memory or its disk cache.",
-        MetricType::Counter,
-        &hits,
-    )?;
-    value_family(
-        e,
-        "sluice_host_vm_fetched",
+        Kind::Counter,
+    );
+    for vm in &vms {
+        hits.sample(&[("vm", &vm.name), ("kind", "memory")], vm.counts[1] as f64);
+        hits.sample(&[("vm", &vm.name), ("kind", "file")], vm.counts[2] as f64);
+    }
+    drop(hits);
+    per(
+        x,
+        "sluice_host_vm_fetched_total",
         "A VM's block requests answered once a fetch ended.",
-        MetricType::Counter,
-        &per(3),
-    )?;
-    value_family(
-        e,
-        "sluice_host_vm_errors",
+        Kind::Counter,
+        &|vm| vm.counts[3],
+    );
+    per(
+        x,
+        "sluice_host_vm_errors_total",
         "A VM's block requests answered with an error (not cached, would wait included).",
-        MetricType::Counter,
-        &per(4),
-    )?;
-    let outstanding: Vec<_> = vms
-        .iter()
-        .map(|v| (vec![("vm", v.name.clone())], u64::from(v.outstanding)))
-        .collect();
-    value_family(
-        e,
+        Kind::Counter,
+        &|vm| vm.counts[4],
+    );
+    per(
+        x,
         "sluice_host_vm_outstanding",
         "A VM's block requests not yet answered.",
-        MetricType::Gauge,
-        &outstanding,
-    )
+        Kind::Gauge,
+        &|vm| u64::from(vm.outstanding),
+    );
 }
 
-fn host_client(e: &mut Enc<'_>, client: &sluice_host::HostClient) -> Res {
+fn host_client(x: &mut Exposition, client: &sluice_host::HostClient) {
     use std::sync::atomic::Ordering::Relaxed;
     let c = client.counters();
-    gauge(
-        e,
+    x.single(
         "sluice_host_attached",
         "1 while this server is attached to its host daemon (serve --host).",
-        u64::from(client.attached()),
-    )?;
-    counter(
-        e,
-        "sluice_host_attaches",
+        Kind::Gauge,
+        f64::from(u8::from(client.attached())),
+    );
+    x.single(
+        "sluice_host_attaches_total",
         "Times this server attached to its host daemon (the first included).",
-        c.attaches.load(Relaxed),
-    )?;
-    let from = [
-        ("mapped", c.mapped_hits.load(Relaxed)),
-        ("memory", c.memory.load(Relaxed)),
-        ("file", c.files.load(Relaxed)),
-        ("standalone", c.standalone.load(Relaxed)),
-    ];
-    let series: Vec<_> = from
-        .iter()
-        .map(|(k, v)| (vec![("from", (*k).to_owned())], *v))
-        .collect();
-    value_family(
-        e,
-        "sluice_host_blocks",
+        Kind::Counter,
+        c.attaches.load(Relaxed) as f64,
+    );
+    let mut blocks = x.family(
+        "sluice_host_blocks_total",
         "Blocks this server read: from its own mappings of the host's memory, from the host's \
          memory or disk cache, or standalone (the host away, or a small random read's miss).",
-        MetricType::Counter,
-        &series,
-    )
+        Kind::Counter,
+    );
+    for (from, n) in [
+        ("mapped", &c.mapped_hits),
+        ("memory", &c.memory),
+        ("file", &c.files),
+        ("standalone", &c.standalone),
+    ] {
+        blocks.sample(&[("from", from)], n.load(Relaxed) as f64);
+    }
 }
 
-fn virtio_queues(e: &mut Enc<'_>, queues: &[QueueStats]) -> Res {
+fn virtio_queues(x: &mut Exposition, queues: &[QueueStats]) {
     use sluice_metrics::get;
-    let q = |i: usize| i.to_string();
-    let per = |f: &dyn Fn(&QueueStats) -> u64| -> Vec<_> {
-        queues
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (vec![("queue", q(i))], f(s)))
-            .collect()
-    };
-    value_family(
-        e,
-        "sluice_virtiofs_requests",
+    let per =
+        |x: &mut Exposition, name: &str, help: &str, kind: Kind, f: &dyn Fn(&QueueStats) -> u64| {
+            let mut fam = x.family(name, help, kind);
+            for (i, s) in queues.iter().enumerate() {
+                fam.sample(&[("queue", &i.to_string())], f(s) as f64);
+            }
+        };
+    per(
+        x,
+        "sluice_virtiofs_requests_total",
         "Requests a virtio-fs queue answered (queue 0: hiprio).",
-        MetricType::Counter,
-        &per(&|s| get(&s.requests)),
-    )?;
-    value_family(
-        e,
-        "sluice_virtiofs_request_bytes",
+        Kind::Counter,
+        &|s| get(&s.requests),
+    );
+    per(
+        x,
+        "sluice_virtiofs_request_bytes_total",
         "Request bytes read from the guest.",
-        MetricType::Counter,
-        &per(&|s| get(&s.bytes_in)),
-    )?;
-    value_family(
-        e,
-        "sluice_virtiofs_reply_bytes",
+        Kind::Counter,
+        &|s| get(&s.bytes_in),
+    );
+    per(
+        x,
+        "sluice_virtiofs_reply_bytes_total",
         "Reply bytes written into the guest.",
-        MetricType::Counter,
-        &per(&|s| get(&s.bytes_out)),
-    )?;
-    value_family(
-        e,
-        "sluice_virtiofs_batches",
+        Kind::Counter,
+        &|s| get(&s.bytes_out),
+    );
+    per(
+        x,
+        "sluice_virtiofs_batches_total",
         "Batches of requests a queue worker took off its ring.",
-        MetricType::Counter,
-        &per(&|s| get(&s.batches)),
-    )?;
-    value_family(
-        e,
+        Kind::Counter,
+        &|s| get(&s.batches),
+    );
+    per(
+        x,
         "sluice_virtiofs_in_flight",
         "Requests taken off the ring and not yet returned to the guest.",
-        MetricType::Gauge,
-        &per(&|s| get(&s.in_flight)),
-    )?;
-    value_family(
-        e,
-        "sluice_virtiofs_handed_on",
+        Kind::Gauge,
+        &|s| get(&s.in_flight),
+    );
+    per(
+        x,
+        "sluice_virtiofs_handed_on_total",
         "Requests that would have waited on the queue's worker (a block not in the memory \
          cache, a commit, a sync) and were answered by a waiter thread, out of order.",
-        MetricType::Counter,
-        &per(&|s| get(&s.handed_on)),
-    )?;
-    let lat: Vec<_> = queues
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (vec![("queue", q(i))], s.latency.snapshot()))
-        .collect();
-    histogram_family(
-        e,
+        Kind::Counter,
+        &|s| get(&s.handed_on),
+    );
+    let mut lat = x.family(
         "sluice_virtiofs_request_duration_seconds",
         "Time from taking a request off the ring to returning it to the guest.",
-        &lat,
-        NS,
-    )?;
-    let mut paths = Vec::new();
+        Kind::Histogram,
+    );
+    for (i, s) in queues.iter().enumerate() {
+        lat.histogram(&[("queue", &i.to_string())], &s.latency.snapshot(), NS);
+    }
+    drop(lat);
+    let mut paths = x.family(
+        "sluice_virtiofs_read_bytes_total",
+        "READ bytes placed in guest memory, by how: CPU copy from the engine's memory, \
+         io_uring through the page cache, io_uring O_DIRECT (no CPU copy), pread.",
+        Kind::Counter,
+    );
     for (i, s) in queues.iter().enumerate() {
         for (path, v) in [
             ("memcpy", get(&s.guest_copy_bytes)),
@@ -835,30 +1077,23 @@ fn virtio_queues(e: &mut Enc<'_>, queues: &[QueueStats]) -> Res {
             ("io_uring_direct", get(&s.guest_io_direct_bytes)),
             ("pread", get(&s.guest_io_pread_bytes)),
         ] {
-            paths.push((vec![("queue", q(i)), ("path", path.to_owned())], v));
+            paths.sample(&[("queue", &i.to_string()), ("path", path)], v as f64);
         }
     }
-    value_family(
-        e,
-        "sluice_virtiofs_read_bytes",
-        "READ bytes placed in guest memory, by how: CPU copy from the engine's memory, \
-         io_uring through the page cache, io_uring O_DIRECT (no CPU copy), pread.",
-        MetricType::Counter,
-        &paths,
-    )?;
-    let mut rejected = Vec::new();
+    drop(paths);
+    let mut rejected = x.family(
+        "sluice_virtiofs_rejected_total",
+        "Descriptor chains refused before FUSE decoding (malformed by the guest), by errno.",
+        Kind::Counter,
+    );
     for (i, s) in queues.iter().enumerate() {
         for (errno, c) in REJECT_ERRNOS.iter().zip(s.rejected.iter()) {
-            rejected.push((vec![("queue", q(i)), ("errno", errno_name(*errno))], get(c)));
+            rejected.sample(
+                &[("queue", &i.to_string()), ("errno", &errno_name(*errno))],
+                get(c) as f64,
+            );
         }
     }
-    value_family(
-        e,
-        "sluice_virtiofs_rejected",
-        "Descriptor chains refused before FUSE decoding (malformed by the guest), by errno.",
-        MetricType::Counter,
-        &rejected,
-    )
 }
 
 /// The symbolic name of `errno` (`E<n>` for the rare ones).

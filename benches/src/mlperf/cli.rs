@@ -227,7 +227,8 @@ pub struct RunArgs {
     /// Drop the page cache before every epoch (root only).
     #[arg(long)]
     pub drop_caches: bool,
-    /// Directory for the JSON result and the SVG plots.
+    /// Directory for the JSON result and the SVG plots (a file there is
+    /// never overwritten: a later run's names end `-run2`, `-run3`, …).
     #[arg(long, default_value = ".")]
     pub output_dir: PathBuf,
     /// Do not draw a progress bar.
@@ -262,7 +263,8 @@ pub struct CheckpointArgs {
     /// Keep the checkpoint files.
     #[arg(long)]
     pub keep: bool,
-    /// Directory for the JSON result.
+    /// Directory for the JSON result (a file there is never overwritten: a
+    /// later run's name ends `-run2`, `-run3`, …).
     #[arg(long, default_value = ".")]
     pub output_dir: PathBuf,
 }
@@ -301,6 +303,40 @@ fn run_datagen(args: &DatagenArgs) -> Result<(), MlperfError> {
         report.bytes_written as f64 / report.seconds.max(1e-9) / (1u64 << 20) as f64
     );
     Ok(())
+}
+
+/// What a run's result files add to their base path: the JSON result and
+/// the plots (an SVG, and a PNG when `rsvg-convert` is there).
+const RESULT_SUFFIXES: [&str; 5] = [".json", "-wait.svg", "-wait.png", "-au.svg", "-au.png"];
+
+/// The base path in `dir` for a run's result files (`BASE.json`,
+/// `BASE-wait.svg`, …) that names no file there yet: `DIR/STEM`, else
+/// `DIR/STEM-run2`, `DIR/STEM-run3`, …, so that an earlier result is never
+/// overwritten. Says so when it had to move on.
+fn fresh_base(dir: &Path, stem: &str) -> PathBuf {
+    let taken = |base: &str| {
+        RESULT_SUFFIXES.iter().any(|suffix| {
+            dir.join(format!("{base}{suffix}"))
+                .symlink_metadata()
+                .is_ok()
+        })
+    };
+    if !taken(stem) {
+        return dir.join(stem);
+    }
+    let mut n = 2u64;
+    loop {
+        let base = format!("{stem}-run{n}");
+        if !taken(&base) {
+            println!(
+                "{} has results of an earlier run: this run's are {}.*",
+                dir.join(stem).display(),
+                dir.join(&base).display()
+            );
+            return dir.join(base);
+        }
+        n += 1;
+    }
 }
 
 fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), MlperfError> {
@@ -399,9 +435,7 @@ fn run_training(args: &RunArgs) -> Result<(), MlperfError> {
     if !args.find_max {
         let report = loader::run(source.as_ref(), &workload, &options(args.accelerators))?;
         print_run(&report);
-        let base = args
-            .output_dir
-            .join(format!("{stem}-{}", report.accelerators));
+        let base = fresh_base(&args.output_dir, &format!("{stem}-{}", report.accelerators));
         let json = base.with_extension("json");
         write_json(&json, &report)?;
         let title = format!(
@@ -438,7 +472,7 @@ fn run_training(args: &RunArgs) -> Result<(), MlperfError> {
         Ok(report)
     })?;
     print_find_max(&workload, &report);
-    let base = args.output_dir.join(format!("{stem}-find-max"));
+    let base = fresh_base(&args.output_dir, &format!("{stem}-find-max"));
     let json = base.with_extension("json");
     write_json(&json, &report)?;
     let points: Vec<(usize, f64)> = report
@@ -547,8 +581,44 @@ fn run_checkpoint(args: &CheckpointArgs) -> Result<(), MlperfError> {
     );
     std::fs::create_dir_all(&args.output_dir)
         .map_err(|e| MlperfError::io("create directory", &args.output_dir, e))?;
-    let json = args.output_dir.join("mlperf-checkpoint.json");
+    let json = fresh_base(&args.output_dir, "mlperf-checkpoint").with_extension("json");
     write_json(&json, &report)?;
     println!("results: {}", json.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(
+            fresh_base(d, "mlperf-unet3d-h100-4"),
+            d.join("mlperf-unet3d-h100-4")
+        );
+        // An earlier run's plot alone takes the name, as its JSON would.
+        std::fs::write(d.join("mlperf-unet3d-h100-4-wait.svg"), "<svg/>").unwrap();
+        assert_eq!(
+            fresh_base(d, "mlperf-unet3d-h100-4"),
+            d.join("mlperf-unet3d-h100-4-run2")
+        );
+        std::fs::write(d.join("mlperf-unet3d-h100-4-run2.json"), "{}").unwrap();
+        assert_eq!(
+            fresh_base(d, "mlperf-unet3d-h100-4"),
+            d.join("mlperf-unet3d-h100-4-run3")
+        );
+        // Another accelerator count is another name.
+        assert_eq!(
+            fresh_base(d, "mlperf-unet3d-h100-40"),
+            d.join("mlperf-unet3d-h100-40")
+        );
+        // What was there is untouched.
+        assert_eq!(
+            std::fs::read_to_string(d.join("mlperf-unet3d-h100-4-wait.svg")).unwrap(),
+            "<svg/>"
+        );
+    }
 }

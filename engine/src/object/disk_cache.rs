@@ -89,9 +89,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
+use sluice_metrics::{Histogram, HistogramSnapshot};
 use sluice_numa::reactor::{BackendChoice, BufferId, DirectError, Event, FileSlot, open_direct};
 use sluice_numa::{NodeBuffer, NodeId, PageSize, Reactor, ReactorConfig};
 
@@ -242,18 +244,53 @@ impl DiskCacheConfig {
 }
 
 /// Counters of a disk cache, for logs and a metrics endpoint.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DiskCacheStats {
     hits: AtomicU64,
     misses: AtomicU64,
     hit_bytes: AtomicU64,
     miss_bytes: AtomicU64,
     inserts: AtomicU64,
+    insert_bytes: AtomicU64,
     evictions: AtomicU64,
     dropped: AtomicU64,
     skipped: AtomicU64,
     used_bytes: AtomicU64,
     entries: AtomicU64,
+    /// How long reading a cached block took (whole blocks and ranges read
+    /// here; not the files handed to the caller, `local_file` and
+    /// `cached_file`, which it reads itself), in nanoseconds.
+    read_latency: Histogram,
+    /// How long writing a block's cache file took, in nanoseconds.
+    write_latency: Histogram,
+}
+
+impl Default for DiskCacheStats {
+    fn default() -> Self {
+        let z = || AtomicU64::new(0);
+        DiskCacheStats {
+            hits: z(),
+            misses: z(),
+            hit_bytes: z(),
+            miss_bytes: z(),
+            inserts: z(),
+            insert_bytes: z(),
+            evictions: z(),
+            dropped: z(),
+            skipped: z(),
+            used_bytes: z(),
+            entries: z(),
+            read_latency: Histogram::new(cache_latency_bounds()),
+            write_latency: Histogram::new(cache_latency_bounds()),
+        }
+    }
+}
+
+/// The buckets JuiceFS gives `blockcache_read_hist_seconds` and
+/// `blockcache_write_hist_seconds` (10 µs × 2^k, 20 of them), in
+/// nanoseconds.
+pub fn cache_latency_bounds() -> Vec<u64> {
+    sluice_metrics::exponential_bounds(10_000.0, 2.0, 20)
 }
 
 /// A copy of the counters at one moment.
@@ -269,6 +306,8 @@ pub struct DiskCacheCounters {
     pub miss_bytes: u64,
     /// Blocks written to the cache.
     pub inserts: u64,
+    /// Bytes of the blocks written to the cache (their payload).
+    pub insert_bytes: u64,
     /// Blocks evicted for room (capacity or free space).
     pub evictions: u64,
     /// Cache files dropped as partial or damaged.
@@ -292,12 +331,23 @@ impl DiskCacheStats {
             hit_bytes: l(&self.hit_bytes),
             miss_bytes: l(&self.miss_bytes),
             inserts: l(&self.inserts),
+            insert_bytes: l(&self.insert_bytes),
             evictions: l(&self.evictions),
             dropped: l(&self.dropped),
             skipped: l(&self.skipped),
             used_bytes: l(&self.used_bytes),
             entries: l(&self.entries),
         }
+    }
+
+    /// How long reads of cached blocks took (nanoseconds).
+    pub fn read_latency(&self) -> HistogramSnapshot {
+        self.read_latency.snapshot()
+    }
+
+    /// How long writes of cache files took (nanoseconds).
+    pub fn write_latency(&self) -> HistogramSnapshot {
+        self.write_latency.snapshot()
     }
 }
 
@@ -459,7 +509,8 @@ enum Job {
     Write {
         path: PathBuf,
         parts: [Vec<u8>; 2],
-        done: Box<dyn FnOnce(io::Result<()>) + Send>,
+        /// Told how long the write took, or why it failed.
+        done: Box<dyn FnOnce(io::Result<Duration>) + Send>,
     },
 }
 
@@ -637,10 +688,11 @@ fn io_thread(rx: Receiver<Job>, backend: BackendChoice, node: Option<NodeId>) {
                 let _ = reply.send(r);
             }
             Job::Write { path, parts, done } => {
+                let started = Instant::now();
                 let r = io
                     .as_mut()
                     .map_or_else(|| Err(down()), |io| io.write(&path, &parts));
-                done(r);
+                done(r.map(|()| started.elapsed()));
             }
         }
     }
@@ -984,6 +1036,7 @@ impl DiskCache {
         let (shard, rel) = self.locate(key)?;
         shard.index.lock().touch(rel)?;
         let path = shard.root.join(rel);
+        let started = Instant::now();
         let bytes = match Self::read_job(shard, path.clone()) {
             Ok(bytes) => bytes,
             Err(e) => {
@@ -994,6 +1047,7 @@ impl DiskCache {
         let checked = check_file(&bytes, self.cfg.verify).map(|len| (bytes, len));
         match checked {
             Ok((mut bytes, len)) => {
+                self.stats.read_latency.observe_since(started);
                 bytes.truncate(len);
                 if let Some(e) = shard.index.lock().map.get_mut(rel) {
                     e.verified |= self.cfg.verify == VerifyPolicy::Full;
@@ -1023,6 +1077,7 @@ impl DiskCache {
             return Some(whole[start..end].to_vec());
         }
         let path = shard.root.join(rel);
+        let started = Instant::now();
         let file = match File::open(&path) {
             Ok(f) => f,
             Err(e) => {
@@ -1040,6 +1095,7 @@ impl DiskCache {
             });
         match res {
             Ok(buf) => {
+                self.stats.read_latency.observe_since(started);
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 self.stats
                     .hit_bytes
@@ -1249,6 +1305,7 @@ impl DiskCache {
             return;
         };
         let trailer = trailer(&data);
+        let payload = data.len() as u64;
         let size = (data.len() + trailer.len()) as u64;
         let crcs = (segment_crcs(&trailer), data.len() as u64);
         {
@@ -1273,15 +1330,19 @@ impl DiskCache {
             self.pending.clone(),
             rel.to_string(),
         );
-        let done = Box::new(move |res: io::Result<()>| {
-            let res = res.and_then(|()| fs::rename(&tmp, &path));
+        let done = Box::new(move |res: io::Result<Duration>| {
+            let res = res.and_then(|took| fs::rename(&tmp, &path).map(|()| took));
             match res {
-                Ok(()) => {
+                Ok(took) => {
                     let old = shard2
                         .index
                         .lock()
                         .add(&rel2, size, true, Some(crcs.clone()));
+                    stats
+                        .write_latency
+                        .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
                     stats.inserts.fetch_add(1, Ordering::Relaxed);
+                    stats.insert_bytes.fetch_add(payload, Ordering::Relaxed);
                     stats.entries.fetch_add(1, Ordering::Relaxed);
                     if let Some(old) = old {
                         let mut index = shard2.index.lock();

@@ -29,7 +29,9 @@ impl<S: ObjectStore + ?Sized> ObjectStore for Measured<S> {
 
     fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()> {
         let t = Instant::now();
+        OBJECTS.uploading(true);
         let r = self.0.put(key, data, crc);
+        OBJECTS.uploading(false);
         count(PUT, t, &r, |_| data.len());
         r
     }

@@ -22,7 +22,6 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use aws_sdk_s3::Client;
@@ -40,6 +39,7 @@ use bytes::Bytes;
 use tokio::sync::Semaphore;
 
 use super::{ObjectInfo, ObjectStore};
+use crate::backoff::{Backoff, Jitter};
 use crate::error::{Error, Result};
 use crate::format::Credentials;
 
@@ -222,7 +222,7 @@ pub struct S3Store {
     options: S3Options,
     uploads: Arc<Semaphore>,
     runtime: OwnedRuntime,
-    jitter: AtomicU64,
+    jitter: Jitter,
 }
 
 impl std::fmt::Debug for S3Store {
@@ -419,7 +419,7 @@ impl S3Store {
             options,
             location,
             runtime: OwnedRuntime(Some(runtime)),
-            jitter: AtomicU64::new(seed),
+            jitter: Jitter::new(seed),
         })
     }
 
@@ -534,19 +534,7 @@ impl S3Store {
     /// "equal jitter" (half fixed, half random) so that threads which
     /// failed together do not come back together.
     fn backoff(&self, n: u32) -> Duration {
-        let base = self.options.backoff_base.as_nanos() as u64;
-        let cap = self.options.backoff_max.as_nanos() as u64;
-        let full = base
-            .saturating_mul(1u64 << n.saturating_sub(1).min(30))
-            .min(cap);
-        // xorshift64: cheap and good enough to spread retries.
-        let mut x = self.jitter.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.jitter.store(x, Ordering::Relaxed);
-        let half = full / 2;
-        Duration::from_nanos(half + x % (half + 1))
+        Backoff::new(self.options.backoff_base, self.options.backoff_max).jittered(n, &self.jitter)
     }
 
     /// Runs `attempt` under the per-attempt timeout until it succeeds,

@@ -49,6 +49,7 @@ use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::{FileStore, ObjectInfo, ObjectStore, is_not_found};
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 
 /// The staging folder under a volume's directory (JuiceFS's name).
@@ -101,6 +102,22 @@ pub struct WritebackStats {
     pub failures: u64,
     /// The last upload failure, if any.
     pub last_error: Option<String>,
+    /// Blocks written into staging since start.
+    #[serde(default)]
+    pub staged_blocks: u64,
+    /// Bytes of those blocks.
+    #[serde(default)]
+    pub staged_bytes: u64,
+    /// Blocks being written into staging now.
+    #[serde(default)]
+    pub staging_now: u64,
+    /// Blocks that could not be staged (uploaded at once instead).
+    #[serde(default)]
+    pub stage_errors: u64,
+    /// The time blocks waited in staging before their upload started,
+    /// summed over every upload started (nanoseconds).
+    #[serde(default)]
+    pub staged_wait_nanos: u64,
 }
 
 /// What the running store writes to `DIR/<uuid>/status`.
@@ -124,6 +141,8 @@ pub struct WritebackStatus {
 struct Staged {
     generation: u64,
     size: u64,
+    /// When it was staged.
+    at: Instant,
 }
 
 /// An upload to run once `ready`.
@@ -219,11 +238,8 @@ fn lock_volume_dir(dir: &Path) -> Result<fs::File> {
     Ok(file)
 }
 
-fn backoff(attempts: u32) -> Duration {
-    FIRST_BACKOFF
-        .saturating_mul(1u32 << attempts.min(10))
-        .min(MAX_BACKOFF)
-}
+/// The wait before an upload's retry.
+const BACKOFF: Backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
 
 fn unix_now() -> u64 {
     SystemTime::now()
@@ -281,6 +297,8 @@ impl WritebackStore {
                 Staged {
                     generation,
                     size: obj.size,
+                    // Its wait counts from this start.
+                    at: now,
                 },
             );
             // Found blocks waited long enough: upload them now.
@@ -356,6 +374,23 @@ impl WritebackStore {
     /// Stages `data` durably and queues its upload.
     fn stage(&self, key: &str, data: &[u8], crc: u32) -> Result<()> {
         let sh = &self.shared;
+        sh.state.lock().stats.staging_now += 1;
+        let r = self.stage_counted(key, data, crc);
+        let mut st = sh.state.lock();
+        st.stats.staging_now -= 1;
+        match &r {
+            Ok(()) => {
+                st.stats.staged_blocks += 1;
+                st.stats.staged_bytes += data.len() as u64;
+            }
+            Err(_) => st.stats.stage_errors += 1,
+        }
+        r
+    }
+
+    /// [`WritebackStore::stage`] itself.
+    fn stage_counted(&self, key: &str, data: &[u8], crc: u32) -> Result<()> {
+        let sh = &self.shared;
         let mut put = sh.staging.prepare_put(key, data, Some(crc))?;
         {
             let mut st = sh.state.lock();
@@ -366,8 +401,14 @@ impl WritebackStore {
                 log::debug!("writeback: {key} staged again before its upload");
             }
             let size = data.len() as u64;
-            st.staged
-                .insert(key.to_string(), Staged { generation, size });
+            st.staged.insert(
+                key.to_string(),
+                Staged {
+                    generation,
+                    size,
+                    at: Instant::now(),
+                },
+            );
             st.stats.pending_blocks += 1;
             st.stats.pending_bytes += size;
             let ready = if st.expedite {
@@ -475,12 +516,15 @@ impl Shared {
                     let Some(Reverse(job)) = st.queue.pop() else {
                         continue;
                     };
-                    let current = st
+                    let waited = st
                         .staged
                         .get(&job.key)
-                        .is_some_and(|s| s.generation == job.generation);
-                    if current {
+                        .filter(|s| s.generation == job.generation)
+                        .map(|s| s.at.elapsed());
+                    if let Some(waited) = waited {
                         st.stats.uploading += 1;
+                        st.stats.staged_wait_nanos +=
+                            u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
                         return Some(job);
                     }
                     // Deleted or staged again since: nothing to do.
@@ -538,7 +582,7 @@ impl Shared {
                         st.stats.last_error = Some(format!("{}: staged file vanished", job.key));
                     }
                     Err(e) => {
-                        let wait = backoff(job.attempts);
+                        let wait = BACKOFF.delay(job.attempts + 1);
                         log::warn!(
                             "writeback: uploading {} failed (attempt {}): {e}; retrying in {wait:?}",
                             job.key,

@@ -529,7 +529,7 @@ fn copy_file_range_shares_blocks_and_writes_none() {
             .all(|&b| b == 0)
     );
     assert!(t.read(dst, dfh, end, 10).is_empty());
-    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true, &mut |_| {}).unwrap();
     assert!(r.orphans.is_empty(), "{r:?}");
 
     // The source goes first: its blocks stay for the destination.
@@ -537,7 +537,7 @@ fn copy_file_range_shares_blocks_and_writes_none() {
     t.vfs.release(&ctx(), dst, dfh).unwrap();
     t.vfs.unlink(&ctx(), ROOT_INO, b"src").unwrap();
     t.vfs.volume().meta.cleanup().unwrap();
-    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true, &mut |_| {}).unwrap();
     assert!(r.orphans.is_empty(), "{r:?}");
     assert_eq!(t.objects(), objects);
     let out = t.vfs.open(&ctx(), dst, libc::O_RDONLY as u32).unwrap();
@@ -547,7 +547,7 @@ fn copy_file_range_shares_blocks_and_writes_none() {
     t.vfs.unlink(&ctx(), ROOT_INO, b"dst").unwrap();
     t.vfs.volume().meta.cleanup().unwrap();
     wait_for(|| t.objects().is_empty());
-    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true).unwrap();
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, true, &mut |_| {}).unwrap();
     assert_eq!((r.scanned, r.orphans.len()), (0, 0));
 }
 
@@ -752,10 +752,19 @@ fn gc_removes_orphans_and_keeps_referenced_objects() {
     let orphan = crate::block_key::block_key("test", 999_999, 0, 3);
     store.put(&orphan, b"abc", None).unwrap();
     // Young orphans are spared: they may belong to a slice being written.
-    let r = collect_garbage(t.vfs.volume(), Duration::from_secs(3600), false).unwrap();
-    assert_eq!((r.scanned, r.referenced, r.too_recent), (4, 3, 1));
+    let mut seen = Vec::new();
+    let r = collect_garbage(t.vfs.volume(), Duration::from_secs(3600), false, &mut |r| {
+        seen.push((r.listed, r.scanned))
+    })
+    .unwrap();
+    assert_eq!(
+        (r.listed, r.scanned, r.referenced, r.too_recent),
+        (4, 4, 3, 1)
+    );
+    // Told once listed, then at the end.
+    assert_eq!(seen, [(4, 0), (4, 4)]);
     assert!(r.orphans.is_empty());
-    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, false).unwrap();
+    let r = collect_garbage(t.vfs.volume(), Duration::ZERO, false, &mut |_| {}).unwrap();
     assert_eq!(r.orphans, std::slice::from_ref(&orphan));
     assert_eq!(r.orphan_bytes, 3);
     assert!(store.head(&orphan).is_err());

@@ -140,6 +140,7 @@ pub fn find(shared: &Path, volumes: &Path) -> anyhow::Result<Source> {
 /// The settings-file form: the whole volume `file` names.
 fn settings_file(file: &Path) -> anyhow::Result<Source> {
     let config = read_settings(file)?;
+    apply_environment(&config.environment);
     Ok(Source {
         meta_url: config.meta_url,
         serve_args: config.serve_args,
@@ -147,6 +148,21 @@ fn settings_file(file: &Path) -> anyhow::Result<Source> {
         files_owner: None,
         found: format!("the volume {} names", file.display()),
     })
+}
+
+/// Sets the variables a settings file gives the daemon's environment, as
+/// systemd's `EnvironmentFile=` does for the units that read the same file
+/// (a value there wins over the launcher's). Called once the file is
+/// chosen, before the volume is opened (its password may be among them)
+/// and before logging is set up (`RUST_LOG`).
+fn apply_environment(environment: &[(String, String)]) {
+    for (name, value) in environment {
+        // SAFETY: the virtiofsd drop-in is still single-threaded here: it
+        // runs straight from `main`, and looks for its volume before it
+        // sets up logging, opens anything or starts a thread, so nothing
+        // reads the environment while it changes.
+        unsafe { std::env::set_var(name, value) };
+    }
 }
 
 fn read_settings(file: &Path) -> anyhow::Result<SourceConfig> {
@@ -227,13 +243,14 @@ fn in_sluice_mount(
             }
         }
     }
-    let (meta_url, serve_args, from) = match settings {
+    let (meta_url, serve_args, environment, from) = match settings {
         Some((path, c)) => (
             c.meta_url,
             c.serve_args,
+            c.environment,
             format!(", URL from {}", path.display()),
         ),
-        None => (mount.source.clone(), Vec::new(), String::new()),
+        None => (mount.source.clone(), Vec::new(), Vec::new(), String::new()),
     };
     let names = names_below(&mount.mountpoint, dir);
     let found = format!(
@@ -247,6 +264,7 @@ fn in_sluice_mount(
         dir,
         meta_url,
         serve_args,
+        environment,
         mount_root: Vec::new(),
         shown_ino: (!names.is_empty()).then(|| stat.ino()),
         names,
@@ -306,16 +324,26 @@ fn in_juicefs_mount(
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| config.name.clone());
     let file = volumes.join(format!("{name}.env"));
-    let (meta_url, serve_args, from) = if file.is_file() {
+    let (meta_url, serve_args, environment, from) = if file.is_file() {
         let c = read_settings(&file)?;
-        (c.meta_url, c.serve_args, format!("from {}", file.display()))
+        (
+            c.meta_url,
+            c.serve_args,
+            c.environment,
+            format!("from {}", file.display()),
+        )
     } else {
         match config
             .pid
             .ok_or_else(|| "its .config names no process".to_owned())
             .and_then(|pid| juicefs_meta_url(pid, mp).map(|u| (pid, u)))
         {
-            Ok((pid, url)) => (url, Vec::new(), format!("from juicefs process {pid}")),
+            Ok((pid, url)) => (
+                url,
+                Vec::new(),
+                Vec::new(),
+                format!("from juicefs process {pid}"),
+            ),
             Err(why) => bail!(
                 "--shared-dir {} is in the JuiceFS mount of volume {name} on {}, whose \
                  metadata URL sluice cannot learn ({why}); write it to {} as \
@@ -345,6 +373,7 @@ fn in_juicefs_mount(
         dir,
         meta_url,
         serve_args,
+        environment,
         mount_root: subdir,
         shown_ino: (!names.is_empty()).then(|| stat.ino()),
         names,
@@ -444,6 +473,8 @@ struct MountedDir<'a> {
     meta_url: String,
     /// Further `sluice serve` flags from a settings file.
     serve_args: Vec<String>,
+    /// The daemon's environment from that file.
+    environment: Vec<(String, String)>,
     /// The names of the mount's root from the volume's root (JuiceFS's
     /// `--subdir`).
     mount_root: Vec<Vec<u8>>,
@@ -461,6 +492,7 @@ impl MountedDir<'_> {
     /// Opens the volume, finds the directory by its names and checks it is
     /// the node the mount shows.
     fn resolve(self) -> anyhow::Result<Source> {
+        apply_environment(&self.environment);
         let shown = redact_url(&self.meta_url);
         let meta = open_meta(&self.meta_url)
             .with_context(|| format!("cannot open the volume at {shown}"))?;

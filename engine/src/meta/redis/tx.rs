@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use redis::{Cmd, Connection, ConnectionLike, Pipeline, RedisError, RedisResult, Value};
 
 use super::keys::{Keys, slice_field};
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::meta::acl::RuleCache;
 use crate::meta::quota::UsageDelta;
@@ -359,9 +360,11 @@ impl Pool {
     }
 }
 
+/// Sleeps before reconnection `tries` (1-based): 20 ms, doubling, at most
+/// [`MAX_BACKOFF`].
 fn backoff(tries: u32) {
-    let ms = 10u64.saturating_mul(1 << tries.min(10));
-    std::thread::sleep(Duration::from_millis(ms).min(MAX_BACKOFF));
+    const RECONNECT: Backoff = Backoff::new(Duration::from_millis(20), MAX_BACKOFF);
+    std::thread::sleep(RECONNECT.delay(tries));
 }
 
 /// What every transaction of a volume works with: its key names, the
