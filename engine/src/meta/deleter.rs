@@ -9,8 +9,9 @@
 //! (run at start and every minute) finds the rest. So the queue is bounded:
 //! work past [`MAX_QUEUED`] is left to `cleanup`.
 //!
-//! The thread takes everything queued at once: it deletes the removed
-//! files' chunk records first (each a transaction of the engine, whose
+//! The thread lets work gather for up to [`LINGER`] (not while a
+//! [`Deleter::drain`] waits), then takes everything queued at once: it
+//! deletes the removed files' chunk records first (each a transaction of the engine, whose
 //! released slices come back to this queue), then releases the slices —
 //! one [`Meta::sync`](super::Meta::sync) for all of them (an object is
 //! deleted only once the change that released it is durable), then the
@@ -20,6 +21,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -28,6 +30,17 @@ use crate::error::Result;
 
 /// The most files and slices waiting; more are left to `cleanup`.
 pub const MAX_QUEUED: usize = 1 << 16;
+
+/// How long the thread lets work gather before it takes a batch smaller
+/// than [`BATCH`]. Deletion is on no caller's path, so the wait costs no
+/// one, while a stream of unlinks (one at a time through the kernel)
+/// becomes batches: one metadata sync and a few round trips for many files
+/// instead of for each (measured on Redis through a mount: 7.0 round trips
+/// per unlink without it, the deleter waking for each file).
+const LINGER: Duration = Duration::from_millis(10);
+
+/// A batch the thread takes at once, without lingering.
+const BATCH: usize = 1024;
 
 /// What an engine does for the deleter.
 pub(crate) trait Deletes: Send + Sync + 'static {
@@ -65,6 +78,9 @@ struct Queue {
     overflowed: bool,
     /// Holds in force ([`Deleter::hold`]): the thread takes nothing.
     held: usize,
+    /// Callers of [`Deleter::drain`] waiting: the thread takes what is
+    /// queued at once, without lingering.
+    drainers: usize,
 }
 
 impl Queue {
@@ -138,9 +154,12 @@ impl Deleter {
     /// done.
     pub(crate) fn drain(&self) {
         let mut q = self.shared.queue.lock();
+        q.drainers += 1;
+        self.shared.work.notify_all();
         while (q.len() > 0 || q.busy) && !q.stop {
             self.shared.idle.wait(&mut q);
         }
+        q.drainers -= 1;
     }
 
     /// Keeps the thread from taking work until the guard is dropped: what
@@ -203,11 +222,24 @@ fn run<B: Deletes>(shared: &Shared, backend: &Weak<B>) {
                 q.overflowed = false;
                 shared.idle.notify_all();
             }
-            while (q.len() == 0 || q.held > 0) && !q.stop {
-                shared.work.wait(&mut q);
-            }
-            if q.stop {
-                return;
+            loop {
+                while (q.len() == 0 || q.held > 0) && !q.stop {
+                    shared.work.wait(&mut q);
+                }
+                // Let more gather (see `LINGER`), unless someone waits
+                // for the queue to empty.
+                let deadline = Instant::now() + LINGER;
+                while q.len() < BATCH && q.drainers == 0 && q.held == 0 && !q.stop {
+                    if shared.work.wait_until(&mut q, deadline).timed_out() {
+                        break;
+                    }
+                }
+                if q.stop {
+                    return;
+                }
+                if q.held == 0 {
+                    break;
+                }
             }
             q.busy = true;
             (std::mem::take(&mut q.files), std::mem::take(&mut q.slices))
