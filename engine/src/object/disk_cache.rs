@@ -58,13 +58,22 @@
 //!
 //! # Files that vanish
 //!
-//! The cache removes a file in two places, each taking the index entry
+//! The cache removes a file in three places, each taking the index entry
 //! out before the file: `remove` (the block's object was deleted: a
-//! released slice) and eviction. A read that found the entry just before
-//! may then find no file; that is a miss, not damage, and is neither
-//! logged nor counted as dropped (`lost_file`). A file missing while its
-//! entry is still there was removed behind the cache's back: it is dropped
-//! and said in the log.
+//! released slice), eviction, and dropping a damaged file. A read that
+//! found the entry just before may then find no file; that is a miss, not
+//! damage, and is neither logged nor counted as dropped (`lost_file`). A
+//! file missing while its entry is still there was removed behind the
+//! cache's back: it is dropped and said in the log.
+//!
+//! Each of those unlinks runs under the shard's index lock, and so does an
+//! insert's rename of its finished file into place with the index entry
+//! it adds. So a file and its entry change together: a removal whose entry
+//! went out before a new insert of the same key cannot then unlink the new
+//! file (which left an entry without a file: a "No such file" drop with no
+//! eviction, seen under fsx at unmount). The lock is held for one rename
+//! or unlink of a local file at a time, never for a read or a write of
+//! its bytes.
 //!
 //! # I/O
 //!
@@ -1215,11 +1224,14 @@ impl DiskCache {
             "disk cache: dropping {}: {why}; the block is read from the object store",
             path.display()
         );
-        let removed = shard.index.lock().remove(rel);
+        let mut index = shard.index.lock();
+        let removed = index.remove(rel);
+        // Under the index lock (see "Files that vanish").
+        let _ = fs::remove_file(path);
+        drop(index);
         if let Some(e) = removed {
             self.forget_bytes(shard, e.size);
         }
-        let _ = fs::remove_file(path);
         self.stats.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -1243,12 +1255,14 @@ impl DiskCache {
         let Some((shard, rel)) = self.locate(key) else {
             return false;
         };
-        let removed = shard.index.lock().remove(rel);
-        let Some(e) = removed else {
+        let mut index = shard.index.lock();
+        let Some(e) = index.remove(rel) else {
             return false;
         };
-        self.forget_bytes(shard, e.size);
+        // Under the index lock (see "Files that vanish").
         let _ = fs::remove_file(shard.root.join(rel));
+        drop(index);
+        self.forget_bytes(shard, e.size);
         true
     }
 
@@ -1279,6 +1293,8 @@ impl DiskCache {
                 };
                 index.used -= e.size;
                 fs_short = fs_short.saturating_sub(e.size);
+                // Under the index lock (see "Files that vanish").
+                let _ = fs::remove_file(shard.root.join(&*key));
                 victims.push((key, e.size));
             };
             if ok {
@@ -1286,8 +1302,7 @@ impl DiskCache {
             }
             ok
         };
-        for (key, esize) in victims {
-            let _ = fs::remove_file(shard.root.join(&*key));
+        for (_, esize) in victims {
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             self.stats.entries.fetch_sub(1, Ordering::Relaxed);
             self.stats.used_bytes.fetch_sub(esize, Ordering::Relaxed);
@@ -1331,13 +1346,15 @@ impl DiskCache {
             rel.to_string(),
         );
         let done = Box::new(move |res: io::Result<Duration>| {
-            let res = res.and_then(|took| fs::rename(&tmp, &path).map(|()| took));
-            match res {
-                Ok(took) => {
-                    let old = shard2
-                        .index
-                        .lock()
-                        .add(&rel2, size, true, Some(crcs.clone()));
+            // The file goes into place and its entry into the index under
+            // the index lock (see "Files that vanish").
+            let placed = res.and_then(|took| {
+                let mut index = shard2.index.lock();
+                fs::rename(&tmp, &path)?;
+                Ok((took, index.add(&rel2, size, true, Some(crcs.clone()))))
+            });
+            match placed {
+                Ok((took, old)) => {
                     stats
                         .write_latency
                         .observe(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
