@@ -157,6 +157,38 @@ fn fsck_finds_each_damage_agrees_with_juicefs_and_repairs_the_counters() {
         )),
         "dir's statistics: {report}"
     );
+    // The same findings as JSON, for scripts; the exit status the same.
+    let out = sluice(&["fsck", &vol.meta_url, "--json"]);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let j: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(j["clean"], false, "{j}");
+    let kinds: Vec<(String, String)> = j["damaged_blocks"]
+        .as_array()
+        .expect("damaged_blocks")
+        .iter()
+        .map(|d| {
+            (
+                d["path"].as_str().unwrap_or_default().to_owned(),
+                d["damage"]["kind"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        kinds.contains(&("/data.bin".into(), "missing".into())),
+        "{j}"
+    );
+    assert!(
+        kinds.contains(&("/dir/other.bin".into(), "corrupt".into())),
+        "{j}"
+    );
+    assert!(j["usage"].is_object(), "{j}");
+    assert!(
+        j["dir_stats"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|m| m["path"] == "/dir")),
+        "{j}"
+    );
     // `--fast` lists objects only, as juicefs does: the flipped byte hides.
     let fast = text(&sluice(&["fsck", &vol.meta_url, "--fast"]));
     assert!(fast.contains(&lost_name), "{fast}");

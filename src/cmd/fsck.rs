@@ -37,6 +37,10 @@ pub struct FsckArgs {
     /// Blocks read at once for the CRC32C check.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: u64,
+    /// Print what was found as one JSON object (for scripts) instead of
+    /// text; the exit status is the same.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn stat(s: &DirStat) -> String {
@@ -74,6 +78,74 @@ fn progress_line(r: &FsckReport, fast: bool) -> String {
         ));
     }
     line
+}
+
+/// What the run found as `--json` prints it: the counts, each problem with
+/// the fields the text names, and whether the volume is clean.
+fn report_json(r: &FsckReport) -> serde_json::Value {
+    use serde_json::json;
+    let damage = |d: &BlockDamage| match d {
+        BlockDamage::Missing => json!({"kind": "missing"}),
+        BlockDamage::Size { expected, actual } => {
+            json!({"kind": "size", "expected": expected, "actual": actual})
+        }
+        BlockDamage::Corrupt(why) => json!({"kind": "corrupt", "why": why}),
+        BlockDamage::Unreadable(why) => json!({"kind": "unreadable", "why": why}),
+    };
+    let stat = |s: &DirStat| json!({"length": s.data_length, "space": s.used_space, "inodes": s.used_inodes});
+    json!({
+        "nodes": r.nodes,
+        "files": r.files,
+        "slices": r.slices,
+        "blocks": r.blocks,
+        "block_bytes": r.block_bytes,
+        "read_blocks": r.read_blocks,
+        "read_bytes": r.read_bytes,
+        "damaged_blocks": r.damaged.iter().map(|d| json!({
+            "key": d.key,
+            "inode": d.ino,
+            "path": r.broken_files.get(&d.ino),
+            "damage": damage(&d.damage),
+        })).collect::<Vec<_>>(),
+        "broken_slices": r.broken_slices.iter().map(|b| json!({
+            "inode": b.ino,
+            "chunk": b.indx,
+            "slice": b.slice.id,
+            "size": b.slice.size,
+            "pos": b.slice.pos,
+            "off": b.slice.off,
+            "len": b.slice.len,
+            "reason": b.reason,
+        })).collect::<Vec<_>>(),
+        "broken_files": r.broken_files.iter().map(|(ino, path)| json!({
+            "inode": ino,
+            "path": path,
+        })).collect::<Vec<_>>(),
+        "orphan_chunks": r.orphan_chunks.iter().map(|(ino, indx)| json!({
+            "inode": ino,
+            "chunk": indx,
+        })).collect::<Vec<_>>(),
+        "usage": r.usage.as_ref().map(|m| json!({
+            "stored": m.stored.map(|(s, i)| json!({"space": s, "inodes": i})),
+            "actual": {"space": m.actual.0, "inodes": m.actual.1},
+        })),
+        "dir_stats": r.dir_stats.iter().map(|m| json!({
+            "inode": m.ino,
+            "path": m.path,
+            "stored": m.stored.as_ref().map(stat),
+            "actual": stat(&m.actual),
+        })).collect::<Vec<_>>(),
+        "dir_nlinks": r.nlinks.iter().map(|m| json!({
+            "inode": m.ino,
+            "path": m.path,
+            "stored": m.stored,
+            "actual": m.actual,
+        })).collect::<Vec<_>>(),
+        "unreferenced_objects": r.unreferenced,
+        "unreferenced_bytes": r.unreferenced_bytes,
+        "repaired": r.repaired,
+        "clean": r.clean(),
+    })
 }
 
 /// Prints what the run found, one line per problem.
@@ -192,7 +264,11 @@ pub fn run(args: FsckArgs) -> anyhow::Result<()> {
     })
     .with_context(|| format!("cannot check {}", args.meta_url))?;
     bar.finish_and_clear();
-    print_report(&report, args.repair);
+    if args.json {
+        println!("{}", report_json(&report));
+    } else {
+        print_report(&report, args.repair);
+    }
     if report.unrepaired() {
         let repairable = report.usage.is_some() || !report.dir_stats.is_empty();
         anyhow::bail!(
@@ -207,7 +283,7 @@ pub fn run(args: FsckArgs) -> anyhow::Result<()> {
             }
         );
     }
-    if report.clean() {
+    if report.clean() && !args.json {
         println!("no problems found");
     }
     Ok(())
@@ -237,6 +313,36 @@ mod tests {
             "7 nodes, 3 files, 5 blocks (9.00 MiB)"
         );
         assert_eq!(signed_size(-5), "-5 bytes");
+        let j = report_json(&r);
+        assert_eq!(
+            (j["blocks"].clone(), j["clean"].clone()),
+            (5.into(), true.into())
+        );
+        let damaged = FsckReport {
+            damaged: vec![sluice_engine::fsck::DamagedBlock {
+                key: "v/chunks/0/0/1_0_4".into(),
+                ino: 9,
+                damage: BlockDamage::Size {
+                    expected: 4,
+                    actual: 3,
+                },
+            }],
+            broken_files: [(9, "/f".to_owned())].into(),
+            usage: Some(sluice_engine::fsck::Mismatch {
+                ino: 0,
+                path: "/".into(),
+                stored: Some((1, 2)),
+                actual: (4096, 3),
+            }),
+            ..FsckReport::default()
+        };
+        let j = report_json(&damaged);
+        assert_eq!(j["clean"], false);
+        assert_eq!(j["damaged_blocks"][0]["path"], "/f");
+        assert_eq!(j["damaged_blocks"][0]["damage"]["kind"], "size");
+        assert_eq!(j["damaged_blocks"][0]["damage"]["actual"], 3);
+        assert_eq!(j["usage"]["actual"]["inodes"], 3);
+        assert_eq!(j["usage"]["stored"]["space"], 1);
         assert_eq!(signed_size(4096), "4.00 KiB (4096 bytes)");
     }
 }

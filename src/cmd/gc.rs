@@ -20,6 +20,9 @@ pub struct GcArgs {
     /// Spare objects younger than this many seconds (slices still being written).
     #[arg(long, default_value_t = 3600)]
     pub min_age: u64,
+    /// Print the result as one JSON object (for scripts) instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `sluice gc`.
@@ -56,6 +59,10 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("cannot sweep the objects of {}", args.meta_url))?;
     bar.finish_and_clear();
+    if args.json {
+        println!("{}", report_json(&report, args.delete));
+        return Ok(());
+    }
     println!(
         "scanned {} objects: {} referenced, {} unreferenced but recent (spared), {} leaked ({}){}",
         report.scanned,
@@ -73,6 +80,20 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         println!("  {key}");
     }
     Ok(())
+}
+
+/// The result as `--json` prints it: the counts, the leaked objects'
+/// bytes and keys, and whether they were deleted.
+fn report_json(r: &GcReport, deleted: bool) -> serde_json::Value {
+    serde_json::json!({
+        "scanned": r.scanned,
+        "referenced": r.referenced,
+        "spared_recent": r.too_recent,
+        "leaked": r.orphans.len(),
+        "leaked_bytes": r.orphan_bytes,
+        "deleted": deleted,
+        "leaked_objects": r.orphans,
+    })
 }
 
 /// What the progress bar says beside the count of objects looked at.
@@ -98,5 +119,10 @@ mod tests {
             ..GcReport::default()
         };
         assert_eq!(progress_message(&r), "2 leaked (5.00 MiB)");
+        let j = report_json(&r, false);
+        assert_eq!(j["leaked"], 2);
+        assert_eq!(j["leaked_bytes"], 5 << 20);
+        assert_eq!(j["leaked_objects"][1], "b");
+        assert_eq!(j["deleted"], false);
     }
 }
