@@ -53,6 +53,19 @@ fn a_volume_with_an_older_sluices_3_mib_blocks_is_served_and_the_operator_warned
         want,
         "read back from objects"
     );
+    // `info FILE --json`: the file's chunks, each slice with its objects.
+    let f = m.path.join("f");
+    let j = json_of(&["info", f.to_str().expect("a UTF-8 path"), "--json"]);
+    assert_eq!(j["length"], 70u64 << 20, "{j}");
+    let chunks = j["chunks"].as_array().expect("chunks");
+    assert_eq!(chunks.len(), 2, "70 MiB is two 64 MiB chunks: {j}");
+    let objects = chunks[0]["slices"][0]["objects"]
+        .as_array()
+        .expect("objects");
+    assert!(
+        objects[0].as_str().is_some_and(|k| k.ends_with("_3145728")),
+        "{j}"
+    );
     let log = m.log_text();
     m.unmount();
     assert!(log.contains("3072 KiB") && log.contains("JuiceFS"), "{log}");
@@ -69,6 +82,9 @@ fn a_volume_with_an_older_sluices_3_mib_blocks_is_served_and_the_operator_warned
         info.contains("3072 KiB") && info.contains("JuiceFS"),
         "{info}"
     );
+    let j = json_of(&["info", &vol.meta_url, "--json"]);
+    assert_eq!(j["settings"]["BlockSize"], 3072, "{j}");
+    assert!(j["usage"]["used_bytes"].as_u64() >= Some(70 << 20), "{j}");
     let again = sluice_ok(&["format", &vol.meta_url, "oldvol"]);
     assert!(
         again.contains("block size 3072 KiB") && again.contains("JuiceFS"),
@@ -227,4 +243,12 @@ fn another_bucket_needs_change_bucket_and_a_copy_of_the_objects() {
         b"data that lives in the bucket"
     );
     m.unmount();
+}
+
+/// The one JSON object `sluice ARGS` prints on stdout (its log goes to
+/// stderr).
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = sluice(args);
+    assert!(out.status.success(), "sluice {args:?}: {}", text(&out));
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object")
 }

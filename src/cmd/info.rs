@@ -18,6 +18,11 @@ use super::mount::sluice_mount_of;
 pub struct InfoArgs {
     /// A metadata URL (sqlite3://PATH) or a path inside a sluice mount.
     pub target: MetaUrl,
+    /// Print one JSON object (for scripts) instead of text: a volume's
+    /// `settings` and `usage`, or a file's `inode`, `type`, `mode`,
+    /// `nlink`, `length` and `chunks` (each slice with its object keys).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Settings that must never be printed.
@@ -26,7 +31,7 @@ const SECRETS: [&str; 4] = ["AccessKey", "SecretKey", "SessionToken", "EncryptKe
 /// Runs `sluice info`.
 pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     if args.target.expose().contains("://") {
-        return volume_info(&args.target);
+        return volume_info(&args.target, args.json);
     }
     let path = std::path::absolute(args.target.expose())?;
     let meta = std::fs::symlink_metadata(&path)
@@ -37,10 +42,16 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             path.display()
         );
     };
-    file_info(&MetaUrl::new(meta_url), &mountpoint, &path, meta.ino())
+    file_info(
+        &MetaUrl::new(meta_url),
+        &mountpoint,
+        &path,
+        meta.ino(),
+        args.json,
+    )
 }
 
-fn volume_info(meta_url: &MetaUrl) -> anyhow::Result<()> {
+fn volume_info(meta_url: &MetaUrl, json: bool) -> anyhow::Result<()> {
     let volume = open_volume_url(meta_url.expose())
         .with_context(|| format!("cannot open the volume at {meta_url}"))?;
     let mut settings = serde_json::to_value(&volume.format)?;
@@ -55,8 +66,22 @@ fn volume_info(meta_url: &MetaUrl) -> anyhow::Result<()> {
             *bucket = redact_url(bucket);
         }
     }
-    println!("{}", serde_json::to_string_pretty(&settings)?);
     let stat = volume.meta.statfs(&Context::internal(), ROOT_INO)?;
+    if json {
+        let used = stat.total_space.saturating_sub(stat.avail_space);
+        let out = serde_json::json!({
+            "settings": settings,
+            "usage": {
+                "used_bytes": used,
+                "used_inodes": stat.used_inodes,
+                "available_bytes": stat.avail_space,
+                "available_inodes": stat.avail_inodes,
+            },
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!("{}", serde_json::to_string_pretty(&settings)?);
     println!(
         "used: {} in {} inodes; available: {}, {} inodes",
         format_size_exact(stat.total_space.saturating_sub(stat.avail_space)),
@@ -67,10 +92,47 @@ fn volume_info(meta_url: &MetaUrl) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn file_info(meta_url: &MetaUrl, mountpoint: &Path, path: &Path, ino: u64) -> anyhow::Result<()> {
+fn file_info(
+    meta_url: &MetaUrl,
+    mountpoint: &Path,
+    path: &Path,
+    ino: u64,
+    json: bool,
+) -> anyhow::Result<()> {
     let volume = open_volume_url(meta_url.expose())
         .with_context(|| format!("cannot open the volume at {meta_url}"))?;
     let attr = volume.meta.getattr(ino)?;
+    if json {
+        let chunks = if attr.typ == FileType::File {
+            file_chunks(&volume, ino, attr.length)?
+        } else {
+            Vec::new()
+        };
+        let out = serde_json::json!({
+            "path": path.display().to_string(),
+            "volume": volume.name(),
+            "mountpoint": mountpoint.display().to_string(),
+            "inode": ino,
+            "type": format!("{:?}", attr.typ),
+            "mode": format!("{:o}", attr.mode),
+            "nlink": attr.nlink,
+            "length": attr.length,
+            "chunks": chunks.iter().map(|c| serde_json::json!({
+                "index": c.indx,
+                "slices": c.slices.iter().zip(&c.objects).map(|(s, objects)| serde_json::json!({
+                    "id": s.id,
+                    "size": s.size,
+                    "pos": s.pos,
+                    "off": s.off,
+                    "len": s.len,
+                    "hole": s.id == 0,
+                    "objects": objects,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{out}");
+        return Ok(());
+    }
     println!("{}", path.display());
     println!(
         "  volume: {} (mounted on {})",
