@@ -146,6 +146,17 @@ kvm | tcg) ;;
 *) bad_arg "--accel must be auto, kvm or tcg, not '$accel'" ;;
 esac
 if [ "$accel" = kvm ]; then cpu=host; else cpu=max; fi
+accel_opts=$accel
+# Under TCG, more than one vCPU runs one host thread per vCPU by default
+# (MTTCG). The guest kernel patches its own text while other CPUs run
+# (static keys: an int3 byte first, then the new instruction), and MTTCG
+# can let another vCPU run a stale translation of the int3 after the
+# patch is done: the kernel oopses ("int3" in enqueue_timer, seen in CI).
+# One thread for all vCPUs switches between them only at translation-block
+# boundaries, after a store's invalidation, so a stale block cannot run.
+# The vCPUs still interleave, so multi-queue paths still see traffic on
+# every queue.
+[ "$accel" != tcg ] || [ "$cpus" -le 1 ] || accel_opts="tcg,thread=single"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -191,7 +202,7 @@ memdev="memory-backend-memfd,id=mem,size=$mem,share=on"
 [ -z "$host_node" ] || memdev+=",host-nodes=$host_node,policy=bind"
 # shellcheck disable=SC2054 # the commas are QEMU's option syntax
 qemu=(qemu-system-x86_64
-    -machine q35 -accel "$accel" -cpu "$cpu" -smp "$cpus" -m "$mem"
+    -machine q35 -accel "$accel_opts" -cpu "$cpu" -smp "$cpus" -m "$mem"
     # vhost-user backends map guest memory, so it must be shared memory.
     -object "$memdev" -numa node,memdev=mem
     -kernel "$kernel" -initrd "$initrd" -append "$append"
