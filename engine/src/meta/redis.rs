@@ -21,6 +21,7 @@
 //! `redis://MASTER,SENTINEL[:PORT],...` form) and `rediss://` (TLS, with
 //! JuiceFS's option names) are served.
 
+mod cache;
 mod check;
 mod chunk;
 mod cluster;
@@ -115,6 +116,9 @@ struct Inner {
     quotas: Quotas,
     /// The ACL rules this client has read or made.
     acls: crate::meta::acl::RuleCache,
+    /// Attributes and entries read, kept until Redis says they changed
+    /// (`?client-cache=false`: none).
+    cache: Option<Arc<cache::MetaCache>>,
 }
 
 impl std::fmt::Debug for RedisMeta {
@@ -283,10 +287,36 @@ impl RedisMeta {
         // dropped; its TLS options are ours.
         let mut kept: Vec<&str> = Vec::new();
         let mut fsync_replicas = 0u32;
+        let mut cache = Some(cache::Settings {
+            size: cache::DEFAULT_SIZE,
+            expire: cache::DEFAULT_EXPIRE,
+        });
+        let mut cache_size = None;
+        let mut cache_expire = None;
         for p in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = p.split_once('=').unwrap_or((p, ""));
             if is_unix && matches!(key, "db" | "user" | "pass") {
                 kept.push(p);
+            } else if key == "client-cache" {
+                // JuiceFS's option (there off unless given); on here unless
+                // turned off.
+                if matches!(value, "false" | "0" | "off" | "no") {
+                    cache = None;
+                }
+            } else if key == "client-cache-size" {
+                cache_size = Some(value.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(
+                    || {
+                        Error::Invalid(format!(
+                            "{shown}: client-cache-size takes a number of entries above 0, not {value:?}"
+                        ))
+                    },
+                )?);
+            } else if key == "client-cache-expire" {
+                cache_expire = Some(cache::parse_expire(value).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "{shown}: client-cache-expire takes a duration such as 60s, 5m or 500ms, not {value:?}"
+                    ))
+                })?);
             } else if key == "fsync-replicas" {
                 fsync_replicas = value.parse().map_err(|_| {
                     Error::Invalid(format!(
@@ -305,6 +335,10 @@ impl RedisMeta {
             } else {
                 log::debug!("ignoring Redis URL option {key}");
             }
+        }
+        if let Some(c) = cache.as_mut() {
+            c.size = cache_size.unwrap_or(c.size);
+            c.expire = cache_expire.unwrap_or(c.expire);
         }
         let clean = if sentinel {
             // The node settings (user, password, db) as the driver reads
@@ -356,6 +390,7 @@ impl RedisMeta {
                 pool,
                 Keys::default(),
                 fsync_replicas,
+                cache,
             ));
         }
         // A cluster node refuses SELECT, so the first contact uses db 0.
@@ -402,10 +437,23 @@ impl RedisMeta {
         } else {
             (Pool::new(client(info).map_err(unusable)?), Keys::default())
         };
-        Ok(RedisMeta::with(shown, pool, keys, fsync_replicas))
+        Ok(RedisMeta::with(shown, pool, keys, fsync_replicas, cache))
     }
 
-    fn with(shown: String, pool: Pool, keys: Keys, fsync_replicas: u32) -> RedisMeta {
+    fn with(
+        shown: String,
+        pool: Pool,
+        keys: Keys,
+        fsync_replicas: u32,
+        cache: Option<cache::Settings>,
+    ) -> RedisMeta {
+        let cache = cache.and_then(|settings| match pool.locator() {
+            Some(locate) => Some(cache::MetaCache::start(settings, keys.prefix(), locate)),
+            None => {
+                log::info!("{shown}: no metadata cache over TLS (its invalidation feed speaks plain TCP or a Unix socket)");
+                None
+            }
+        });
         RedisMeta {
             inner: Arc::new(Inner {
                 addr: shown,
@@ -426,6 +474,7 @@ impl RedisMeta {
                 work: Default::default(),
                 quotas: Quotas::default(),
                 acls: Default::default(),
+                cache,
             }),
         }
     }
@@ -509,7 +558,7 @@ fn sentinel_pool(
     }
     let client = b.build().map_err(bad)?;
     Ok(Pool::with_source(Source::Sentinel {
-        client: Mutex::new(client),
+        client: Arc::new(Mutex::new(client)),
         name: name.to_string(),
         master: Mutex::new(None),
     }))
@@ -609,6 +658,7 @@ impl Inner {
             trash_days,
             quotas: &self.quotas,
             acls: &self.acls,
+            cache: self.cache.as_deref(),
         }
     }
 
@@ -911,8 +961,18 @@ impl Meta for RedisMeta {
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr> {
-        self.inner
-            .read(|tx| node::get(tx, ino)?.ok_or(TxError::Fs(Error::NotFound)))
+        let cache = self.inner.cache.as_deref();
+        if let Some(a) = cache.and_then(|c| c.attr(ino)) {
+            return Ok(a);
+        }
+        let ticket = cache.and_then(|c| c.ticket());
+        let a = self
+            .inner
+            .read(|tx| node::get(tx, ino)?.ok_or(TxError::Fs(Error::NotFound)))?;
+        if let Some(c) = cache {
+            c.put_attr(ticket, ino, &a);
+        }
+        Ok(a)
     }
 
     fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
@@ -1099,6 +1159,8 @@ impl Meta for RedisMeta {
         // that an unlink on another host either sees this open or has
         // removed the file before the attributes are read.
         let key = self.inner.keys.inode(ino);
+        let cache = self.inner.cache.as_deref();
+        let ticket = cache.and_then(|c| c.ticket());
         let raw = session::opened(&self.inner, ino, Some(&key))?;
         let checked = match raw {
             None => Err(Error::NotFound),
@@ -1110,6 +1172,9 @@ impl Meta for RedisMeta {
                     ))
                 })
                 .and_then(|attr| {
+                    if let Some(c) = cache {
+                        c.put_attr(ticket, ino, &attr);
+                    }
                     let acl = match attr.access_acl {
                         0 => None,
                         _ => self.inner.read(|tx| node::access_rule(tx, &attr))?,

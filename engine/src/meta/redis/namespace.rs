@@ -187,6 +187,13 @@ pub(super) fn lookup_name(
     if matches!(name, b"." | b"..") || (parent == ROOT_INO && name == TRASH_NAME) {
         return lookup(inner, ctx, parent, name);
     }
+    let cache = inner.cache.as_deref();
+    if let Some(c) = cache
+        && let Some(hit) = cached_lookup(inner, c, ctx, parent, name)
+    {
+        return hit;
+    }
+    let ticket = cache.and_then(|c| c.ticket());
     let (ikey, dkey) = (inner.keys.inode(parent), inner.keys.entry(parent));
     // By its digest (`EVALSHA`): the script is sent once per server, and
     // again only when the server answers that it lost it (`NOSCRIPT`: a
@@ -209,15 +216,16 @@ pub(super) fn lookup_name(
             pa.len()
         ))
     })?;
-    if pa.typ != FileType::Directory {
-        return Err(Error::NotDir);
+    if let Some(c) = cache {
+        c.put_attr(ticket, parent, &pa);
     }
-    let acl = match pa.access_acl {
-        0 => None,
-        _ => inner.read(|tx| node::access_rule(tx, &pa))?,
+    check_parent(inner, ctx, &pa)?;
+    let Some(e) = found.next() else {
+        if let Some(c) = cache {
+            c.put_entry(ticket, parent, name, None);
+        }
+        return Err(Error::NotFound);
     };
-    rules::check_access(ctx, &pa, acl.as_deref(), MASK_X)?;
-    let e = found.next().ok_or(Error::NotFound)?;
     let (_, ino) = decode_entry(&e).ok_or_else(|| {
         Error::Corrupt(format!(
             "entry {:?} of directory {parent} is {} bytes, not 9",
@@ -234,7 +242,42 @@ pub(super) fn lookup_name(
         })?,
         None => inner.read(|tx| node::must_get(tx, ino))?,
     };
+    if let Some(c) = cache {
+        c.put_entry(ticket, parent, name, Some(ino));
+        c.put_attr(ticket, ino, &attr);
+    }
     Ok((ino, attr))
+}
+
+/// Whether `ctx` may look names up in the directory `pa`.
+fn check_parent(inner: &Inner, ctx: &Context, pa: &Attr) -> Result<()> {
+    if pa.typ != FileType::Directory {
+        return Err(Error::NotDir);
+    }
+    let acl = match pa.access_acl {
+        0 => None,
+        _ => inner.read(|tx| node::access_rule(tx, pa))?,
+    };
+    rules::check_access(ctx, pa, acl.as_deref(), MASK_X)
+}
+
+/// A lookup answered from the host-local cache alone (the directory's
+/// attributes, the entry, and the child's attributes all kept); `None`
+/// when something is not.
+fn cached_lookup(
+    inner: &Inner,
+    cache: &super::cache::MetaCache,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+) -> Option<Result<(Ino, Attr)>> {
+    let entry = cache.entry(parent, name)?;
+    let pa = cache.attr(parent)?;
+    let found = match entry {
+        None => None,
+        Some(ino) => Some((ino, cache.attr(ino)?)),
+    };
+    Some(check_parent(inner, ctx, &pa).and_then(|()| found.ok_or(Error::NotFound)))
 }
 
 /// Creates a node of any type.

@@ -12,8 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::RedisMeta;
+use crate::Error;
 use crate::meta::conformance::{self, test_format};
-use crate::meta::{Context, FileType, Meta, ROOT_INO, Slice, Timestamp};
+use crate::meta::{Context, FileType, Meta, ROOT_INO, SetAttr, Slice, Timestamp};
 
 /// A `redis-server` of one test.
 pub(crate) struct RedisServer {
@@ -986,6 +987,113 @@ fn two_clients_on_one_volume_stay_consistent() {
     a.close(f).expect("close");
 }
 
+/// The host-local metadata cache: what one client caches is dropped when
+/// another changes it — at once, with no wait (Redis writes the push
+/// before the writer's answer) — and nothing is served from it while its
+/// invalidation feed is down.
+#[test]
+fn a_cached_entry_or_node_changed_by_another_client_is_not_served() {
+    let Some((s, a)) = fresh() else { return };
+    a.init(&test_format(0)).expect("format");
+    a.load().expect("load");
+    let b = RedisMeta::open(&s.url(1)).expect("second client");
+    b.load().expect("load");
+    let c = Context::default();
+    let (x, _) = a.create(&c, ROOT_INO, b"x", 0o644, 0).expect("create");
+    a.close(x).expect("close");
+
+    // b caches the entry, the node, and an absent name.
+    for _ in 0..2 {
+        assert_eq!(b.lookup(&c, ROOT_INO, b"x").expect("x").0, x);
+        assert!(matches!(
+            b.lookup(&c, ROOT_INO, b"later"),
+            Err(Error::NotFound)
+        ));
+        assert_eq!(b.getattr(x).expect("x").mode, 0o644);
+    }
+    let before = b.round_trips();
+    assert_eq!(b.lookup(&c, ROOT_INO, b"x").expect("x").0, x);
+    assert_eq!(b.getattr(x).expect("x").mode, 0o644);
+    assert_eq!(b.round_trips(), before, "b answers from its cache");
+
+    // a changes each; b sees every change on its next call.
+    a.setattr(
+        &c,
+        x,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .expect("chmod");
+    assert_eq!(b.getattr(x).expect("x").mode, 0o600, "a's chmod");
+    a.rename(
+        &c,
+        ROOT_INO,
+        b"x",
+        ROOT_INO,
+        b"y",
+        crate::meta::RenameFlags::default(),
+    )
+    .expect("rename");
+    assert!(matches!(b.lookup(&c, ROOT_INO, b"x"), Err(Error::NotFound)));
+    assert_eq!(b.lookup(&c, ROOT_INO, b"y").expect("y").0, x);
+    let (later, _) = a.mkdir(&c, ROOT_INO, b"later", 0o755, 0).expect("mkdir");
+    assert_eq!(b.lookup(&c, ROOT_INO, b"later").expect("later").0, later);
+    a.unlink(&c, ROOT_INO, b"y").expect("unlink");
+    assert!(matches!(b.lookup(&c, ROOT_INO, b"y"), Err(Error::NotFound)));
+
+    // The feed goes away: b serves nothing from its cache, and changes
+    // made meanwhile are seen.
+    assert_eq!(b.getattr(later).expect("later").mode, 0o755);
+    let mut r = raw(&s, 1);
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .arg("TYPE")
+        .arg("normal")
+        .query(&mut r)
+        .expect("kill the clients' connections");
+    assert!(killed >= 2, "both clients' feeds and pools: {killed}");
+    a.setattr(
+        &c,
+        later,
+        &SetAttr {
+            mode: Some(0o700),
+            ..Default::default()
+        },
+    )
+    .expect("chmod after the kill");
+    assert_eq!(b.getattr(later).expect("later").mode, 0o700);
+
+    // A flush of the database drops everything (a null push). Redis
+    // queues that push while the flush runs, before its own answer, so it
+    // may reach b a moment after the flush returns: b must see it well
+    // within the cache's 60 s expiry.
+    let cache = b.inner.cache.as_deref().expect("b has a cache");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cache.ticket().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the feed never came back"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(b.getattr(later).expect("later").mode, 0o700);
+    assert_eq!(b.getattr(later).expect("later").mode, 0o700);
+    redis::cmd("FLUSHDB").query::<()>(&mut r).expect("flushdb");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while b.getattr(later).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b serves a node the flush removed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(matches!(b.getattr(later), Err(Error::NotFound)));
+}
+
 #[test]
 fn a_cluster_volume_lives_behind_its_hash_tag() {
     let Some(s) = RedisServer::start_cluster() else {
@@ -1158,6 +1266,18 @@ fn round_trips_on(s: &RedisServer) {
     let stat = phase(&mut |i| {
         vfs.getattr(&ctx, inos[i as usize]).expect("stat");
     });
+    // Unchanged since, the attributes come from the host-local cache.
+    let stat_again = phase(&mut |i| {
+        vfs.getattr(&ctx, inos[i as usize]).expect("stat");
+    });
+    let lookup = phase(&mut |i| {
+        vfs.lookup(&ctx, ROOT_INO, format!("f{i}").as_bytes())
+            .expect("lookup");
+    });
+    let lookup_again = phase(&mut |i| {
+        vfs.lookup(&ctx, ROOT_INO, format!("f{i}").as_bytes())
+            .expect("lookup");
+    });
     let read = phase(&mut |i| {
         let ino = inos[i as usize];
         let out = vfs.open(&ctx, ino, libc::O_RDONLY as u32).expect("open");
@@ -1175,9 +1295,12 @@ fn round_trips_on(s: &RedisServer) {
     });
     let per = |t: u64| t as f64 / N as f64;
     eprintln!(
-        "round trips per operation: create+write+close {:.2}, stat {:.2}, open+read+close {:.2}, unlink {:.2}",
+        "round trips per operation: create+write+close {:.2}, stat {:.2} (again {:.2}), lookup {:.2} (again {:.2}), open+read+close {:.2}, unlink {:.2}",
         per(create),
         per(stat),
+        per(stat_again),
+        per(lookup),
+        per(lookup_again),
         per(read),
         per(unlink)
     );
@@ -1188,6 +1311,9 @@ fn round_trips_on(s: &RedisServer) {
     for (what, got, goal) in [
         ("create + write + close", per(create), 4.0),
         ("stat", per(stat), 1.0),
+        ("stat of an unchanged file", per(stat_again), 0.0),
+        ("lookup", per(lookup), 1.0),
+        ("lookup of an unchanged entry", per(lookup_again), 0.0),
         ("open + read + close", per(read), 2.0),
         ("unlink", per(unlink), 4.0),
     ] {
@@ -1208,16 +1334,28 @@ fn lookups_survive_a_script_flush() {
         return;
     };
     let c = Context::default();
+    // The first lookup loads the script.
+    assert!(matches!(
+        m.lookup(&c, ROOT_INO, b"f"),
+        Err(crate::Error::NotFound)
+    ));
     let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
-    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("lookup").0, f);
+    let (g, _) = m.create(&c, ROOT_INO, b"g", 0o644, 0).expect("g");
     let before = m.round_trips();
     assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("lookup").0, f);
     assert_eq!(m.round_trips() - before, 1, "a lookup is one round trip");
+    let before = m.round_trips();
+    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("lookup").0, f);
+    assert_eq!(
+        m.round_trips() - before,
+        0,
+        "an unchanged entry is looked up in the host-local cache"
+    );
     redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query::<()>(&mut r)
         .expect("flush");
-    assert_eq!(m.lookup(&c, ROOT_INO, b"f").expect("after a flush").0, f);
+    assert_eq!(m.lookup(&c, ROOT_INO, b"g").expect("after a flush").0, g);
     assert!(matches!(
         m.lookup(&c, ROOT_INO, b"none"),
         Err(crate::Error::NotFound)

@@ -143,7 +143,7 @@ pub(super) enum Source {
     /// master's connections fail (or answer `READONLY`) and are replaced.
     Sentinel {
         /// The sentinels, and the master's name.
-        client: Mutex<redis::sentinel::SentinelClient>,
+        client: Arc<Mutex<redis::sentinel::SentinelClient>>,
         /// The master's name.
         name: String,
         /// The master's address at the last connection (for the log line
@@ -178,6 +178,43 @@ impl Source {
                 *last = Some(addr.clone());
                 drop(last);
                 Ok((c.get_connection_with_timeout(CONNECT_TIMEOUT)?, addr))
+            }
+        }
+    }
+
+    /// Where the metadata cache's feed connects (the master now, for
+    /// Sentinel); `None` where it cannot (TLS: the feed speaks plain TCP
+    /// or a Unix socket).
+    pub(super) fn locator(&self) -> Option<super::cache::Locate> {
+        use super::cache::{Addr, Target};
+        fn target(info: &redis::ConnectionInfo) -> Result<Target, String> {
+            let addr = match info.addr() {
+                redis::ConnectionAddr::Tcp(h, p) => Addr::Tcp(h.clone(), *p),
+                redis::ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
+                _ => return Err("not over TLS".into()),
+            };
+            let settings = info.redis_settings();
+            Ok(Target {
+                addr,
+                user: settings.username().map(str::to_string),
+                password: settings.password().map(str::to_string),
+            })
+        }
+        match self {
+            Source::Server(c) => {
+                let info = c.get_connection_info().clone();
+                target(&info).ok()?;
+                Some(Box::new(move || target(&info)))
+            }
+            Source::Sentinel { client, .. } => {
+                let client = client.clone();
+                Some(Box::new(move || {
+                    let c = client
+                        .lock()
+                        .get_client()
+                        .map_err(|e| format!("no master from the sentinels: {e}"))?;
+                    target(c.get_connection_info())
+                }))
             }
         }
     }
@@ -268,6 +305,11 @@ impl Pool {
             )));
         }
         Ok(v)
+    }
+
+    /// Where the metadata cache's feed connects ([`Source::locator`]).
+    pub(super) fn locator(&self) -> Option<super::cache::Locate> {
+        self.source.locator()
     }
 
     /// Round trips to the server so far (connection set-up not counted).
@@ -380,6 +422,8 @@ pub(super) struct TxEnv<'a> {
     pub(super) quotas: &'a Quotas,
     /// The ACL rules this client has read or made.
     pub(super) acls: &'a RuleCache,
+    /// The host-local metadata cache: a commit drops what it changed.
+    pub(super) cache: Option<&'a super::cache::MetaCache>,
 }
 
 /// One transaction attempt on one connection.
@@ -421,6 +465,7 @@ pub(super) struct Tx<'c> {
     pub(super) quotas: &'c Quotas,
     /// The ACL rules this client has read or made.
     pub(super) acls: &'c RuleCache,
+    cache: Option<&'c super::cache::MetaCache>,
     /// Whether growth below a quota directory is checked (a rename checks
     /// before its transaction, by JuiceFS's rule, and turns this off).
     pub(super) check_quota: bool,
@@ -783,7 +828,13 @@ impl<'c> Tx<'c> {
         for c in self.queue.drain(..) {
             exec.add_command(c);
         }
-        let Some(results) = exec.query::<Option<Vec<Value>>>(self.conn)? else {
+        let answer = exec.query::<Option<Vec<Value>>>(self.conn);
+        // Whatever the answer (applied, a conflict, unknown), what this
+        // commit may have changed is no longer trusted here.
+        if let Some(cache) = self.cache {
+            cache.forget_written(exec.cmd_iter());
+        }
+        let Some(results) = answer? else {
             return Ok(None);
         };
         let mut post = std::mem::take(&mut self.post);
@@ -839,6 +890,7 @@ impl Pool {
             trash_days,
             quotas,
             acls,
+            cache,
         } = *env;
         sluice_api::wait::may_wait()?;
         let (mut conflicts, mut reconnects) = (0u32, 0u32);
@@ -871,6 +923,7 @@ impl Pool {
                             trash_days,
                             quotas,
                             acls,
+                            cache,
                             check_quota: true,
                             usage: UsageDelta::default(),
                         };
