@@ -5,7 +5,8 @@
 # Starts a private redis-server (appendonly off, on loopback), formats a sluice volume
 # (database 1) and a JuiceFS volume (database 2) on it, each with a local directory as its
 # bucket, mounts both, and runs `sluice bench files` on each mount: N files of 4 KiB
-# created (open, write, close), stat'ed, read (open, read, close), listed with a stat of
+# created (open, write, close), stat'ed twice (the second time unchanged: sluice's
+# host-local metadata cache answers it), read (open, read, close), listed with a stat of
 # each (`ls -l`), unlinked, then a checkpoint burst (8 threads × 125 files × 1 MiB, each
 # fsync'ed). The bench waits 1.2 s between phases so the kernel's attribute and entry
 # caches (1 s on both) have expired, and reads the server's `total_reads_processed`
@@ -13,7 +14,8 @@
 # sent; background work of both daemons, a few commands a minute, is counted too).
 #
 # Goals (issue: the metadata path, written once): round trips per file create + write +
-# close <= 4, stat <= 1, open + read + close <= 2, unlink <= 4 (JuiceFS 1.4: 11, 1, 4, 15);
+# close <= 4, stat <= 1 (0 unchanged), open + read + close <= 2, unlink <= 4 (JuiceFS 1.4:
+# 11, 1, 4, 15);
 # create and unlink >= 3x JuiceFS per second, stat and read >= 2x. On loopback a round
 # trip costs ~50 us; between hosts 0.2-0.5 ms, where the trips decide: the script prints
 # what each line would cost at 0.3 ms a trip too.
@@ -125,7 +127,7 @@ for r in $(seq 1 "$rounds"); do
         if [ "$side" = sluice ]; then dir="$sl/mnt"; else dir="$jfs/mnt"; fi
         echo "== round $r: $side"
         "$sluice" bench files "$dir" --json --count "$count" --checkpoint-files "$ckpt" \
-            --phases create,stat,read,list,unlink,checkpoint --settle 1.2 --redis "$redis" \
+            --phases create,stat,stat,read,list,unlink,checkpoint --settle 1.2 --redis "$redis" \
             >"$work/results/$side-$r.json"
     done
 done
@@ -139,19 +141,25 @@ res, rounds = sys.argv[1], int(sys.argv[2])
 def load(side):
     out = {}
     for r in range(1, rounds + 1):
+        seen = set()
         for line in open(f"{res}/{side}-{r}.json"):
             o = json.loads(line)
-            d = out.setdefault(o["phase"], {"rate": [], "trips": []})
+            # A phase run twice: the second sees what the first left cached.
+            key = o["phase"] + (" again" if o["phase"] in seen else "")
+            seen.add(o["phase"])
+            d = out.setdefault(key, {"rate": [], "trips": []})
             d["rate"].append(o["files_per_sec"])
             d["trips"].append(o.get("round_trips_per_file") or 0.0)
     return {k: (statistics.median(v["rate"]), statistics.median(v["trips"])) for k, v in out.items()}
 s, j = load("sluice"), load("juicefs")
-names = {"create": "create + write + close", "stat": "stat", "read": "open + read + close",
+names = {"create": "create + write + close", "stat": "stat", "stat again": "stat (unchanged)",
+         "read": "open + read + close",
          "list": "ls -l (per entry)", "unlink": "unlink", "checkpoint": "checkpoint (1 MiB, fsync)"}
-goals = {"create": (4, 3.0), "stat": (1, 2.0), "read": (2, 2.0), "unlink": (4, 3.0)}
+goals = {"create": (4, 3.0), "stat": (1, 2.0), "stat again": (0, 2.0), "read": (2, 2.0),
+         "unlink": (4, 3.0)}
 print(f"{'line':<26} {'sluice/s':>9} {'JuiceFS/s':>9} {'ratio':>6} {'trips':>6} {'JFS':>6}"
       f" {'ratio @0.3ms':>12}  goal")
-for k in ("create", "stat", "read", "list", "unlink", "checkpoint"):
+for k in ("create", "stat", "stat again", "read", "list", "unlink", "checkpoint"):
     if k not in s or k not in j:
         continue
     (sr, st), (jr, jt) = s[k], j[k]

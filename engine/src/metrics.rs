@@ -184,6 +184,35 @@ pub static COMMITS: LazyLock<CommitMetrics> = LazyLock::new(|| CommitMetrics {
     record: Histogram::new(tx_latency_bounds()),
 });
 
+/// The host-local metadata cache (Redis): reads it answered, reads it
+/// could not, and keys other clients' changes (or this one's) dropped.
+#[derive(Debug, Default)]
+pub struct MetaCacheMetrics {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    invalidations: AtomicU64,
+}
+
+impl MetaCacheMetrics {
+    /// Counts one cache read.
+    pub fn read(&self, hit: bool) {
+        add(if hit { &self.hits } else { &self.misses }, 1);
+    }
+
+    /// Counts `n` keys invalidated.
+    pub fn invalidated(&self, n: u64) {
+        add(&self.invalidations, n);
+    }
+
+    /// (hits, misses, invalidations) so far.
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        (get(&self.hits), get(&self.misses), get(&self.invalidations))
+    }
+}
+
+/// This process's host-local metadata caches.
+pub static META_CACHE: LazyLock<MetaCacheMetrics> = LazyLock::new(MetaCacheMetrics::default);
+
 /// This process's object-store requests.
 pub static OBJECTS: LazyLock<ObjectMetrics> = LazyLock::new(ObjectMetrics::new);
 

@@ -179,6 +179,7 @@ impl Metrics {
         objects(&mut x);
         transactions(&mut x);
         commits(&mut x);
+        meta_cache(&mut x);
         let session = s.session.lock().clone();
         if let Some(session) = &session {
             handles(&mut x, &session.gauges);
@@ -533,6 +534,28 @@ fn transactions(x: &mut Exposition) {
         "The number of times a transaction is restarted.",
         Kind::Counter,
         restarts as f64,
+    );
+}
+
+fn meta_cache(x: &mut Exposition) {
+    let (hits, misses, invalidations) = sluice_engine::metrics::META_CACHE.snapshot();
+    x.single(
+        "sluice_meta_cache_hits_total",
+        "Attribute and entry reads the host-local metadata cache answered (Redis: no round trip).",
+        Kind::Counter,
+        hits as f64,
+    );
+    x.single(
+        "sluice_meta_cache_misses_total",
+        "Attribute and entry reads the host-local metadata cache could not answer.",
+        Kind::Counter,
+        misses as f64,
+    );
+    x.single(
+        "sluice_meta_cache_invalidations_total",
+        "Keys the host-local metadata cache dropped because Redis said another client changed them.",
+        Kind::Counter,
+        invalidations as f64,
     );
 }
 

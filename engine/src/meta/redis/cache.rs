@@ -70,6 +70,13 @@ pub(super) fn parse_expire(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
+/// How often the feed's thread checks that the feed still answers.
+const PING_EVERY: Duration = Duration::from_secs(1);
+/// A feed whose `PING` is unanswered this long is taken for lost: a host
+/// cut off without a word (no FIN, no RST) would otherwise keep serving
+/// what it cannot hear being changed. The most a cached value can be
+/// served stale after such a cut is about this long.
+const SILENT_AFTER: Duration = Duration::from_secs(3);
 /// Connect and handshake timeout of the feed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the feed's thread waits between reconnection attempts.
@@ -315,6 +322,10 @@ fn frame_end(b: &[u8], at: usize, depth: u32) -> Result<Option<usize>, String> {
 struct Feed {
     stream: Stream,
     buf: Vec<u8>,
+    /// When the `PING` not yet answered was sent (the feed's heartbeat).
+    ping: Option<Instant>,
+    /// When the last one was sent.
+    last_ping: Instant,
 }
 
 impl Feed {
@@ -324,6 +335,8 @@ impl Feed {
         let mut feed = Feed {
             stream: Stream::connect(&target.addr).map_err(|e| format!("cannot connect: {e}"))?,
             buf: Vec::new(),
+            ping: None,
+            last_ping: Instant::now(),
         };
         let mut hello = redis::cmd("HELLO");
         hello.arg(3);
@@ -377,6 +390,32 @@ impl Feed {
             .map_err(|e| format!("an unreadable frame: {e}"))?;
         self.buf.drain(..end);
         Ok(Some(v))
+    }
+
+    /// Whether the feed has gone quiet: a `PING` unanswered for longer
+    /// than [`SILENT_AFTER`] (a peer gone without a word, a partition).
+    fn silent(&self) -> bool {
+        self.ping.is_some_and(|t| t.elapsed() > SILENT_AFTER)
+    }
+
+    /// Sends a `PING` when none is outstanding and the last went out
+    /// [`PING_EVERY`] ago; its `PONG` comes back among the pushes, after
+    /// every push the server sent before it.
+    fn heartbeat(&mut self) -> Result<(), String> {
+        if self.ping.is_some() || self.last_ping.elapsed() < PING_EVERY {
+            return Ok(());
+        }
+        let ping = b"*1\r\n$4\r\nPING\r\n";
+        match self.stream.write(ping) {
+            Ok(n) if n == ping.len() => {
+                let now = Instant::now();
+                self.ping = Some(now);
+                self.last_ping = now;
+                Ok(())
+            }
+            Ok(_) => Err("a PING written only in part".into()),
+            Err(e) => Err(format!("cannot send a PING: {e}")),
+        }
     }
 
     /// Reads what the socket holds now, without waiting. `Err`: the
@@ -496,6 +535,12 @@ impl MetaCache {
         let mut keys = Vec::new();
         let mut flush = false;
         let r = f.fill().and_then(|()| {
+            if f.silent() {
+                return Err(format!(
+                    "no answer to a PING in {} s",
+                    SILENT_AFTER.as_secs()
+                ));
+            }
             while let Some(v) = f.next()? {
                 match v {
                     Value::Push {
@@ -515,6 +560,9 @@ impl MetaCache {
                         _ => flush = true,
                     },
                     Value::Push { .. } => {}
+                    Value::SimpleString(pong) if pong == "PONG" && f.ping.is_some() => {
+                        f.ping = None;
+                    }
                     other => {
                         return Err(format!("an unexpected frame on the feed: {other:?}"));
                     }
@@ -527,23 +575,42 @@ impl MetaCache {
             self.stats
                 .invalidations
                 .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            crate::metrics::META_CACHE.invalidated(keys.len() as u64);
             for k in keys {
                 s.invalidate(k);
             }
-            if flush || r.is_err() {
+            if flush {
                 s.reset();
-            }
-            if r.is_err() {
-                s.live = false;
             }
         }
         if let Err(e) = r {
-            log::warn!(
-                "metadata cache: the invalidation feed failed ({e}); cache off until it reconnects"
-            );
-            self.fd.store(-1, Ordering::Release);
-            *feed = None;
+            self.lost(&mut feed, &e);
         }
+    }
+
+    /// Sends the feed's heartbeat when it is due; a feed that cannot take
+    /// it is dropped, as in [`MetaCache::drain`].
+    fn heartbeat(&self) {
+        let mut feed = self.feed.lock();
+        let Some(f) = feed.as_mut() else { return };
+        if let Err(e) = f.heartbeat() {
+            self.lost(&mut feed, &e);
+        }
+    }
+
+    /// Drops a failed feed: nothing is served or kept until the thread
+    /// connects again.
+    fn lost(&self, feed: &mut Option<Feed>, why: &str) {
+        {
+            let mut s = self.state.lock();
+            s.reset();
+            s.live = false;
+        }
+        log::warn!(
+            "metadata cache: the invalidation feed failed ({why}); cache off until it reconnects"
+        );
+        self.fd.store(-1, Ordering::Release);
+        *feed = None;
     }
 
     /// A ticket for a read about to be sent; `None` when nothing read now
@@ -607,6 +674,7 @@ impl MetaCache {
             &self.stats.misses
         };
         c.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::META_CACHE.read(hit);
     }
 
     /// Keeps attributes read at `ticket`, unless their key changed since.
@@ -751,10 +819,9 @@ fn run_feed(cache: Weak<MetaCache>, locate: Locate, first: Option<String>) {
             revents: 0,
         };
         // SAFETY: one valid pollfd, for the length given.
-        let n = unsafe { libc::poll(&mut pfd, 1, 500) };
-        if n > 0 {
-            c.drain();
-        }
+        unsafe { libc::poll(&mut pfd, 1, 500) };
+        c.drain();
+        c.heartbeat();
     }
 }
 

@@ -1094,6 +1094,44 @@ fn a_cached_entry_or_node_changed_by_another_client_is_not_served() {
     assert!(matches!(b.getattr(later), Err(Error::NotFound)));
 }
 
+/// A feed that stops answering (a host cut off without a word: no FIN,
+/// no RST; here the server pauses every client) turns the cache off within
+/// its heartbeat's limit rather than serve what it can no longer hear
+/// being changed.
+#[test]
+fn a_feed_that_goes_quiet_turns_the_cache_off() {
+    let Some((s, m, mut r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
+    m.getattr(d).expect("cache it");
+    let before = m.round_trips();
+    m.getattr(d).expect("cached");
+    assert_eq!(m.round_trips(), before, "served from the cache");
+    let cache = m.inner.cache.as_deref().expect("a cache");
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(8000)
+        .arg("ALL")
+        .query::<()>(&mut r)
+        .expect("pause");
+    let paused = Instant::now();
+    while cache.ticket().is_some() {
+        assert!(
+            paused.elapsed() < Duration::from_secs(7),
+            "the cache still serves with its feed silent"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        paused.elapsed() > Duration::from_secs(2),
+        "turned off only once the PING went unanswered: {:?}",
+        paused.elapsed()
+    );
+    drop(s);
+}
+
 #[test]
 fn a_cluster_volume_lives_behind_its_hash_tag() {
     let Some(s) = RedisServer::start_cluster() else {
