@@ -2,7 +2,8 @@
 //! processes — two sessions, as on two hosts — serve the same volume, its
 //! metadata in a real `redis-server` and its data in an S3 bucket (the
 //! loopback S3 server). Checked through the kernel FUSE mounts:
-//! close-to-open consistency, renames and unlinks seen by the other host, a
+//! close-to-open consistency, setattrs, renames and unlinks seen by the
+//! other host (through its host-local metadata cache), a
 //! file unlinked on one host staying readable where it is open, and a Redis
 //! restart that loses nothing committed.
 
@@ -184,10 +185,33 @@ fn close_to_open(h: &Hosts, rng: &mut StdRng) {
     );
 }
 
-/// (b) Renames and unlinks on one host are seen by the other.
+/// (b) Setattrs, renames and unlinks on one host are seen by the other
+/// (through its host-local metadata cache: Redis pushes each change).
 fn renames_and_unlinks(h: &Hosts, rng: &mut StdRng) {
+    use std::os::unix::fs::PermissionsExt;
     let v = random(rng, 300_000);
     std::fs::write(h.a().join("data/r"), &v).expect("write on a");
+    assert_eq!(std::fs::read(h.b().join("data/r")).expect("read on b"), v);
+    // b has the file's attributes and entry in its metadata cache now; a's
+    // setattrs reach it (a chmod, a truncate).
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777;
+    assert_eq!(mode(&h.b().join("data/r")), 0o644);
+    std::fs::set_permissions(h.a().join("data/r"), std::fs::Permissions::from_mode(0o600))
+        .expect("chmod on a");
+    assert_eq!(mode(&h.b().join("data/r")), 0o600, "b sees a's chmod");
+    std::fs::File::options()
+        .write(true)
+        .open(h.a().join("data/r"))
+        .and_then(|f| f.set_len(200_000))
+        .expect("truncate on a");
+    assert_eq!(
+        std::fs::metadata(h.b().join("data/r"))
+            .expect("stat on b")
+            .len(),
+        200_000,
+        "b sees a's truncate"
+    );
+    let v = v[..200_000].to_vec();
     assert_eq!(std::fs::read(h.b().join("data/r")).expect("read on b"), v);
     std::fs::rename(h.a().join("data/r"), h.a().join("data/renamed")).expect("rename on a");
     assert_enoent(&h.b().join("data/r"));
