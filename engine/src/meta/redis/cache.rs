@@ -121,7 +121,23 @@ enum Key {
     Node(Ino),
     /// `d{ino}`: a directory's entries.
     Dir(Ino),
+    /// `x{ino}`: a node's extended attributes.
+    Xattr(Ino),
 }
+
+/// What is known of a node's extended attributes.
+#[derive(Default)]
+struct Xattrs {
+    /// Names read: their values (None: absent).
+    names: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Whether every attribute is in `names` (a node made here has none):
+    /// a name not there is absent.
+    complete: bool,
+}
+
+/// The largest attribute value kept (the cache is for the attributes
+/// asked on every write, `security.capability`, mostly absent).
+const MAX_XATTR_KEPT: usize = 1024;
 
 struct Kept<T> {
     value: T,
@@ -143,6 +159,7 @@ struct State {
     attrs: LruCache<Ino, Kept<Attr>>,
     /// (directory, name) → the child's inode (None: no such entry).
     entries: LruCache<(Ino, Vec<u8>), Kept<Option<Ino>>>,
+    xattrs: LruCache<Ino, Kept<Xattrs>>,
 }
 
 impl State {
@@ -158,8 +175,14 @@ impl State {
             self.floor = self.epoch;
         }
         self.marks.insert(key, self.epoch);
-        if let Key::Node(ino) = key {
-            self.attrs.pop(&ino);
+        match key {
+            Key::Node(ino) => {
+                self.attrs.pop(&ino);
+            }
+            Key::Xattr(ino) => {
+                self.xattrs.pop(&ino);
+            }
+            Key::Dir(_) => {}
         }
     }
 
@@ -170,6 +193,7 @@ impl State {
         self.marks.clear();
         self.attrs.clear();
         self.entries.clear();
+        self.xattrs.clear();
     }
 
     /// Whether a value read at `stamp` for `key`, kept at `at`, may be
@@ -484,6 +508,7 @@ impl MetaCache {
                 marks: HashMap::new(),
                 attrs: LruCache::new(size),
                 entries: LruCache::new(size),
+                xattrs: LruCache::new(size),
             }),
             feed: Mutex::new(None),
             fd: std::sync::atomic::AtomicI32::new(-1),
@@ -503,10 +528,10 @@ impl MetaCache {
         cache
     }
 
-    /// The prefixes the feed tracks: node and directory keys (an inode
-    /// number never starts with 0).
+    /// The prefixes the feed tracks: node, directory and extended
+    /// attribute keys (an inode number never starts with 0).
     fn prefixes(&self) -> Vec<String> {
-        ['i', 'd']
+        ['i', 'd', 'x']
             .iter()
             .flat_map(|k| (1..=9).map(move |d| format!("{}{k}{d}", self.prefix)))
             .collect()
@@ -523,6 +548,7 @@ impl MetaCache {
         match kind {
             b'i' => Some(Key::Node(ino)),
             b'd' => Some(Key::Dir(ino)),
+            b'x' => Some(Key::Xattr(ino)),
             _ => None,
         }
     }
@@ -716,6 +742,87 @@ impl MetaCache {
         }
     }
 
+    /// A cached extended attribute: `Some(Some(value))`, `Some(None)` known
+    /// absent, `None` not known.
+    pub(super) fn xattr(&self, ino: Ino, name: &[u8]) -> Option<Option<Vec<u8>>> {
+        self.drain();
+        let mut s = self.state.lock();
+        if !s.live {
+            return None;
+        }
+        let expire = self.settings.expire;
+        let found = s.xattrs.get(&ino).map(|k| {
+            let known = match k.value.names.get(name) {
+                Some(v) => Some(v.clone()),
+                None if k.value.complete => Some(None),
+                None => None,
+            };
+            (known, k.stamp, k.at)
+        });
+        let hit = match found {
+            Some((known, stamp, at)) if s.fresh(Key::Xattr(ino), stamp, at, expire) => known,
+            Some(_) => {
+                s.xattrs.pop(&ino);
+                None
+            }
+            None => None,
+        };
+        drop(s);
+        self.count(hit.is_some());
+        hit
+    }
+
+    /// Keeps an extended attribute read at `ticket` (None: absent), unless
+    /// the node's attributes changed since.
+    pub(super) fn put_xattr(
+        &self,
+        ticket: Option<Ticket>,
+        ino: Ino,
+        name: &[u8],
+        value: Option<&[u8]>,
+    ) {
+        let Some(Ticket(stamp)) = ticket else { return };
+        if value.is_some_and(|v| v.len() > MAX_XATTR_KEPT) {
+            return;
+        }
+        let mut s = self.state.lock();
+        if !(s.live && stamp >= s.mark(Key::Xattr(ino))) {
+            return;
+        }
+        let now = Instant::now();
+        let kept = s.xattrs.get_or_insert_mut(ino, || Kept {
+            value: Xattrs::default(),
+            stamp,
+            at: now,
+        });
+        kept.stamp = kept.stamp.min(stamp);
+        kept.value
+            .names
+            .insert(name.to_vec(), value.map(<[u8]>::to_vec));
+    }
+
+    /// Knows that the node `ino`, made by this client in a transaction that
+    /// began after `ticket`, has no extended attributes. Its creation did
+    /// not write `x{ino}`, so any mark of that key is another client's
+    /// change (a new node's number is never reused).
+    pub(super) fn put_no_xattrs(&self, ticket: Option<Ticket>, ino: Ino) {
+        let Some(Ticket(stamp)) = ticket else { return };
+        let mut s = self.state.lock();
+        if s.live && stamp >= s.mark(Key::Xattr(ino)) {
+            s.xattrs.put(
+                ino,
+                Kept {
+                    value: Xattrs {
+                        names: HashMap::new(),
+                        complete: true,
+                    },
+                    stamp,
+                    at: Instant::now(),
+                },
+            );
+        }
+    }
+
     /// Drops what this client's own writes changed: every cached key named
     /// among the commands' arguments (a value that happens to look like a
     /// key only costs a miss).
@@ -895,7 +1002,22 @@ mod tests {
         c.put_entry(t, 3, b"other", Some(9));
         assert_eq!(c.entry(3, b"other"), None, "read before the change");
 
+        let t = c.ticket();
+        c.put_no_xattrs(t, 11);
+        assert_eq!(c.xattr(11, b"security.capability"), Some(None));
+        let mut set = redis::cmd("HSET");
+        set.arg("x11").arg("user.a").arg("1");
+        c.forget_written(std::iter::once(&set));
+        assert_eq!(c.xattr(11, b"security.capability"), None);
+        c.put_xattr(t, 11, b"user.a", Some(b"1"));
+        assert_eq!(c.xattr(11, b"user.a"), None, "read before the change");
+        let t = c.ticket();
+        c.put_xattr(t, 11, b"user.a", Some(b"1"));
+        assert_eq!(c.xattr(11, b"user.a"), Some(Some(b"1".to_vec())));
+        assert_eq!(c.xattr(11, b"user.b"), None, "not known: not complete");
+
         assert_eq!(c.key_of(b"i0"), None);
+        assert_eq!(c.key_of(b"x5"), Some(Key::Xattr(5)));
         assert_eq!(c.key_of(b"i12"), Some(Key::Node(12)));
         assert_eq!(c.key_of(b"dirQuota"), None);
         assert_eq!(c.key_of(b"d1x"), None);

@@ -304,6 +304,7 @@ pub(super) fn mknod(
     inner.format()?;
     let ino = inner.next_inode()?;
     let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
+    let ticket = inner.cache.as_deref().and_then(|c| c.ticket());
     let made = inner.write(parent, |tx| {
         prefetch_entry(tx, parent, name)?;
         let mut pa = writable_dir(tx, ctx, parent, true)?;
@@ -360,6 +361,9 @@ pub(super) fn mknod(
         node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
         Ok((ino, attr))
     })?;
+    if let Some(c) = inner.cache.as_deref() {
+        c.put_no_xattrs(ticket, ino);
+    }
     if open {
         session::created_open(inner, ino);
     }

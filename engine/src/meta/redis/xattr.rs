@@ -32,15 +32,31 @@ fn missing(tx: &mut Tx<'_>, ino: Ino) -> TxError {
 }
 
 /// Reads one attribute.
+/// The kernel asks for `security.capability` before writes (to drop file
+/// capabilities): the host-local cache answers repeated asks, and knows a
+/// node made here has none.
 pub(super) fn get(inner: &Inner, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
     check_name(name)?;
-    inner.read(|tx| {
+    let cache = inner.cache.as_deref();
+    if let Some(known) = cache.and_then(|c| c.xattr(ino, name)) {
+        return known.ok_or(Error::NoXattr);
+    }
+    let ticket = cache.and_then(|c| c.ticket());
+    let r = inner.read(|tx| {
         let key = tx.keys.xattr(ino);
         match tx.hget(&key, name)? {
             Some(v) => Ok(v),
             None => Err(missing(tx, ino)),
         }
-    })
+    });
+    if let Some(c) = cache {
+        match &r {
+            Ok(v) => c.put_xattr(ticket, ino, name, Some(v)),
+            Err(Error::NoXattr) => c.put_xattr(ticket, ino, name, None),
+            Err(_) => {}
+        }
+    }
+    r
 }
 
 /// Lists attribute names.
