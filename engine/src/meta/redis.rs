@@ -116,9 +116,12 @@ struct Inner {
     quotas: Quotas,
     /// The ACL rules this client has read or made.
     acls: crate::meta::acl::RuleCache,
-    /// Attributes and entries read, kept until Redis says they changed
-    /// (`?client-cache=false`: none).
-    cache: Option<Arc<cache::MetaCache>>,
+    /// How the host-local metadata cache is set (`?client-cache=false`:
+    /// none).
+    cache_settings: Option<cache::Settings>,
+    /// Attributes, entries and extended attributes read, kept until Redis
+    /// says they changed; started with the session ([`Inner::start_cache`]).
+    cache: std::sync::OnceLock<Arc<cache::MetaCache>>,
 }
 
 impl std::fmt::Debug for RedisMeta {
@@ -447,13 +450,6 @@ impl RedisMeta {
         fsync_replicas: u32,
         cache: Option<cache::Settings>,
     ) -> RedisMeta {
-        let cache = cache.and_then(|settings| match pool.locator() {
-            Some(locate) => Some(cache::MetaCache::start(settings, keys.prefix(), locate)),
-            None => {
-                log::info!("{shown}: no metadata cache over TLS (its invalidation feed speaks plain TCP or a Unix socket)");
-                None
-            }
-        });
         RedisMeta {
             inner: Arc::new(Inner {
                 addr: shown,
@@ -474,7 +470,8 @@ impl RedisMeta {
                 work: Default::default(),
                 quotas: Quotas::default(),
                 acls: Default::default(),
-                cache,
+                cache_settings: cache,
+                cache: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -585,6 +582,35 @@ impl Drop for RedisMeta {
 }
 
 impl Inner {
+    /// The host-local metadata cache, once started.
+    fn cache(&self) -> Option<&cache::MetaCache> {
+        self.cache.get().map(|c| &**c)
+    }
+
+    /// Starts the host-local metadata cache (its feed connection and
+    /// thread), unless the URL turned it off or it runs already. With the
+    /// session, not at open: a daemon opens the volume before its sandbox
+    /// is up, and threads started then would escape the sandbox's file
+    /// rules (Landlock confines the thread that asks and those it starts
+    /// later) and keep the socket-cleanup helper from forking; the
+    /// commands that only read or check a volume need no cache.
+    fn start_cache(&self) {
+        let Some(settings) = self.cache_settings else {
+            return;
+        };
+        match self.pool.locator() {
+            Some(locate) => {
+                self.cache
+                    .get_or_init(|| cache::MetaCache::start(settings, self.keys.prefix(), locate));
+            }
+            None => log::info!(
+                "{}: no metadata cache over TLS (its invalidation feed speaks plain TCP or a \
+                 Unix socket)",
+                self.addr
+            ),
+        }
+    }
+
     /// The volume settings, read once and cached.
     fn format(&self) -> Result<Format> {
         if let Some(f) = self.format.read().as_ref() {
@@ -658,7 +684,7 @@ impl Inner {
             trash_days,
             quotas: &self.quotas,
             acls: &self.acls,
-            cache: self.cache.as_deref(),
+            cache: self.cache(),
         }
     }
 
@@ -849,7 +875,9 @@ impl Meta for RedisMeta {
     }
 
     fn new_session(&self, info: &str) -> Result<u64> {
-        session::new_session(&self.inner, info)
+        let sid = session::new_session(&self.inner, info)?;
+        self.inner.start_cache();
+        Ok(sid)
     }
 
     fn close_session(&self) -> Result<()> {
@@ -961,7 +989,7 @@ impl Meta for RedisMeta {
     }
 
     fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let cache = self.inner.cache.as_deref();
+        let cache = self.inner.cache();
         if let Some(a) = cache.and_then(|c| c.attr(ino)) {
             return Ok(a);
         }
@@ -1159,7 +1187,7 @@ impl Meta for RedisMeta {
         // that an unlink on another host either sees this open or has
         // removed the file before the attributes are read.
         let key = self.inner.keys.inode(ino);
-        let cache = self.inner.cache.as_deref();
+        let cache = self.inner.cache();
         let ticket = cache.and_then(|c| c.ticket());
         let raw = session::opened(&self.inner, ino, Some(&key))?;
         let checked = match raw {

@@ -138,6 +138,9 @@ struct Xattrs {
 /// The largest attribute value kept (the cache is for the attributes
 /// asked on every write, `security.capability`, mostly absent).
 const MAX_XATTR_KEPT: usize = 1024;
+/// The most nodes whose extended attributes are kept (at most about
+/// 16 MiB of values).
+const MAX_XATTR_NODES: usize = 16_384;
 
 struct Kept<T> {
     value: T,
@@ -498,6 +501,8 @@ impl MetaCache {
     /// thread connects in the background (nothing is cached until it has).
     pub(super) fn start(settings: Settings, prefix: &str, locate: Locate) -> Arc<MetaCache> {
         let size = NonZeroUsize::new(settings.size.max(1)).expect("at least 1");
+        let xattr_nodes =
+            NonZeroUsize::new(settings.size.clamp(1, MAX_XATTR_NODES)).expect("at least 1");
         let cache = Arc::new(MetaCache {
             settings,
             prefix: prefix.to_string(),
@@ -508,7 +513,7 @@ impl MetaCache {
                 marks: HashMap::new(),
                 attrs: LruCache::new(size),
                 entries: LruCache::new(size),
-                xattrs: LruCache::new(size),
+                xattrs: LruCache::new(xattr_nodes),
             }),
             feed: Mutex::new(None),
             fd: std::sync::atomic::AtomicI32::new(-1),
@@ -523,7 +528,10 @@ impl MetaCache {
             .name("sluice-meta-feed".into())
             .spawn(move || run_feed(weak, locate, first.err()));
         if let Err(e) = spawned {
-            log::warn!("no metadata cache: cannot start its thread: {e}");
+            // Without its thread the feed has no heartbeat: a cut would go
+            // unnoticed. No cache then.
+            let mut feed = cache.feed.lock();
+            cache.lost(&mut feed, &format!("cannot start its thread: {e}"));
         }
         cache
     }

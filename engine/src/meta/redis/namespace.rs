@@ -187,7 +187,7 @@ pub(super) fn lookup_name(
     if matches!(name, b"." | b"..") || (parent == ROOT_INO && name == TRASH_NAME) {
         return lookup(inner, ctx, parent, name);
     }
-    let cache = inner.cache.as_deref();
+    let cache = inner.cache();
     if let Some(c) = cache
         && let Some(hit) = cached_lookup(inner, c, ctx, parent, name)
     {
@@ -304,7 +304,7 @@ pub(super) fn mknod(
     inner.format()?;
     let ino = inner.next_inode()?;
     let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
-    let ticket = inner.cache.as_deref().and_then(|c| c.ticket());
+    let ticket = inner.cache().and_then(|c| c.ticket());
     let made = inner.write(parent, |tx| {
         prefetch_entry(tx, parent, name)?;
         let mut pa = writable_dir(tx, ctx, parent, true)?;
@@ -361,7 +361,7 @@ pub(super) fn mknod(
         node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
         Ok((ino, attr))
     })?;
-    if let Some(c) = inner.cache.as_deref() {
+    if let Some(c) = inner.cache() {
         c.put_no_xattrs(ticket, ino);
     }
     if open {

@@ -998,6 +998,8 @@ fn a_cached_entry_or_node_changed_by_another_client_is_not_served() {
     a.load().expect("load");
     let b = RedisMeta::open(&s.url(1)).expect("second client");
     b.load().expect("load");
+    // The cache starts with the session.
+    b.new_session("b").expect("session");
     let c = Context::default();
     let (x, _) = a.create(&c, ROOT_INO, b"x", 0o644, 0).expect("create");
     a.close(x).expect("close");
@@ -1071,7 +1073,7 @@ fn a_cached_entry_or_node_changed_by_another_client_is_not_served() {
     // queues that push while the flush runs, before its own answer, so it
     // may reach b a moment after the flush returns: b must see it well
     // within the cache's 60 s expiry.
-    let cache = b.inner.cache.as_deref().expect("b has a cache");
+    let cache = b.inner.cache().expect("b has a cache");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while cache.ticket().is_none() {
         assert!(
@@ -1103,13 +1105,14 @@ fn a_feed_that_goes_quiet_turns_the_cache_off() {
     let Some((s, m, mut r)) = formatted(0) else {
         return;
     };
+    m.new_session("quiet").expect("session");
     let c = Context::default();
     let (d, _) = m.mkdir(&c, ROOT_INO, b"d", 0o755, 0).expect("mkdir");
     m.getattr(d).expect("cache it");
     let before = m.round_trips();
     m.getattr(d).expect("cached");
     assert_eq!(m.round_trips(), before, "served from the cache");
-    let cache = m.inner.cache.as_deref().expect("a cache");
+    let cache = m.inner.cache().expect("a cache");
     redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(8000)
@@ -1378,6 +1381,7 @@ fn lookups_survive_a_script_flush() {
     let Some((_s, m, mut r)) = formatted(0) else {
         return;
     };
+    m.new_session("flush").expect("session");
     let c = Context::default();
     // The first lookup loads the script.
     assert!(matches!(

@@ -37,7 +37,7 @@ fn missing(tx: &mut Tx<'_>, ino: Ino) -> TxError {
 /// node made here has none.
 pub(super) fn get(inner: &Inner, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
     check_name(name)?;
-    let cache = inner.cache.as_deref();
+    let cache = inner.cache();
     if let Some(known) = cache.and_then(|c| c.xattr(ino, name)) {
         return known.ok_or(Error::NoXattr);
     }
