@@ -54,6 +54,8 @@ struct HostDaemon {
 }
 
 impl HostDaemon {
+    /// With its drop-in registry (`/run/sluice/hosts` in production) in
+    /// the control socket's folder.
     fn start(meta_url: &str, control: &Path) -> HostDaemon {
         let log = control.with_extension("log");
         let logf = std::fs::File::create(&log).unwrap();
@@ -62,6 +64,7 @@ impl HostDaemon {
             .arg(control)
             .args(["--metrics", "127.0.0.1:0"])
             .env("RUST_LOG", "info")
+            .env("SLUICE_HOST_REGISTRY", registry_of(control))
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
             .stderr(logf)
@@ -95,6 +98,11 @@ impl Drop for HostDaemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The drop-in registry of the host daemon whose socket is `control`.
+fn registry_of(control: &Path) -> PathBuf {
+    control.parent().unwrap().join("hosts")
 }
 
 fn wait_for_log(log: &dyn Fn() -> String, needle: &str) -> String {
@@ -590,4 +598,70 @@ fn two_qemu_guests_on_one_host_daemon_read_one_data_set() {
         log.contains(&format!("the host fetched {BLOCKS} blocks")),
         "rounds 2 and 3 through the new host, each block once:\n{log}"
     );
+}
+
+/// A server started with virtiofsd's command line (as libvirt and Kata
+/// start one: no `--host` there) finds the host daemon of its volume by
+/// itself and takes every block from it; the daemon's registry entry goes
+/// with the daemon.
+#[test]
+fn a_virtiofsd_drop_in_attaches_to_the_host_daemon_of_its_volume() {
+    let _dog = Watchdog::new("host drop-in", Duration::from_secs(300));
+    let vol = Volume::format("hostdropin", &[]);
+    let want = write_data_set(&vol);
+    let control = vol.dir.path().join("host.sock");
+    let host = HostDaemon::start(&vol.meta_url, &control);
+    let registry = registry_of(&control);
+    let entries: Vec<PathBuf> = std::fs::read_dir(&registry)
+        .expect("the host daemon made its registry")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(std::fs::read_link(&entries[0]).unwrap(), control);
+
+    // The settings-file form of --shared-dir names the volume.
+    let shared = vol.dir.path().join("vm-share");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(
+        shared.join("sluice.env"),
+        format!(
+            "META_URL={}\nSLUICE_ARGS=--no-pin --cache-size 1 --no-metrics\n",
+            vol.meta_url
+        ),
+    )
+    .unwrap();
+    let socket = vol.dir.path().join("dropin.sock");
+    let log = vol.dir.path().join("dropin.log");
+    let logf = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(SLUICE)
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", shared.display()))
+        .env("SLUICE_HOST_REGISTRY", &registry)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().unwrap())
+        .stderr(logf)
+        .spawn()
+        .expect("the drop-in starts");
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for_log(&log_text, "attached to the host daemon");
+    wait_for_log(&log_text, "Waiting for vhost-user socket connection");
+    assert_eq!(read_data_set(&socket), want, "the VM read other bytes");
+    // The VMM went: the drop-in ends, as virtiofsd does.
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {}", log_text());
+
+    let host_log = host.stop();
+    assert!(
+        host_log.contains(&format!("the host fetched {BLOCKS} blocks")),
+        "the host fetched the data set once, for the drop-in: {host_log}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_dir(&registry).unwrap().next().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the registry entry outlived its host daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -23,7 +23,8 @@ pub struct HostArgs {
     pub meta_url: MetaUrl,
     /// The socket the VM servers (`sluice serve --host PATH`) connect to (a
     /// stale socket is replaced); `sluice stats PATH` shows the host and
-    /// each VM.
+    /// each VM. A link to it in /run/sluice/hosts/ (named by the volume's
+    /// UUID) is where virtiofsd drop-ins of the volume find it.
     #[arg(long, value_name = "PATH")]
     pub control: PathBuf,
     /// Give the socket to this group, mode 0660, for VM servers that run
@@ -108,7 +109,20 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
     let stats = super::control::ControlServer::bind(&stats_path, group)
         .map_err(|e| log::warn!("no control socket, so no `sluice stats` for this daemon: {e:#}"))
         .ok();
-    super::socket_cleanup::remove_at_exit(&[args.control.clone(), stats_path]);
+    // Where a virtiofsd drop-in of the volume finds this daemon.
+    let mut ours = vec![args.control.clone(), stats_path];
+    match meta
+        .load()
+        .map_err(anyhow::Error::from)
+        .and_then(|f| super::host_registry::advertise(&f.uuid, &args.control))
+    {
+        Ok(link) => ours.push(link),
+        Err(e) => log::warn!(
+            "virtiofsd drop-ins of this volume will not find this daemon by themselves              (give their volume `--host {}` in SLUICE_ARGS): {e:#}",
+            args.control.display()
+        ),
+    }
+    super::socket_cleanup::remove_at_exit(&ours);
     let cache_roots: Vec<&std::path::Path> = disk_cache
         .iter()
         .flat_map(|c| c.dirs.iter().map(|d| d.path.as_path()))

@@ -455,6 +455,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         timeouts: Some(inv.timeout()),
         data_cache: inv.cache.data_cache(),
         ready_line: true,
+        find_host: true,
     };
     // Not the readiness line's words: Kata's runtime-rs starts the VM on
     // the first stderr line that holds them.

@@ -9,6 +9,7 @@ pub mod format;
 pub mod fsck;
 pub mod gc;
 pub mod host;
+pub mod host_registry;
 pub mod info;
 pub mod libvirt;
 pub mod limit_args;

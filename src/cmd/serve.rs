@@ -145,6 +145,30 @@ pub struct DropIn {
     /// Print virtiofsd's readiness line on stderr once the socket accepts
     /// (Kata's runtime-rs waits for it before it starts the VM).
     pub ready_line: bool,
+    /// Attach to the host daemon of the volume when one runs here (found
+    /// in `/run/sluice/hosts`, `src/cmd/host_registry.rs`), as `--host`
+    /// would: virtiofsd's command line has no way to say it.
+    pub find_host: bool,
+}
+
+/// The control socket of the host daemon of `meta`'s volume, if one runs
+/// here; says either way.
+fn find_host(meta: &dyn Meta) -> Option<PathBuf> {
+    let uuid = meta.load().ok()?.uuid;
+    match super::host_registry::find(&uuid) {
+        Ok(path) => {
+            log::info!(
+                "the host daemon of this volume listens on {} (from {}): taking blocks from it",
+                path.display(),
+                super::host_registry::dir().display()
+            );
+            Some(path)
+        }
+        Err(why) => {
+            log::info!("no host daemon to attach to, serving standalone: {why}");
+            None
+        }
+    }
 }
 
 /// The readiness line virtiofsd prints (and Kata's runtime-rs waits for).
@@ -178,7 +202,7 @@ enum SharedDirState {
 type SessionStop = Arc<parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 /// Runs `sluice serve`.
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     // Before any thread starts, so that every thread inherits the mask and
     // only the signal thread (started once the sandbox is up) takes them.
     let signals = super::mount::block_termination_signals();
@@ -224,6 +248,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             cache_node = plan.worker_for(0, 0).map(|w| w.node.to_string());
         }
     }
+    let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
+        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
+    if args.drop_in.find_host && args.host.is_none() {
+        args.host = find_host(meta.as_ref());
+    }
     let mut disk_cache = args.cache.disk_cache()?;
     if args.host.is_some() && disk_cache.take().is_some() {
         // Two owners of one cache directory remove each other's files.
@@ -233,8 +262,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let staging_root = args.cache.staging_root()?;
-    let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
-        .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
     let group = args
         .socket_group
         .as_deref()
