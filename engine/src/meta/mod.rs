@@ -12,6 +12,7 @@ pub mod bounded;
 pub(crate) mod conformance;
 pub mod copy_range;
 mod deleter;
+pub(crate) mod namespace;
 mod open_files;
 pub mod quota;
 pub mod redis;

@@ -17,12 +17,7 @@ use crate::meta::{
     TRASH_INO, Timestamp,
 };
 
-/// A directory entry row.
-#[derive(Debug, Clone, Copy)]
-struct Edge {
-    inode: Ino,
-    typ: u8,
-}
+use crate::meta::namespace::{self as ns, Edge};
 
 fn get_edge(c: &Connection, parent: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
     let mut stmt =
@@ -421,24 +416,84 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
     })
 }
 
-/// Whether `dir` is `ancestor` or lies below it.
-fn is_under(c: &Connection, mut dir: Ino, ancestor: Ino) -> TxResult<bool> {
-    for _ in 0..4096 {
-        if dir == ancestor {
-            return Ok(true);
-        }
-        if dir == ROOT_INO || dir == 0 || is_trash(dir) {
-            return Ok(false);
-        }
-        match node::get(c, dir)? {
-            Some(a) => dir = a.parent,
-            None => return Ok(false),
-        }
-    }
-    Err(Error::Corrupt(format!("directory {dir} has a parent cycle")).into())
+/// The namespace rules' view of a SQLite transaction (`meta/namespace.rs`).
+struct Ns<'a, 'c> {
+    tx: &'a mut Tx<'c>,
+    inner: &'a Inner,
 }
 
-/// Renames or exchanges an entry (JuiceFS `Rename`).
+impl ns::NsTx for Ns<'_, '_> {
+    type Error = TxError;
+
+    fn node(&mut self, ino: Ino) -> TxResult<Option<Attr>> {
+        node::get(self.tx, ino)
+    }
+    fn put_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
+        node::update(self.tx, ino, a)
+    }
+    fn delete_node(&mut self, ino: Ino) -> TxResult<()> {
+        node::delete(self.tx, ino)
+    }
+    fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
+        node::check(self.tx, ctx, a, mask)
+    }
+    fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
+        get_edge(self.tx, dir, name)
+    }
+    fn insert_edge(&mut self, dir: Ino, name: &[u8], ino: Ino, typ: FileType) -> TxResult<()> {
+        insert_edge(self.tx, dir, name, ino, typ)
+    }
+    fn replace_edge(&mut self, dir: Ino, name: &[u8], ino: Ino, typ: FileType) -> TxResult<()> {
+        self.tx.execute(
+            "UPDATE jfs_edge SET inode=?, type=? WHERE parent=? AND name=?",
+            params![ino as i64, typ as u8, dir as i64, name],
+        )?;
+        Ok(())
+    }
+    fn delete_edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<()> {
+        delete_edge(self.tx, dir, name)
+    }
+    fn has_children(&mut self, dir: Ino) -> TxResult<bool> {
+        has_children(self.tx, dir)
+    }
+    /// Every name of a node is a row of `jfs_edge`: only the attribute's
+    /// parent (a directory's, a singly linked node's) moves.
+    fn move_parent(&mut self, _ino: Ino, a: &mut Attr, _from: Ino, to: Ino) -> TxResult<()> {
+        if a.typ == FileType::Directory || a.parent > 0 {
+            a.parent = to;
+        }
+        Ok(())
+    }
+    fn drop_parent(&mut self, _ino: Ino, a: &mut Attr, dir: Ino) -> TxResult<()> {
+        if a.parent == dir {
+            a.parent = 0;
+        }
+        Ok(())
+    }
+    fn add_dir_stat(&mut self, dir: Ino, len: i64, space: i64, inodes: i64) -> TxResult<()> {
+        node::add_dir_stat(self.tx, dir, len, space, inodes)
+    }
+    fn drop_dir_stats(&mut self, dir: Ino) -> TxResult<()> {
+        self.tx.execute(
+            "DELETE FROM jfs_dir_stats WHERE inode=?",
+            params![dir as i64],
+        )?;
+        self.tx.execute(
+            "DELETE FROM jfs_dir_quota WHERE inode=?",
+            params![dir as i64],
+        )?;
+        Ok(())
+    }
+    fn add_usage(&mut self, space: i64, inodes: i64) -> TxResult<()> {
+        node::add_usage(self.tx, space, inodes)
+    }
+    fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
+        drop_last_link(self.tx, self.inner, ino, a)
+    }
+}
+
+/// Renames or exchanges an entry (JuiceFS `Rename`; the rules in
+/// `meta/namespace.rs`).
 pub(super) fn rename(
     inner: &Inner,
     ctx: &Context,
@@ -448,28 +503,11 @@ pub(super) fn rename(
     ndst: &[u8],
     flags: RenameFlags,
 ) -> Result<(Ino, Attr)> {
-    if (psrc == ROOT_INO && nsrc == TRASH_NAME) || (pdst == ROOT_INO && ndst == TRASH_NAME) {
-        return Err(Error::Perm);
-    }
-    if is_trash(pdst) || (is_trash(psrc) && !rules::is_root(ctx)) {
-        return Err(Error::Perm);
-    }
-    for n in [nsrc, ndst] {
-        if n == b"." || n == b".." {
-            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
-        }
-        check_name(n)?;
-    }
-    if flags.noreplace && flags.exchange {
-        return Err(Error::Invalid(
-            "rename cannot both exchange and refuse to replace".into(),
-        ));
-    }
-    // Only a replaced destination goes to the trash; look before making the
-    // hourly directory.
-    let replaces = !flags.exchange
-        && !flags.noreplace
-        && inner.read(|c| Ok(get_edge(c, pdst, ndst)?.is_some()))?;
+    ns::check_rename(ctx, psrc, nsrc, pdst, ndst, flags)?;
+    // Only a replaced target goes to the trash; look before making the
+    // hour's directory.
+    let replaces =
+        ns::may_replace(flags) && inner.read(|c| Ok(get_edge(c, pdst, ndst)?.is_some()))?;
     let trash = if replaces {
         trash_for(inner, pdst)?
     } else {
@@ -478,183 +516,16 @@ pub(super) fn rename(
     inner.write(|tx| {
         // Checked before the transaction (`quota::before_rename`).
         tx.check_quota = false;
-        let mut spa = node::must_get(tx, psrc)?;
-        let mut dpa = node::must_get(tx, pdst)?;
-        if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
-            return Err(Error::NotDir.into());
-        }
-        if spa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0
-            || dpa.flags & rules::FLAG_IMMUTABLE != 0
-        {
-            return Err(Error::Perm.into());
-        }
-        if dpa.parent > TRASH_INO {
-            return Err(Error::NotFound.into());
-        }
-        node::check(tx, ctx, &spa, MASK_W | MASK_X)?;
-        node::check(tx, ctx, &dpa, MASK_W | MASK_X)?;
-        let se = get_edge(tx, psrc, nsrc)?.ok_or(TxError::Fs(Error::NotFound))?;
-        let mut sa = node::must_get(tx, se.inode)?;
-        if psrc == pdst && nsrc == ndst {
-            return Ok((se.inode, sa));
-        }
-        if sa.typ == FileType::Directory && is_under(tx, pdst, se.inode)? {
-            return Err(Error::Invalid("cannot move a directory into itself".into()).into());
-        }
-        rules::check_sticky(ctx, &spa, &sa)?;
-        if sa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
-            return Err(Error::Perm.into());
-        }
-        let de = get_edge(tx, pdst, ndst)?;
-        let mut da = match de {
-            Some(de) => {
-                if flags.noreplace {
-                    return Err(Error::Exists.into());
-                }
-                let da = node::get(tx, de.inode)?;
-                if let Some(da) = &da {
-                    if da.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
-                        return Err(Error::Perm.into());
-                    }
-                    rules::check_sticky(ctx, &dpa, da)?;
-                }
-                if flags.exchange {
-                    if de.typ == FileType::Directory as u8 && is_under(tx, psrc, de.inode)? {
-                        return Err(
-                            Error::Invalid("cannot move a directory into itself".into()).into()
-                        );
-                    }
-                } else if de.inode == se.inode {
-                    // Two links of one node: POSIX says do nothing.
-                    return Ok((se.inode, sa));
-                } else if sa.typ == FileType::Directory && de.typ != FileType::Directory as u8 {
-                    return Err(Error::NotDir.into());
-                } else if de.typ == FileType::Directory as u8 {
-                    if sa.typ != FileType::Directory {
-                        return Err(Error::IsDir.into());
-                    }
-                    if has_children(tx, de.inode)? {
-                        return Err(Error::NotEmpty.into());
-                    }
-                }
-                da
-            }
-            None => {
-                if flags.exchange {
-                    return Err(Error::NotFound.into());
-                }
-                None
-            }
-        };
-        let now = Timestamp::now();
-        let same_dir = psrc == pdst;
-        let (slen, sspace, sinodes) = entry_stat(&sa);
-        let (mut src_nlink, mut dst_nlink) = (0i64, 0i64);
-        if flags.exchange {
-            let de = de.ok_or(TxError::Fs(Error::NotFound))?;
-            tx.execute(
-                "UPDATE jfs_edge SET inode=?, type=? WHERE parent=? AND name=?",
-                params![de.inode as i64, de.typ, psrc as i64, nsrc],
-            )?;
-            tx.execute(
-                "UPDATE jfs_edge SET inode=?, type=? WHERE parent=? AND name=?",
-                params![se.inode as i64, sa.typ as u8, pdst as i64, ndst],
-            )?;
-            if let Some(da) = da.as_mut() {
-                if !same_dir {
-                    if da.typ == FileType::Directory {
-                        da.parent = psrc;
-                        dst_nlink -= 1;
-                        src_nlink += 1;
-                    } else if da.parent > 0 {
-                        da.parent = psrc;
-                    }
-                    let (dlen, dspace, dinodes) = entry_stat(da);
-                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
-                    node::add_dir_stat(tx, psrc, dlen, dspace, dinodes)?;
-                }
-                da.ctime = now;
-                node::update(tx, de.inode, da)?;
-            }
-        } else {
-            delete_edge(tx, psrc, nsrc)?;
-            if let Some(de) = de {
-                delete_edge(tx, pdst, ndst)?;
-                if let Some(mut d) = da.take() {
-                    let (dlen, dspace, dinodes) = entry_stat(&d);
-                    d.ctime = now;
-                    if d.typ == FileType::Directory {
-                        dst_nlink -= 1;
-                        tx.execute(
-                            "DELETE FROM jfs_dir_stats WHERE inode=?",
-                            params![de.inode as i64],
-                        )?;
-                        tx.execute(
-                            "DELETE FROM jfs_dir_quota WHERE inode=?",
-                            params![de.inode as i64],
-                        )?;
-                    }
-                    if let Some(t) = trash {
-                        if d.parent > 0 {
-                            d.parent = t;
-                        }
-                        node::update(tx, de.inode, &d)?;
-                        let tn = trash_entry_name(pdst, de.inode, ndst);
-                        insert_edge(tx, t, &tn, de.inode, d.typ)?;
-                        node::add_dir_stat(tx, t, dlen, dspace, dinodes)?;
-                    } else if d.typ == FileType::Directory {
-                        node::delete(tx, de.inode)?;
-                        node::add_usage(tx, -align4k(0), -1)?;
-                    } else {
-                        d.nlink = d.nlink.saturating_sub(1);
-                        if d.nlink > 0 {
-                            if d.parent == pdst {
-                                d.parent = 0;
-                            }
-                            node::update(tx, de.inode, &d)?;
-                        } else {
-                            drop_last_link(tx, inner, de.inode, &d)?;
-                        }
-                    }
-                    node::add_dir_stat(tx, pdst, -dlen, -dspace, -dinodes)?;
-                }
-            }
-            insert_edge(tx, pdst, ndst, se.inode, sa.typ)?;
-        }
-        if !same_dir {
-            if sa.typ == FileType::Directory {
-                sa.parent = pdst;
-                src_nlink -= 1;
-                dst_nlink += 1;
-            } else if sa.parent > 0 {
-                sa.parent = pdst;
-            }
-            node::add_dir_stat(tx, psrc, -slen, -sspace, -sinodes)?;
-            node::add_dir_stat(tx, pdst, slen, sspace, sinodes)?;
-        }
-        sa.ctime = now;
-        node::update(tx, se.inode, &sa)?;
-        if same_dir {
-            spa = node::must_get(tx, psrc)?;
-            spa.nlink = (i64::from(spa.nlink) + src_nlink + dst_nlink).max(0) as u32;
-            spa.mtime = now;
-            spa.ctime = now;
-            node::update(tx, psrc, &spa)?;
-        } else {
-            // Re-read: the moved entries above may have been these directories.
-            spa = node::must_get(tx, psrc)?;
-            dpa = node::must_get(tx, pdst)?;
-            spa.nlink = (i64::from(spa.nlink) + src_nlink).max(0) as u32;
-            dpa.nlink = (i64::from(dpa.nlink) + dst_nlink).max(0) as u32;
-            for (ino, a) in [(psrc, &mut spa), (pdst, &mut dpa)] {
-                if !is_trash(ino) {
-                    a.mtime = now;
-                    a.ctime = now;
-                }
-                node::update(tx, ino, a)?;
-            }
-        }
-        Ok((se.inode, sa))
+        ns::rename(
+            &mut Ns { tx, inner },
+            ctx,
+            psrc,
+            nsrc,
+            pdst,
+            ndst,
+            flags,
+            trash,
+        )
     })
 }
 

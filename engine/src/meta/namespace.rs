@@ -1,0 +1,322 @@
+//! Namespace rules written once: rename (plain, `RENAME_NOREPLACE`,
+//! `RENAME_EXCHANGE`, a replaced target into the trash) over the storage
+//! primitives each engine gives in a transaction ([`NsTx`]).
+//!
+//! The engines run [`check_rename`] before their transaction, find the
+//! trash directory a replaced target goes to (which may create the hour's
+//! directory, in a transaction of its own), then call [`rename`] inside
+//! one transaction with their [`NsTx`]. What differs between them stays
+//! behind the trait: how an entry, a node, a hard link's parents, a
+//! directory's statistics are stored, and what dropping a file's last
+//! link does (delete it, or keep it for the sessions that hold it open).
+
+use crate::error::Error;
+use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
+use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
+use crate::meta::{Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO, Timestamp};
+
+/// A directory entry: the node it names and the node's type code.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Edge {
+    pub(crate) inode: Ino,
+    pub(crate) typ: u8,
+}
+
+/// What the namespace rules need of an engine inside one transaction. Every
+/// read sees the transaction's own writes before it.
+pub(crate) trait NsTx {
+    /// The engine's transaction error; a file-system answer converts into
+    /// it.
+    type Error: From<Error>;
+
+    /// A node's attributes (None: no such node).
+    fn node(&mut self, ino: Ino) -> Result<Option<Attr>, Self::Error>;
+    /// Writes a node's attributes.
+    fn put_node(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
+    /// Removes a node (an empty directory replaced by a rename).
+    fn delete_node(&mut self, ino: Ino) -> Result<(), Self::Error>;
+    /// Whether `ctx` may do `mask` (`MASK_*` bits) to `a` (its ACL read
+    /// beside it).
+    fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> Result<(), Self::Error>;
+    /// The entry `name` of `dir`.
+    fn edge(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Edge>, Self::Error>;
+    /// Adds the entry `name` to `dir` (absent before).
+    fn insert_edge(
+        &mut self,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        typ: FileType,
+    ) -> Result<(), Self::Error>;
+    /// Points the existing entry `name` of `dir` at another node.
+    fn replace_edge(
+        &mut self,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        typ: FileType,
+    ) -> Result<(), Self::Error>;
+    /// Removes the entry `name` of `dir`.
+    fn delete_edge(&mut self, dir: Ino, name: &[u8]) -> Result<(), Self::Error>;
+    /// Whether `dir` has entries.
+    fn has_children(&mut self, dir: Ino) -> Result<bool, Self::Error>;
+    /// Moves one of `a`'s names from the directory `from` to `to`: in its
+    /// attributes for a directory or a singly linked node, in the engine's
+    /// record of a hard-linked node's parents otherwise.
+    fn move_parent(
+        &mut self,
+        ino: Ino,
+        a: &mut Attr,
+        from: Ino,
+        to: Ino,
+    ) -> Result<(), Self::Error>;
+    /// One name of `a` in `dir` is gone and others remain: the parent
+    /// `dir` no longer stands for all of them.
+    fn drop_parent(&mut self, ino: Ino, a: &mut Attr, dir: Ino) -> Result<(), Self::Error>;
+    /// Changes `dir`'s statistics (where the volume keeps them).
+    fn add_dir_stat(
+        &mut self,
+        dir: Ino,
+        len: i64,
+        space: i64,
+        inodes: i64,
+    ) -> Result<(), Self::Error>;
+    /// Forgets the statistics (and quota) of a directory that goes.
+    fn drop_dir_stats(&mut self, dir: Ino) -> Result<(), Self::Error>;
+    /// Changes the volume's usage.
+    fn add_usage(&mut self, space: i64, inodes: i64) -> Result<(), Self::Error>;
+    /// The last name of the file `ino` went: delete it, or keep it for the
+    /// sessions holding it open.
+    fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
+
+    /// A node that must exist.
+    fn must_node(&mut self, ino: Ino) -> Result<Attr, Self::Error> {
+        self.node(ino)?.ok_or_else(|| Error::NotFound.into())
+    }
+
+    /// Whether `dir` is `ancestor` or lies below it (following parents;
+    /// a cycle is corruption, not a loop).
+    fn is_under(&mut self, mut dir: Ino, ancestor: Ino) -> Result<bool, Self::Error> {
+        for _ in 0..4096 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == ROOT_INO || dir == 0 || is_trash(dir) {
+                return Ok(false);
+            }
+            match self.node(dir)? {
+                Some(a) => dir = a.parent,
+                None => return Ok(false),
+            }
+        }
+        Err(Error::Corrupt(format!("directory {dir} has a parent cycle")).into())
+    }
+}
+
+/// What a rename can refuse before looking at the volume.
+pub(crate) fn check_rename(
+    ctx: &Context,
+    psrc: Ino,
+    nsrc: &[u8],
+    pdst: Ino,
+    ndst: &[u8],
+    flags: RenameFlags,
+) -> Result<(), Error> {
+    if (psrc == ROOT_INO && nsrc == TRASH_NAME) || (pdst == ROOT_INO && ndst == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if is_trash(pdst) || (is_trash(psrc) && !rules::is_root(ctx)) {
+        return Err(Error::Perm);
+    }
+    for n in [nsrc, ndst] {
+        if n == b"." || n == b".." {
+            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        }
+        check_name(n)?;
+    }
+    if flags.noreplace && flags.exchange {
+        return Err(Error::Invalid(
+            "rename cannot both exchange and refuse to replace".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a rename with `flags` may replace its target (and so may need
+/// the trash): the engines make the trash's hour directory only then.
+pub(crate) fn may_replace(flags: RenameFlags) -> bool {
+    !flags.exchange && !flags.noreplace
+}
+
+/// Renames or exchanges an entry (JuiceFS `Rename`), in the caller's
+/// transaction; a replaced target goes to `trash` when given. Returns the
+/// moved node and its attributes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rename<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    psrc: Ino,
+    nsrc: &[u8],
+    pdst: Ino,
+    ndst: &[u8],
+    flags: RenameFlags,
+    trash: Option<Ino>,
+) -> Result<(Ino, Attr), T::Error> {
+    let spa = tx.must_node(psrc)?;
+    let dpa = tx.must_node(pdst)?;
+    if spa.typ != FileType::Directory || dpa.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    if spa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0
+        || dpa.flags & rules::FLAG_IMMUTABLE != 0
+    {
+        return Err(Error::Perm.into());
+    }
+    if dpa.parent > TRASH_INO {
+        return Err(Error::NotFound.into());
+    }
+    tx.check(ctx, &spa, MASK_W | MASK_X)?;
+    tx.check(ctx, &dpa, MASK_W | MASK_X)?;
+    let se = tx.edge(psrc, nsrc)?.ok_or(Error::NotFound)?;
+    let mut sa = tx.must_node(se.inode)?;
+    if psrc == pdst && nsrc == ndst {
+        return Ok((se.inode, sa));
+    }
+    if sa.typ == FileType::Directory && tx.is_under(pdst, se.inode)? {
+        return Err(Error::Invalid("cannot move a directory into itself".into()).into());
+    }
+    rules::check_sticky(ctx, &spa, &sa)?;
+    if sa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+        return Err(Error::Perm.into());
+    }
+    let de = tx.edge(pdst, ndst)?;
+    let mut da = match de {
+        Some(de) => {
+            if flags.noreplace {
+                return Err(Error::Exists.into());
+            }
+            let da = tx.node(de.inode)?;
+            if let Some(da) = &da {
+                if da.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
+                    return Err(Error::Perm.into());
+                }
+                rules::check_sticky(ctx, &dpa, da)?;
+            }
+            if flags.exchange {
+                if de.typ == FileType::Directory as u8 && tx.is_under(psrc, de.inode)? {
+                    return Err(Error::Invalid("cannot move a directory into itself".into()).into());
+                }
+            } else if de.inode == se.inode {
+                // Two names of one node: POSIX says do nothing.
+                return Ok((se.inode, sa));
+            } else if sa.typ == FileType::Directory && de.typ != FileType::Directory as u8 {
+                return Err(Error::NotDir.into());
+            } else if de.typ == FileType::Directory as u8 {
+                if sa.typ != FileType::Directory {
+                    return Err(Error::IsDir.into());
+                }
+                if tx.has_children(de.inode)? {
+                    return Err(Error::NotEmpty.into());
+                }
+            }
+            da
+        }
+        None => {
+            if flags.exchange {
+                return Err(Error::NotFound.into());
+            }
+            None
+        }
+    };
+    let now = Timestamp::now();
+    let same_dir = psrc == pdst;
+    let (slen, sspace, sinodes) = entry_stat(&sa);
+    let (mut src_nlink, mut dst_nlink) = (0i64, 0i64);
+    if flags.exchange {
+        let de = de.ok_or(Error::NotFound)?;
+        let dtyp = FileType::from_code(de.typ)
+            .ok_or_else(|| Error::Corrupt(format!("entry type {} is unknown", de.typ)))?;
+        tx.replace_edge(psrc, nsrc, de.inode, dtyp)?;
+        tx.replace_edge(pdst, ndst, se.inode, sa.typ)?;
+        if let Some(da) = da.as_mut() {
+            if !same_dir {
+                if da.typ == FileType::Directory {
+                    dst_nlink -= 1;
+                    src_nlink += 1;
+                }
+                tx.move_parent(de.inode, da, pdst, psrc)?;
+                let (dlen, dspace, dinodes) = entry_stat(da);
+                tx.add_dir_stat(pdst, -dlen, -dspace, -dinodes)?;
+                tx.add_dir_stat(psrc, dlen, dspace, dinodes)?;
+            }
+            da.ctime = now;
+            tx.put_node(de.inode, da)?;
+        }
+    } else {
+        tx.delete_edge(psrc, nsrc)?;
+        if let Some(de) = de {
+            tx.delete_edge(pdst, ndst)?;
+            if let Some(mut d) = da.take() {
+                let (dlen, dspace, dinodes) = entry_stat(&d);
+                d.ctime = now;
+                if d.typ == FileType::Directory {
+                    dst_nlink -= 1;
+                    tx.drop_dir_stats(de.inode)?;
+                }
+                if let Some(t) = trash {
+                    tx.move_parent(de.inode, &mut d, pdst, t)?;
+                    tx.put_node(de.inode, &d)?;
+                    let tn = trash_entry_name(pdst, de.inode, ndst);
+                    tx.insert_edge(t, &tn, de.inode, d.typ)?;
+                    tx.add_dir_stat(t, dlen, dspace, dinodes)?;
+                } else if d.typ == FileType::Directory {
+                    tx.delete_node(de.inode)?;
+                    tx.add_usage(-align4k(0), -1)?;
+                } else {
+                    d.nlink = d.nlink.saturating_sub(1);
+                    if d.nlink > 0 {
+                        tx.drop_parent(de.inode, &mut d, pdst)?;
+                        tx.put_node(de.inode, &d)?;
+                    } else {
+                        tx.drop_last_link(de.inode, &d)?;
+                    }
+                }
+                tx.add_dir_stat(pdst, -dlen, -dspace, -dinodes)?;
+            }
+        }
+        tx.insert_edge(pdst, ndst, se.inode, sa.typ)?;
+    }
+    if !same_dir {
+        if sa.typ == FileType::Directory {
+            src_nlink -= 1;
+            dst_nlink += 1;
+        }
+        tx.move_parent(se.inode, &mut sa, psrc, pdst)?;
+        tx.add_dir_stat(psrc, -slen, -sspace, -sinodes)?;
+        tx.add_dir_stat(pdst, slen, sspace, sinodes)?;
+    }
+    sa.ctime = now;
+    tx.put_node(se.inode, &sa)?;
+    // Re-read: the entries moved above may have been these directories
+    // (the transaction reads its own writes).
+    if same_dir {
+        let mut spa = tx.must_node(psrc)?;
+        spa.nlink = (i64::from(spa.nlink) + src_nlink + dst_nlink).max(0) as u32;
+        spa.mtime = now;
+        spa.ctime = now;
+        tx.put_node(psrc, &spa)?;
+    } else {
+        let mut spa = tx.must_node(psrc)?;
+        let mut dpa = tx.must_node(pdst)?;
+        spa.nlink = (i64::from(spa.nlink) + src_nlink).max(0) as u32;
+        dpa.nlink = (i64::from(dpa.nlink) + dst_nlink).max(0) as u32;
+        for (ino, a) in [(psrc, &mut spa), (pdst, &mut dpa)] {
+            if !is_trash(ino) {
+                a.mtime = now;
+                a.ctime = now;
+            }
+            tx.put_node(ino, a)?;
+        }
+    }
+    Ok((se.inode, sa))
+}
