@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X};
 use crate::meta::rules::{check_name, dot_entries, type_only};
+use crate::meta::trash::hour_name;
 use crate::meta::trash::{TRASH_NAME, is_trash};
-use crate::meta::trash::{hour_name, trash_entry_name};
 use crate::meta::{
     Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
     TRASH_INO, Timestamp,
@@ -422,141 +422,22 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
     Ok(())
 }
 
-/// Removes a non-directory entry; with a trash the node moves there.
+/// Removes a non-directory entry; with a trash the node moves there (the
+/// rules in `meta/namespace.rs`).
 pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    if (parent == ROOT_INO && name == TRASH_NAME) || (is_trash(parent) && !rules::is_root(ctx)) {
-        return Err(Error::Perm);
-    }
-    if name == b"." || name == b".." {
-        return Err(Error::IsDir);
-    }
-    check_name(name)?;
+    ns::check_unlink(ctx, parent, name)?;
     let trash = trash_for(inner, parent)?;
     inner.write(parent, |tx| {
-        prefetch_entry(tx, parent, name)?;
-        let mut pa = writable_dir(tx, ctx, parent, false)?;
-        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
-            return Err(Error::Perm.into());
-        }
-        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
-        if e.typ == FileType::Directory as u8 {
-            return Err(Error::IsDir.into());
-        }
-        prefetch_node(tx, e.inode)?;
-        let now = Timestamp::now();
-        let Some(mut a) = node::get(tx, e.inode)? else {
-            log::warn!("entry {name:?} in {parent} names missing inode {}", e.inode);
-            delete_edge(tx, parent, name);
-            return Ok(());
-        };
-        rules::check_sticky(ctx, &pa, &a)?;
-        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
-            return Err(Error::Perm.into());
-        }
-        let mut trash = trash;
-        let trash_name = trash.map(|_| trash_entry_name(parent, e.inode, name));
-        if let (Some(t), Some(tn)) = (trash, &trash_name)
-            && a.nlink > 1
-            && get_edge(tx, t, tn)?.is_some_and(|x| x.inode == e.inode)
-        {
-            trash = None;
-        }
-        let (slen, sspace, sinodes) = entry_stat(&a);
-        a.ctime = now;
-        delete_edge(tx, parent, name);
-        match (trash, &trash_name) {
-            (Some(t), Some(tn)) => {
-                if a.parent > 0 {
-                    a.parent = t;
-                } else {
-                    node::add_parent(tx, e.inode, t, 1);
-                    node::add_parent(tx, e.inode, parent, -1);
-                }
-                node::put(tx, e.inode, &a);
-                insert_edge(tx, t, tn, e.inode, a.typ);
-                node::add_dir_stat(tx, t, slen, sspace, sinodes)?;
-            }
-            _ => {
-                a.nlink = a.nlink.saturating_sub(1);
-                if a.nlink > 0 {
-                    if a.parent == 0 {
-                        node::add_parent(tx, e.inode, parent, -1);
-                    } else if a.parent == parent {
-                        a.parent = 0;
-                    }
-                    node::put(tx, e.inode, &a);
-                } else {
-                    drop_last_link(tx, inner, e.inode, &a)?;
-                }
-            }
-        }
-        if !is_trash(parent) {
-            pa.mtime = now;
-            pa.ctime = now;
-            node::put(tx, parent, &pa);
-        }
-        node::add_dir_stat(tx, parent, -slen, -sspace, -sinodes)?;
-        Ok(())
+        ns::unlink(&mut Ns { tx, inner }, ctx, parent, name, trash)
     })
 }
 
 /// Removes an empty directory; with a trash it moves there.
 pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    match name {
-        b"." => return Err(Error::Invalid("cannot remove '.'".into())),
-        b".." => return Err(Error::NotEmpty),
-        _ => {}
-    }
-    if (parent == ROOT_INO && name == TRASH_NAME)
-        || parent == TRASH_INO
-        || (is_trash(parent) && !rules::is_root(ctx))
-    {
-        return Err(Error::Perm);
-    }
-    check_name(name)?;
+    ns::check_rmdir(ctx, parent, name)?;
     let trash = trash_for(inner, parent)?;
     inner.write(parent, |tx| {
-        let mut pa = writable_dir(tx, ctx, parent, false)?;
-        if pa.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 {
-            return Err(Error::Perm.into());
-        }
-        let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
-        if e.typ != FileType::Directory as u8 {
-            return Err(Error::NotDir.into());
-        }
-        if has_children(tx, e.inode)? {
-            return Err(Error::NotEmpty.into());
-        }
-        let now = Timestamp::now();
-        let found = node::get(tx, e.inode)?;
-        if let Some(a) = &found {
-            rules::check_sticky(ctx, &pa, a)?;
-        }
-        delete_edge(tx, parent, name);
-        node::drop_dir_stats(tx, e.inode);
-        match (found, trash) {
-            (Some(mut a), Some(t)) => {
-                a.ctime = now;
-                a.parent = t;
-                node::put(tx, e.inode, &a);
-                let tn = trash_entry_name(parent, e.inode, name);
-                insert_edge(tx, t, &tn, e.inode, FileType::Directory);
-                node::add_dir_stat(tx, t, 0, align4k(0), 1)?;
-            }
-            (Some(_), None) => {
-                node::delete(tx, e.inode);
-                node::add_usage(tx, -align4k(0), -1)?;
-            }
-            (None, _) => {}
-        }
-        if !is_trash(parent) {
-            pa.nlink = pa.nlink.saturating_sub(1);
-            pa.mtime = now;
-            pa.ctime = now;
-            node::put(tx, parent, &pa);
-        }
-        node::add_dir_stat(tx, parent, 0, -align4k(0), -1)?;
-        Ok(())
+        ns::rmdir(&mut Ns { tx, inner }, ctx, parent, name, trash)
     })
 }
 
@@ -636,6 +517,12 @@ impl ns::NsTx for Ns<'_, '_> {
     }
     fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
         drop_last_link(self.tx, self.inner, ino, a)
+    }
+    fn prefetch_entry(&mut self, dir: Ino, name: &[u8]) -> TxResult<()> {
+        prefetch_entry(self.tx, dir, name)
+    }
+    fn prefetch_node(&mut self, ino: Ino) -> TxResult<()> {
+        prefetch_node(self.tx, ino)
     }
 }
 
