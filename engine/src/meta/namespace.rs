@@ -1,4 +1,5 @@
-//! Namespace rules written once: unlink, rmdir and rename (plain,
+//! Namespace rules written once: making nodes, hard links, unlink, rmdir
+//! and rename (plain,
 //! `RENAME_NOREPLACE`, `RENAME_EXCHANGE`; removed and replaced names into
 //! the trash) over the storage primitives each engine gives in a
 //! transaction ([`NsTx`]).
@@ -12,6 +13,7 @@
 //! link does (delete it, or keep it for the sessions that hold it open).
 
 use crate::error::Error;
+use crate::meta::acl::Rule;
 use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
 use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
 use crate::meta::{Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO, Timestamp};
@@ -89,6 +91,20 @@ pub(crate) trait NsTx {
     /// The last name of the file `ino` went: delete it, or keep it for the
     /// sessions holding it open.
     fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
+    /// `a` gets another name, in `dir`: a node with several names has no
+    /// single parent (0), and the engine records where its names are.
+    fn add_link_parent(&mut self, ino: Ino, a: &mut Attr, dir: Ino) -> Result<(), Self::Error>;
+    /// Writes the attributes of a node just made (no node of that number
+    /// existed).
+    fn new_node(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
+    /// Stores a symlink's target.
+    fn set_symlink(&mut self, ino: Ino, target: &[u8]) -> Result<(), Self::Error>;
+    /// Starts the statistics of a directory just made (where kept).
+    fn new_dir_stats(&mut self, dir: Ino) -> Result<(), Self::Error>;
+    /// An ACL rule by its id.
+    fn rule(&mut self, id: u32) -> Result<std::sync::Arc<Rule>, Self::Error>;
+    /// The id of `rule`, stored if new (0 for an empty rule).
+    fn store_rule(&mut self, rule: &Rule) -> Result<u32, Self::Error>;
 
     /// Reads `dir`'s attributes and its entry `name` ahead, together (a
     /// round trip saved on Redis); nothing elsewhere.
@@ -141,6 +157,123 @@ pub(crate) fn writable_dir<T: NsTx>(
         return Err(Error::NotFound.into());
     }
     tx.check(ctx, &a, MASK_W | MASK_X)?;
+    Ok(a)
+}
+
+/// What making a name (a new node or a hard link) in `parent` can refuse
+/// before looking at the volume.
+pub(crate) fn check_new_name(parent: Ino, name: &[u8]) -> Result<(), Error> {
+    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
+        return Err(Error::Perm);
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists);
+    }
+    check_name(name)
+}
+
+/// What a new node is.
+pub(crate) struct NewNode<'a> {
+    pub(crate) typ: FileType,
+    pub(crate) mode: u16,
+    pub(crate) umask: u16,
+    pub(crate) rdev: u32,
+    /// A symlink's target (empty otherwise).
+    pub(crate) target: &'a [u8],
+}
+
+/// Makes the node `ino` (a number the engine allocated) as `name` in
+/// `parent`, in the caller's transaction: the mode from the umask or the
+/// directory's default ACL, usage and statistics counted.
+pub(crate) fn mknod<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+    ino: Ino,
+    new: &NewNode<'_>,
+) -> Result<Attr, T::Error> {
+    tx.prefetch_entry(parent, name)?;
+    let mut pa = writable_dir(tx, ctx, parent, true)?;
+    if pa.flags & rules::FLAG_IMMUTABLE != 0 {
+        return Err(Error::Perm.into());
+    }
+    if tx.edge(parent, name)?.is_some() {
+        return Err(Error::Exists.into());
+    }
+    let now = Timestamp::now();
+    let default = match pa.default_acl {
+        0 => None,
+        id => Some(tx.rule(id)?),
+    };
+    let (mode, access) = rules::new_node_mode(new.typ, new.mode, new.umask, default.as_deref());
+    let access_acl = match access {
+        Some(rule) => tx.store_rule(&rule)?,
+        None => 0,
+    };
+    let attr = rules::new_node_attr(
+        ctx,
+        &pa,
+        parent,
+        new.typ,
+        mode,
+        new.rdev,
+        new.target.len(),
+        access_acl,
+        now,
+    );
+    tx.insert_edge(parent, name, ino, new.typ)?;
+    tx.new_node(ino, &attr)?;
+    match new.typ {
+        FileType::Symlink => tx.set_symlink(ino, new.target)?,
+        FileType::Directory => {
+            tx.new_dir_stats(ino)?;
+            pa.nlink += 1;
+        }
+        _ => {}
+    }
+    pa.mtime = now;
+    pa.ctime = now;
+    tx.put_node(parent, &pa)?;
+    tx.add_usage(align4k(0), 1)?;
+    tx.add_dir_stat(parent, 0, align4k(0), 1)?;
+    Ok(attr)
+}
+
+/// Adds the name `name` in `parent` to the node `ino` (a hard link), in the
+/// caller's transaction.
+pub(crate) fn link<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    parent: Ino,
+    name: &[u8],
+) -> Result<Attr, T::Error> {
+    let mut pa = writable_dir(tx, ctx, parent, true)?;
+    if pa.flags & rules::FLAG_IMMUTABLE != 0 {
+        return Err(Error::Perm.into());
+    }
+    if tx.edge(parent, name)?.is_some() {
+        return Err(Error::Exists.into());
+    }
+    let mut a = tx.must_node(ino)?;
+    if a.typ == FileType::Directory {
+        return Err(Error::Perm.into());
+    }
+    if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
+        return Err(Error::Perm.into());
+    }
+    let now = Timestamp::now();
+    pa.mtime = now;
+    pa.ctime = now;
+    tx.add_link_parent(ino, &mut a, parent)?;
+    a.nlink += 1;
+    a.ctime = now;
+    tx.insert_edge(parent, name, ino, a.typ)?;
+    tx.put_node(ino, &a)?;
+    tx.put_node(parent, &pa)?;
+    let (len, space, inodes) = entry_stat(&a);
+    tx.add_dir_stat(parent, len, space, inodes)?;
     Ok(a)
 }
 

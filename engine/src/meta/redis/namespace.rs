@@ -5,13 +5,13 @@
 use super::Inner;
 use super::codec::{decode_attr, decode_entry, encode_entry};
 use super::keys::counter;
-use super::node::{self, entry_stat};
+use super::node;
 use super::session;
 use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
-use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X};
-use crate::meta::rules::{check_name, dot_entries, type_only};
+use crate::meta::rules::{self, MASK_R, MASK_X};
+use crate::meta::rules::{dot_entries, type_only};
 use crate::meta::trash::hour_name;
 use crate::meta::trash::{TRASH_NAME, is_trash};
 use crate::meta::{
@@ -67,19 +67,6 @@ fn delete_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) {
 fn has_children(tx: &mut Tx<'_>, dir: Ino) -> TxResult<bool> {
     let key = tx.keys.entry(dir);
     Ok(tx.hlen(&key)? > 0)
-}
-
-/// Gets a directory ready to receive a new entry, with JuiceFS's checks.
-fn writable_dir(tx: &mut Tx<'_>, ctx: &Context, dir: Ino, creating: bool) -> TxResult<Attr> {
-    let a = node::must_get(tx, dir)?;
-    if a.typ != FileType::Directory {
-        return Err(Error::NotDir.into());
-    }
-    if creating && a.parent > TRASH_INO {
-        return Err(Error::NotFound.into());
-    }
-    node::check(tx, ctx, &a, MASK_W | MASK_X)?;
-    Ok(a)
 }
 
 /// The hourly trash directory for a removal from `parent`, created on first
@@ -275,7 +262,8 @@ fn cached_lookup(
     Some(check_parent(inner, ctx, &pa).and_then(|()| found.ok_or(Error::NotFound)))
 }
 
-/// Creates a node of any type.
+/// Creates a node of any type (the rules in `meta/namespace.rs`); `open`:
+/// the creating open's record goes with it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mknod(
     inner: &Inner,
@@ -289,72 +277,27 @@ pub(super) fn mknod(
     target: &[u8],
     open: bool,
 ) -> Result<(Ino, Attr)> {
-    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
-        return Err(Error::Perm);
-    }
-    if name == b"." || name == b".." {
-        return Err(Error::Exists);
-    }
-    check_name(name)?;
+    ns::check_new_name(parent, name)?;
     inner.format()?;
     let ino = inner.next_inode()?;
     let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
     let ticket = inner.cache().and_then(|c| c.ticket());
-    let made = inner.write(parent, |tx| {
-        prefetch_entry(tx, parent, name)?;
-        let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        if get_edge(tx, parent, name)?.is_some() {
-            return Err(Error::Exists.into());
-        }
-        let now = Timestamp::now();
-        let default = match pa.default_acl {
-            0 => None,
-            id => Some(node::rule(tx, id)?),
-        };
-        let (mode, access) = rules::new_node_mode(typ, mode, umask, default.as_deref());
-        let access_acl = match access {
-            Some(rule) => node::store_rule(tx, &rule)?,
-            None => 0,
-        };
-        let attr = rules::new_node_attr(
-            ctx,
-            &pa,
-            parent,
-            typ,
-            mode,
-            rdev,
-            target.len(),
-            access_acl,
-            now,
-        );
-        insert_edge(tx, parent, name, ino, typ);
-        node::put(tx, ino, &attr);
+    let new = ns::NewNode {
+        typ,
+        mode,
+        umask,
+        rdev,
+        target,
+    };
+    let attr = inner.write(parent, |tx| {
+        let attr = ns::mknod(&mut Ns { tx, inner }, ctx, parent, name, ino, &new)?;
         if open && sid > 0 {
             // The creating open's record, with the node (as
             // `session::opened` records later opens).
             let key = tx.keys.opened(ino);
             tx.hset(&key, sid.to_string().as_bytes(), b"1");
         }
-        match typ {
-            FileType::Symlink => {
-                let key = tx.keys.symlink(ino);
-                tx.set(&key, target);
-            }
-            FileType::Directory => {
-                node::new_dir_stats(tx, ino);
-                pa.nlink += 1;
-            }
-            _ => {}
-        }
-        pa.mtime = now;
-        pa.ctime = now;
-        node::put(tx, parent, &pa);
-        node::add_usage(tx, align4k(0), 1)?;
-        node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
-        Ok((ino, attr))
+        Ok(attr)
     })?;
     if let Some(c) = inner.cache() {
         c.put_no_xattrs(ticket, ino);
@@ -362,7 +305,7 @@ pub(super) fn mknod(
     if open {
         session::created_open(inner, ino);
     }
-    Ok(made)
+    Ok((ino, attr))
 }
 
 /// The target of a symlink.
@@ -518,6 +461,35 @@ impl ns::NsTx for Ns<'_, '_> {
     fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
         drop_last_link(self.tx, self.inner, ino, a)
     }
+    fn add_link_parent(&mut self, ino: Ino, a: &mut Attr, dir: Ino) -> TxResult<()> {
+        // The names of a hard-linked node are counted by directory in
+        // `p{ino}`.
+        if a.parent > 0 {
+            node::add_parent(self.tx, ino, a.parent, 1);
+        }
+        node::add_parent(self.tx, ino, dir, 1);
+        a.parent = 0;
+        Ok(())
+    }
+    fn new_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
+        node::put(self.tx, ino, a);
+        Ok(())
+    }
+    fn set_symlink(&mut self, ino: Ino, target: &[u8]) -> TxResult<()> {
+        let key = self.tx.keys.symlink(ino);
+        self.tx.set(&key, target);
+        Ok(())
+    }
+    fn new_dir_stats(&mut self, dir: Ino) -> TxResult<()> {
+        node::new_dir_stats(self.tx, dir);
+        Ok(())
+    }
+    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
+        node::rule(self.tx, id)
+    }
+    fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
+        node::store_rule(self.tx, rule)
+    }
     fn prefetch_entry(&mut self, dir: Ino, name: &[u8]) -> TxResult<()> {
         prefetch_entry(self.tx, dir, name)
     }
@@ -563,7 +535,7 @@ pub(super) fn rename(
     })
 }
 
-/// Adds a hard link.
+/// Adds a hard link (the rules in `meta/namespace.rs`).
 pub(super) fn link(
     inner: &Inner,
     ctx: &Context,
@@ -571,44 +543,9 @@ pub(super) fn link(
     parent: Ino,
     name: &[u8],
 ) -> Result<Attr> {
-    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
-        return Err(Error::Perm);
-    }
-    if name == b"." || name == b".." {
-        return Err(Error::Exists);
-    }
-    check_name(name)?;
+    ns::check_new_name(parent, name)?;
     inner.write(parent, |tx| {
-        let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        if get_edge(tx, parent, name)?.is_some() {
-            return Err(Error::Exists.into());
-        }
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ == FileType::Directory {
-            return Err(Error::Perm.into());
-        }
-        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
-            return Err(Error::Perm.into());
-        }
-        let now = Timestamp::now();
-        pa.mtime = now;
-        pa.ctime = now;
-        if a.parent > 0 {
-            node::add_parent(tx, ino, a.parent, 1);
-        }
-        node::add_parent(tx, ino, parent, 1);
-        a.parent = 0;
-        a.nlink += 1;
-        a.ctime = now;
-        insert_edge(tx, parent, name, ino, a.typ);
-        node::put(tx, ino, &a);
-        node::put(tx, parent, &pa);
-        let (len, space, inodes) = entry_stat(&a);
-        node::add_dir_stat(tx, parent, len, space, inodes)?;
-        Ok(a)
+        ns::link(&mut Ns { tx, inner }, ctx, ino, parent, name)
     })
 }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::meta::acl::Rule;
-use crate::meta::rules::{self, align4k};
-use crate::meta::{Attr, Context, FileType, Ino, TRASH_INO};
+use crate::meta::rules;
+use crate::meta::{Attr, Context, Ino, TRASH_INO};
 
 /// The attributes of `ino`, if the node exists.
 pub(super) fn get(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Option<Attr>> {
@@ -254,10 +254,4 @@ pub(super) fn add_file_stat(
         add_dir_stat(tx, parent, length * links, space * links, 0)?;
     }
     Ok(())
-}
-
-/// What an entry contributes to its directory's statistics.
-pub(super) fn entry_stat(a: &Attr) -> (i64, i64, i64) {
-    let len = if a.typ == FileType::File { a.length } else { 0 };
-    (len as i64, align4k(len), 1)
 }

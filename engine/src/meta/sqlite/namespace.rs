@@ -8,8 +8,8 @@ use super::node;
 use super::{Inner, Tx, TxError, TxResult, counter, session};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
-use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X};
-use crate::meta::rules::{check_name, dot_entries, entry_stat, type_only};
+use crate::meta::rules::{MASK_R, MASK_X};
+use crate::meta::rules::{dot_entries, type_only};
 use crate::meta::trash::{TRASH_NAME, is_trash};
 use crate::meta::trash::{hour_name, new_trash_attr};
 use crate::meta::{
@@ -60,20 +60,6 @@ fn has_children(c: &Connection, dir: Ino) -> TxResult<bool> {
         params![dir as i64],
         |r| r.get(0),
     )?)
-}
-
-/// Gets a directory ready to receive a new entry, with JuiceFS's checks.
-/// `creating`: a directory removed into the trash takes no new entries.
-fn writable_dir(c: &Connection, ctx: &Context, dir: Ino, creating: bool) -> TxResult<Attr> {
-    let a = node::must_get(c, dir)?;
-    if a.typ != FileType::Directory {
-        return Err(Error::NotDir.into());
-    }
-    if creating && a.parent > TRASH_INO {
-        return Err(Error::NotFound.into());
-    }
-    node::check(c, ctx, &a, MASK_W | MASK_X)?;
-    Ok(a)
 }
 
 /// The hourly trash directory for a removal from `parent`, created on first
@@ -155,8 +141,7 @@ pub(super) fn lookup(
     })
 }
 
-/// Creates a node of any type (JuiceFS `Mknod`): files, directories,
-/// symlinks (`target`), devices, fifos and sockets.
+/// Creates a node of any type (the rules in `meta/namespace.rs`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn mknod(
     inner: &Inner,
@@ -169,66 +154,18 @@ pub(super) fn mknod(
     rdev: u32,
     target: &[u8],
 ) -> Result<(Ino, Attr)> {
-    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
-        return Err(Error::Perm);
-    }
-    if name == b"." || name == b".." {
-        return Err(Error::Exists);
-    }
-    check_name(name)?;
+    ns::check_new_name(parent, name)?;
     inner.format()?;
     let ino = inner.next_inode()?;
-    inner.write(|tx| {
-        let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        if get_edge(tx, parent, name)?.is_some() {
-            return Err(Error::Exists.into());
-        }
-        let now = Timestamp::now();
-        let default = match pa.default_acl {
-            0 => None,
-            id => Some(node::rule(tx, id)?),
-        };
-        let (mode, access) = rules::new_node_mode(typ, mode, umask, default.as_deref());
-        let access_acl = match access {
-            Some(rule) => node::store_rule(tx, &rule)?,
-            None => 0,
-        };
-        let attr = rules::new_node_attr(
-            ctx,
-            &pa,
-            parent,
-            typ,
-            mode,
-            rdev,
-            target.len(),
-            access_acl,
-            now,
-        );
-        insert_edge(tx, parent, name, ino, typ)?;
-        node::insert(tx, ino, &attr)?;
-        match typ {
-            FileType::Symlink => {
-                tx.execute(
-                    "INSERT INTO jfs_symlink (inode, target) VALUES (?,?)",
-                    params![ino as i64, target],
-                )?;
-            }
-            FileType::Directory => {
-                insert_dir_stats(tx, ino)?;
-                pa.nlink += 1;
-            }
-            _ => {}
-        }
-        pa.mtime = now;
-        pa.ctime = now;
-        node::update(tx, parent, &pa)?;
-        node::add_usage(tx, align4k(0), 1)?;
-        node::add_dir_stat(tx, parent, 0, align4k(0), 1)?;
-        Ok((ino, attr))
-    })
+    let new = ns::NewNode {
+        typ,
+        mode,
+        umask,
+        rdev,
+        target,
+    };
+    let attr = inner.write(|tx| ns::mknod(&mut Ns { tx, inner }, ctx, parent, name, ino, &new))?;
+    Ok((ino, attr))
 }
 
 /// The target of a symlink.
@@ -366,6 +303,31 @@ impl ns::NsTx for Ns<'_, '_> {
     fn drop_last_link(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
         drop_last_link(self.tx, self.inner, ino, a)
     }
+    /// The names are the node's rows in `jfs_edge`: nothing else records
+    /// them.
+    fn add_link_parent(&mut self, _ino: Ino, a: &mut Attr, _dir: Ino) -> TxResult<()> {
+        a.parent = 0;
+        Ok(())
+    }
+    fn new_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
+        node::insert(self.tx, ino, a)
+    }
+    fn set_symlink(&mut self, ino: Ino, target: &[u8]) -> TxResult<()> {
+        self.tx.execute(
+            "INSERT INTO jfs_symlink (inode, target) VALUES (?,?)",
+            params![ino as i64, target],
+        )?;
+        Ok(())
+    }
+    fn new_dir_stats(&mut self, dir: Ino) -> TxResult<()> {
+        insert_dir_stats(self.tx, dir)
+    }
+    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
+        node::rule(self.tx, id)
+    }
+    fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
+        node::store_rule(self.tx, rule)
+    }
 }
 
 /// Renames or exchanges an entry (JuiceFS `Rename`; the rules in
@@ -405,7 +367,7 @@ pub(super) fn rename(
     })
 }
 
-/// Adds a hard link.
+/// Adds a hard link (the rules in `meta/namespace.rs`).
 pub(super) fn link(
     inner: &Inner,
     ctx: &Context,
@@ -413,41 +375,8 @@ pub(super) fn link(
     parent: Ino,
     name: &[u8],
 ) -> Result<Attr> {
-    if is_trash(parent) || (parent == ROOT_INO && name == TRASH_NAME) {
-        return Err(Error::Perm);
-    }
-    if name == b"." || name == b".." {
-        return Err(Error::Exists);
-    }
-    check_name(name)?;
-    inner.write(|tx| {
-        let mut pa = writable_dir(tx, ctx, parent, true)?;
-        if pa.flags & rules::FLAG_IMMUTABLE != 0 {
-            return Err(Error::Perm.into());
-        }
-        if get_edge(tx, parent, name)?.is_some() {
-            return Err(Error::Exists.into());
-        }
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ == FileType::Directory {
-            return Err(Error::Perm.into());
-        }
-        if a.flags & (rules::FLAG_APPEND | rules::FLAG_IMMUTABLE) != 0 || a.nlink == 0 {
-            return Err(Error::Perm.into());
-        }
-        let now = Timestamp::now();
-        pa.mtime = now;
-        pa.ctime = now;
-        a.parent = 0;
-        a.nlink += 1;
-        a.ctime = now;
-        insert_edge(tx, parent, name, ino, a.typ)?;
-        node::update(tx, ino, &a)?;
-        node::update(tx, parent, &pa)?;
-        let (len, space, inodes) = entry_stat(&a);
-        node::add_dir_stat(tx, parent, len, space, inodes)?;
-        Ok(a)
-    })
+    ns::check_new_name(parent, name)?;
+    inner.write(|tx| ns::link(&mut Ns { tx, inner }, ctx, ino, parent, name))
 }
 
 /// Lists a directory, `.` and `..` first.
