@@ -424,9 +424,19 @@ fn requests_are_not_held_up_by_a_metadata_round_trip_on_the_same_queue() {
     fs::write(mnt.join("hot"), pattern(1, HOT_LEN)).unwrap();
     mount.unmount();
 
-    // The FLUSHes come back while the server is stopped, before the
-    // GETATTR: were the worker waiting on the GETATTR, none would, and
-    // the wait for them would time out.
+    // With the host-local metadata cache the GETATTR needs no round trip
+    // (the LOOKUP and OPEN before it read the node): it is answered in
+    // ring order, first, though the server is stopped.
+    let order = metadata_completion_order(&redis, &meta, dir.path(), "meta-cached", &[], true);
+    assert_eq!(
+        order.first(),
+        Some(&true),
+        "the cached GETATTR is answered at once: {order:?}"
+    );
+    // Without it, the GETATTR is a round trip: the FLUSHes come back while
+    // the server is stopped, before the GETATTR; were the worker waiting
+    // on the GETATTR, none would, and the wait for them would time out.
+    let meta = format!("{meta}?client-cache=false");
     let order = metadata_completion_order(&redis, &meta, dir.path(), "meta-ooo", &[], true);
     assert_eq!(
         order.last(),
