@@ -1,5 +1,5 @@
-//! Namespace rules written once: making nodes, hard links, unlink, rmdir
-//! and rename (plain,
+//! Namespace rules written once: making nodes, hard links, unlink, rmdir,
+//! rename (plain,
 //! `RENAME_NOREPLACE`, `RENAME_EXCHANGE`; removed and replaced names into
 //! the trash) over the storage primitives each engine gives in a
 //! transaction ([`NsTx`]).
@@ -14,9 +14,12 @@
 
 use crate::error::Error;
 use crate::meta::acl::Rule;
+use crate::meta::bounded::XATTR_LIST_MAX;
 use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
 use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
-use crate::meta::{Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO, Timestamp};
+use crate::meta::{
+    Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO, Timestamp, XattrMode,
+};
 
 /// A directory entry: the node it names and the node's type code.
 #[derive(Debug, Clone, Copy)]
@@ -105,6 +108,20 @@ pub(crate) trait NsTx {
     fn rule(&mut self, id: u32) -> Result<std::sync::Arc<Rule>, Self::Error>;
     /// The id of `rule`, stored if new (0 for an empty rule).
     fn store_rule(&mut self, rule: &Rule) -> Result<u32, Self::Error>;
+    /// An extended attribute's value.
+    fn xattr(&mut self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>, Self::Error>;
+    /// The bytes `listxattr` of `ino` returns now (each name and its NUL).
+    fn xattr_list_len(&mut self, ino: Ino) -> Result<usize, Self::Error>;
+    /// Sets an extended attribute (`existed`: it had a value before).
+    fn put_xattr(
+        &mut self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        existed: bool,
+    ) -> Result<(), Self::Error>;
+    /// Removes an extended attribute that exists.
+    fn delete_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<(), Self::Error>;
 
     /// Reads `dir`'s attributes and its entry `name` ahead, together (a
     /// round trip saved on Redis); nothing elsewhere.
@@ -629,4 +646,75 @@ pub(crate) fn rename<T: NsTx>(
         }
     }
     Ok((se.inode, sa))
+}
+
+/// The longest extended attribute name Linux accepts (`XATTR_NAME_MAX`).
+const MAX_XATTR_NAME: usize = 255;
+/// The largest extended attribute value Linux accepts (`XATTR_SIZE_MAX`).
+const MAX_XATTR_VALUE: usize = 65536;
+
+/// What a `setxattr`, `getxattr` or `removexattr` can refuse before looking
+/// at the volume: the name (and `value`'s size).
+pub(crate) fn check_xattr(name: &[u8], value: Option<&[u8]>) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::Invalid("an extended attribute needs a name".into()));
+    }
+    if name.len() > MAX_XATTR_NAME || value.is_some_and(|v| v.len() > MAX_XATTR_VALUE) {
+        return Err(Error::Range);
+    }
+    Ok(())
+}
+
+/// The node's attributes, if `ctx` may change its extended attributes.
+fn xattr_writable<T: NsTx>(tx: &mut T, ctx: &Context, ino: Ino) -> Result<Attr, T::Error> {
+    let a = tx.must_node(ino)?;
+    if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
+        return Err(Error::Perm.into());
+    }
+    tx.check(ctx, &a, MASK_W)?;
+    Ok(a)
+}
+
+/// Sets an extended attribute with `setxattr`'s create/replace semantics,
+/// in the caller's transaction; the node's ctime moves, as on Linux.
+pub(crate) fn set_xattr<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    name: &[u8],
+    value: &[u8],
+    mode: XattrMode,
+) -> Result<(), T::Error> {
+    let mut attr = xattr_writable(tx, ctx, ino)?;
+    let cur = tx.xattr(ino, name)?;
+    match (mode, &cur) {
+        (XattrMode::Create, Some(_)) => return Err(Error::Exists.into()),
+        (XattrMode::Replace, None) => return Err(Error::NoXattr.into()),
+        (_, Some(v)) if v.as_slice() == value => {}
+        (_, Some(_)) => tx.put_xattr(ino, name, value, true)?,
+        (_, None) => {
+            if tx.xattr_list_len(ino)? + name.len() + 1 > XATTR_LIST_MAX {
+                return Err(Error::NoSpace.into());
+            }
+            tx.put_xattr(ino, name, value, false)?;
+        }
+    }
+    attr.ctime = Timestamp::now();
+    tx.put_node(ino, &attr)
+}
+
+/// Removes an extended attribute, in the caller's transaction.
+pub(crate) fn remove_xattr<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    name: &[u8],
+) -> Result<(), T::Error> {
+    let mut attr = xattr_writable(tx, ctx, ino)?;
+    if tx.xattr(ino, name)?.is_none() {
+        return Err(Error::NoXattr.into());
+    }
+    tx.delete_xattr(ino, name)?;
+    attr.ctime = Timestamp::now();
+    tx.put_node(ino, &attr)
 }

@@ -396,9 +396,15 @@ fn move_parent(tx: &mut Tx<'_>, ino: Ino, a: &mut Attr, from: Ino, to: Ino) {
 }
 
 /// The namespace rules' view of a Redis transaction (`meta/namespace.rs`).
-struct Ns<'a, 'c> {
+pub(super) struct Ns<'a, 'c> {
     tx: &'a mut Tx<'c>,
     inner: &'a Inner,
+}
+
+impl<'a, 'c> Ns<'a, 'c> {
+    pub(super) fn new(tx: &'a mut Tx<'c>, inner: &'a Inner) -> Self {
+        Ns { tx, inner }
+    }
 }
 
 impl ns::NsTx for Ns<'_, '_> {
@@ -489,6 +495,25 @@ impl ns::NsTx for Ns<'_, '_> {
     }
     fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
         node::store_rule(self.tx, rule)
+    }
+    fn xattr(&mut self, ino: Ino, name: &[u8]) -> TxResult<Option<Vec<u8>>> {
+        let key = self.tx.keys.xattr(ino);
+        self.tx.hget(&key, name)
+    }
+    fn xattr_list_len(&mut self, ino: Ino) -> TxResult<usize> {
+        let key = self.tx.keys.xattr(ino);
+        let names: Vec<Vec<u8>> = self.tx.now(redis::cmd("HKEYS").arg(&key))?;
+        Ok(names.iter().map(|n| n.len() + 1).sum())
+    }
+    fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8], _existed: bool) -> TxResult<()> {
+        let key = self.tx.keys.xattr(ino);
+        self.tx.hset(&key, name, value);
+        Ok(())
+    }
+    fn delete_xattr(&mut self, ino: Ino, name: &[u8]) -> TxResult<()> {
+        let key = self.tx.keys.xattr(ino);
+        self.tx.hdel(&key, name);
+        Ok(())
     }
     fn prefetch_entry(&mut self, dir: Ino, name: &[u8]) -> TxResult<()> {
         prefetch_entry(self.tx, dir, name)

@@ -230,9 +230,15 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
 }
 
 /// The namespace rules' view of a SQLite transaction (`meta/namespace.rs`).
-struct Ns<'a, 'c> {
+pub(super) struct Ns<'a, 'c> {
     tx: &'a mut Tx<'c>,
     inner: &'a Inner,
+}
+
+impl<'a, 'c> Ns<'a, 'c> {
+    pub(super) fn new(tx: &'a mut Tx<'c>, inner: &'a Inner) -> Self {
+        Ns { tx, inner }
+    }
 }
 
 impl ns::NsTx for Ns<'_, '_> {
@@ -327,6 +333,49 @@ impl ns::NsTx for Ns<'_, '_> {
     }
     fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
         node::store_rule(self.tx, rule)
+    }
+    fn xattr(&mut self, ino: Ino, name: &[u8]) -> TxResult<Option<Vec<u8>>> {
+        let name = super::xattr::text_name(name)?;
+        Ok(self
+            .tx
+            .query_row(
+                "SELECT value FROM jfs_xattr WHERE inode=? AND name=?",
+                params![ino as i64, name],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+    fn xattr_list_len(&mut self, ino: Ino) -> TxResult<usize> {
+        let used: i64 = self.tx.query_row(
+            "SELECT COALESCE(SUM(length(CAST(name AS BLOB)) + 1), 0) \
+             FROM jfs_xattr WHERE inode=?",
+            params![ino as i64],
+            |r| r.get(0),
+        )?;
+        Ok(used.max(0) as usize)
+    }
+    fn put_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8], existed: bool) -> TxResult<()> {
+        let name = super::xattr::text_name(name)?;
+        if existed {
+            self.tx.execute(
+                "UPDATE jfs_xattr SET value=? WHERE inode=? AND name=?",
+                params![value, ino as i64, name],
+            )?;
+        } else {
+            self.tx.execute(
+                "INSERT INTO jfs_xattr (inode, name, value) VALUES (?,?,?)",
+                params![ino as i64, name, value],
+            )?;
+        }
+        Ok(())
+    }
+    fn delete_xattr(&mut self, ino: Ino, name: &[u8]) -> TxResult<()> {
+        let name = super::xattr::text_name(name)?;
+        self.tx.execute(
+            "DELETE FROM jfs_xattr WHERE inode=? AND name=?",
+            params![ino as i64, name],
+        )?;
+        Ok(())
     }
 }
 

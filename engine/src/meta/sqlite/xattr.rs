@@ -2,26 +2,16 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::namespace::Ns;
 use super::node;
-use super::{Inner, TxError, TxResult};
+use super::{Inner, TxError};
 use crate::error::{Error, Result};
-use crate::meta::bounded::XATTR_LIST_MAX;
-use crate::meta::rules::{self, MASK_W};
-use crate::meta::{Attr, Context, Ino, Timestamp, XattrMode};
-
-/// The longest attribute name Linux accepts (`XATTR_NAME_MAX`).
-const MAX_NAME: usize = 255;
-/// The largest attribute value Linux accepts (`XATTR_SIZE_MAX`).
-const MAX_VALUE: usize = 65536;
+use crate::meta::namespace as ns;
+use crate::meta::{Context, Ino, XattrMode};
 
 /// JuiceFS keeps names in a TEXT column, so they must be UTF-8.
-fn text_name(name: &[u8]) -> Result<&str> {
-    if name.is_empty() {
-        return Err(Error::Invalid("an extended attribute needs a name".into()));
-    }
-    if name.len() > MAX_NAME {
-        return Err(Error::Range);
-    }
+pub(super) fn text_name(name: &[u8]) -> Result<&str> {
+    ns::check_xattr(name, None)?;
     std::str::from_utf8(name)
         .map_err(|_| Error::Invalid("extended attribute names must be UTF-8".into()))
 }
@@ -63,23 +53,8 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
     })
 }
 
-/// The node's attributes, if `ctx` may change its extended attributes.
-fn check_writable(c: &Connection, ctx: &Context, ino: Ino) -> TxResult<Attr> {
-    let a = node::must_get(c, ino)?;
-    if a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0 {
-        return Err(Error::Perm.into());
-    }
-    node::check(c, ctx, &a, MASK_W)?;
-    Ok(a)
-}
-
-/// An extended attribute changed: the node's ctime moves, as on Linux.
-fn touch_ctime(c: &Connection, ino: Ino, mut a: Attr) -> TxResult<()> {
-    a.ctime = Timestamp::now();
-    node::update(c, ino, &a)
-}
-
-/// Sets an attribute with create/replace semantics.
+/// Sets an attribute with create/replace semantics (the rules in
+/// `meta/namespace.rs`).
 pub(super) fn set(
     inner: &Inner,
     ctx: &Context,
@@ -88,61 +63,14 @@ pub(super) fn set(
     value: &[u8],
     mode: XattrMode,
 ) -> Result<()> {
-    let name = text_name(name)?;
-    if value.len() > MAX_VALUE {
-        return Err(Error::Range);
-    }
-    inner.write(|tx| {
-        let attr = check_writable(tx, ctx, ino)?;
-        let cur: Option<Vec<u8>> = tx
-            .query_row(
-                "SELECT value FROM jfs_xattr WHERE inode=? AND name=?",
-                params![ino as i64, name],
-                |r| r.get(0),
-            )
-            .optional()?;
-        match (mode, &cur) {
-            (XattrMode::Create, Some(_)) => return Err(Error::Exists.into()),
-            (XattrMode::Replace, None) => return Err(Error::NoXattr.into()),
-            (_, Some(v)) if v.as_slice() == value => {}
-            (_, Some(_)) => {
-                tx.execute(
-                    "UPDATE jfs_xattr SET value=? WHERE inode=? AND name=?",
-                    params![value, ino as i64, name],
-                )?;
-            }
-            (_, None) => {
-                let used: i64 = tx.query_row(
-                    "SELECT COALESCE(SUM(length(CAST(name AS BLOB)) + 1), 0) \
-                     FROM jfs_xattr WHERE inode=?",
-                    params![ino as i64],
-                    |r| r.get(0),
-                )?;
-                if used as usize + name.len() + 1 > XATTR_LIST_MAX {
-                    return Err(Error::NoSpace.into());
-                }
-                tx.execute(
-                    "INSERT INTO jfs_xattr (inode, name, value) VALUES (?,?,?)",
-                    params![ino as i64, name, value],
-                )?;
-            }
-        }
-        touch_ctime(tx, ino, attr)
-    })
+    ns::check_xattr(name, Some(value))?;
+    text_name(name)?;
+    inner.write(|tx| ns::set_xattr(&mut Ns::new(tx, inner), ctx, ino, name, value, mode))
 }
 
 /// Removes an attribute.
 pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-    let name = text_name(name)?;
-    inner.write(|tx| {
-        let attr = check_writable(tx, ctx, ino)?;
-        let n = tx.execute(
-            "DELETE FROM jfs_xattr WHERE inode=? AND name=?",
-            params![ino as i64, name],
-        )?;
-        if n == 0 {
-            return Err(Error::NoXattr.into());
-        }
-        touch_ctime(tx, ino, attr)
-    })
+    ns::check_xattr(name, None)?;
+    text_name(name)?;
+    inner.write(|tx| ns::remove_xattr(&mut Ns::new(tx, inner), ctx, ino, name))
 }
