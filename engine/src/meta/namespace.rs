@@ -13,12 +13,13 @@
 //! link does (delete it, or keep it for the sessions that hold it open).
 
 use crate::error::Error;
+use crate::meta::acl::AclType;
 use crate::meta::acl::Rule;
 use crate::meta::bounded::XATTR_LIST_MAX;
 use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
 use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
 use crate::meta::{
-    Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO, Timestamp, XattrMode,
+    Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, SetAttr, TRASH_INO, Timestamp, XattrMode,
 };
 
 /// A directory entry: the node it names and the node's type code.
@@ -131,6 +132,14 @@ pub(crate) trait NsTx {
     /// Reads what dropping a name of `ino` looks at, together.
     fn prefetch_node(&mut self, _ino: Ino) -> Result<(), Self::Error> {
         Ok(())
+    }
+
+    /// The access ACL of `a`, when it has one.
+    fn access_rule(&mut self, a: &Attr) -> Result<Option<std::sync::Arc<Rule>>, Self::Error> {
+        match a.access_acl {
+            0 => Ok(None),
+            id => self.rule(id).map(Some),
+        }
     }
 
     /// A node that must exist.
@@ -717,4 +726,50 @@ pub(crate) fn remove_xattr<T: NsTx>(
     tx.delete_xattr(ino, name)?;
     attr.ctime = Timestamp::now();
     tx.put_node(ino, &attr)
+}
+
+/// Changes a node's attributes (`setattr`'s rules: `rules::apply_setattr`),
+/// in the caller's transaction; a chmod moves the access ACL's entries
+/// with the mode.
+pub(crate) fn setattr<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    set: &SetAttr,
+) -> Result<Attr, T::Error> {
+    let cur = tx.must_node(ino)?;
+    let acl = tx.access_rule(&cur)?;
+    match rules::apply_setattr(ctx, &cur, acl.as_deref(), set)? {
+        Some(mut a) => {
+            if let Some(rule) = acl.filter(|_| a.mode != cur.mode) {
+                a.access_acl = tx.store_rule(&rules::chmod_acl(&rule, a.mode))?;
+            }
+            tx.put_node(ino, &a)?;
+            Ok(a)
+        }
+        None => Ok(cur),
+    }
+}
+
+/// Sets a node's access or default ACL (`rules::apply_facl`), in the
+/// caller's transaction.
+pub(crate) fn set_facl<T: NsTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    typ: AclType,
+    rule: &Rule,
+) -> Result<(), T::Error> {
+    let cur = tx.must_node(ino)?;
+    if let Some((mut a, store)) = rules::apply_facl(ctx, &cur, typ, rule)? {
+        if let Some(r) = store {
+            let id = tx.store_rule(&r)?;
+            match typ {
+                AclType::Access => a.access_acl = id,
+                AclType::Default => a.default_acl = id,
+            }
+        }
+        tx.put_node(ino, &a)?;
+    }
+    Ok(())
 }

@@ -1004,20 +1004,9 @@ impl Meta for RedisMeta {
     }
 
     fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        self.inner.write(ino, |tx| {
-            let cur = node::must_get(tx, ino)?;
-            let acl = node::access_rule(tx, &cur)?;
-            match rules::apply_setattr(ctx, &cur, acl.as_deref(), set)? {
-                Some(mut a) => {
-                    // A chmod changes the access ACL's entries with it.
-                    if let Some(rule) = acl.filter(|_| a.mode != cur.mode) {
-                        a.access_acl = node::store_rule(tx, &rules::chmod_acl(&rule, a.mode))?;
-                    }
-                    node::put(tx, ino, &a);
-                    Ok(a)
-                }
-                None => Ok(cur),
-            }
+        let inner = &*self.inner;
+        inner.write(ino, |tx| {
+            crate::meta::namespace::setattr(&mut namespace::Ns::new(tx, inner), ctx, ino, set)
         })
     }
 
@@ -1329,19 +1318,15 @@ impl Meta for RedisMeta {
     }
 
     fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
-        self.inner.write(ino, |tx| {
-            let cur = node::must_get(tx, ino)?;
-            if let Some((mut a, store)) = rules::apply_facl(ctx, &cur, typ, rule)? {
-                if let Some(r) = store {
-                    let id = node::store_rule(tx, &r)?;
-                    match typ {
-                        AclType::Access => a.access_acl = id,
-                        AclType::Default => a.default_acl = id,
-                    }
-                }
-                node::put(tx, ino, &a);
-            }
-            Ok(())
+        let inner = &*self.inner;
+        inner.write(ino, |tx| {
+            crate::meta::namespace::set_facl(
+                &mut namespace::Ns::new(tx, inner),
+                ctx,
+                ino,
+                typ,
+                rule,
+            )
         })
     }
 

@@ -1078,19 +1078,15 @@ impl Meta for SqliteMeta {
     }
 
     fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
-        self.inner.write(|tx| {
-            let cur = node::must_get(tx, ino)?;
-            if let Some((mut a, store)) = rules::apply_facl(ctx, &cur, typ, rule)? {
-                if let Some(r) = store {
-                    let id = node::store_rule(tx, &r)?;
-                    match typ {
-                        AclType::Access => a.access_acl = id,
-                        AclType::Default => a.default_acl = id,
-                    }
-                }
-                node::update(tx, ino, &a)?;
-            }
-            Ok(())
+        let inner = &*self.inner;
+        inner.write(|tx| {
+            crate::meta::namespace::set_facl(
+                &mut namespace::Ns::new(tx, inner),
+                ctx,
+                ino,
+                typ,
+                rule,
+            )
         })
     }
 

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use std::sync::Arc;
 
 use crate::meta::acl::{self, Rule};
-use crate::meta::rules::{self, align4k, apply_setattr};
+use crate::meta::rules::{self, align4k};
 use crate::meta::{Attr, Context, FileType, Ino, SetAttr, Timestamp};
 
 /// The columns [`from_row`] reads, in order.
@@ -297,18 +297,7 @@ pub(super) fn parents(c: &Connection, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
 /// with an access ACL changes the ACL's entries with it.
 pub(super) fn setattr(inner: &Inner, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
     inner.write(|tx| {
-        let cur = must_get(tx, ino)?;
-        let acl = access_rule(tx, &cur)?;
-        match apply_setattr(ctx, &cur, acl.as_deref(), set)? {
-            Some(mut a) => {
-                if let Some(rule) = acl.filter(|_| a.mode != cur.mode) {
-                    a.access_acl = store_rule(tx, &rules::chmod_acl(&rule, a.mode))?;
-                }
-                update(tx, ino, &a)?;
-                Ok(a)
-            }
-            None => Ok(cur),
-        }
+        crate::meta::namespace::setattr(&mut super::namespace::Ns::new(tx, inner), ctx, ino, set)
     })
 }
 
