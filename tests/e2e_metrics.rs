@@ -343,9 +343,24 @@ fn serve_counts_each_queue() {
     }
     assert!(q1.lookup(ROOT_ID, b"missing").is_err());
 
-    let scraped = scrape(&addr);
+    // The disk cache writes what a miss fetched in the background (its
+    // inserts are queued: engine/src/object/disk_cache.rs), so its write
+    // counters move a moment after the READs are answered: scrape until
+    // they have, within a bound a background write never needs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (scraped, s) = loop {
+        let scraped = scrape(&addr);
+        let s = parse(&scraped);
+        if value(&s, "juicefs_blockcache_write_bytes", &[]) >= 1.0 {
+            break (scraped, s);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the disk cache wrote none of the fetched blocks: {scraped}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     promtool_check(&scraped);
-    let s = parse(&scraped);
     let mp = socket.to_str().unwrap();
     for (labels, _) in &s["sluice_virtiofs_requests_total"] {
         assert_eq!(labels.get("vol_name").map(String::as_str), Some("metrics"));
