@@ -81,6 +81,12 @@ const SILENT_AFTER: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the feed's thread waits between reconnection attempts.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+/// How long it waits after a server refused the feed (no RESP3 or no
+/// `CLIENT TRACKING`: Redis before 6, a managed service that renamed the
+/// command) before it asks again.
+const REFUSED_RETRY: Duration = Duration::from_secs(60);
+/// How the handshake says the server refused a command.
+const REFUSED: &str = "the server refused";
 /// The largest frame the feed accepts from the server (a push names keys;
 /// anything near this is not one).
 const MAX_FRAME: usize = 16 << 20;
@@ -395,7 +401,7 @@ impl Feed {
         loop {
             if let Some(v) = self.next()? {
                 return match v {
-                    Value::ServerError(e) => Err(format!("the server refused: {e:?}")),
+                    Value::ServerError(e) => Err(format!("{REFUSED}: {e:?}")),
                     v => Ok(v),
                 };
             }
@@ -919,7 +925,11 @@ fn run_feed(cache: Weak<MetaCache>, locate: Locate, first: Option<String>) {
                         refused_logged = true;
                     }
                     drop(c);
-                    std::thread::sleep(RECONNECT_EVERY);
+                    std::thread::sleep(if e.starts_with(REFUSED) {
+                        REFUSED_RETRY
+                    } else {
+                        RECONNECT_EVERY
+                    });
                 }
             }
             continue;
