@@ -68,6 +68,9 @@ fn world() -> &'static World {
             max_clients: 64,
             // The fuzzed clients may hold half the table.
             vm_cache_share: u64::from(BLOCK) * 2,
+            // A client that takes no reply (one whose own socket waits in
+            // the host's queue keeps itself open) goes soon.
+            reply_timeout: Duration::from_millis(300),
         };
         let host = Host::start(vol.clone(), cfg, listener).expect("the host");
         let good = HostClient::start(ClientConfig {

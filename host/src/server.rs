@@ -47,6 +47,13 @@ pub struct HostConfig {
     /// gives up its own least recently used blocks first, so one VM
     /// streaming a large data set cannot push out every other VM's.
     pub vm_cache_share: u64,
+    /// How long a reply may wait for its client to take it: a client that
+    /// reads none for this long is dropped. Without the bound a client that
+    /// stops reading pins its two threads for good — and one that passed
+    /// its own socket to the host (a descriptor the host has not read yet,
+    /// because the client is at its bound) never even closes: the host's
+    /// queue holds it open.
+    pub reply_timeout: std::time::Duration,
 }
 
 impl Default for HostConfig {
@@ -57,6 +64,7 @@ impl Default for HostConfig {
             max_outstanding: 64,
             max_clients: 256,
             vm_cache_share: u64::MAX,
+            reply_timeout: std::time::Duration::from_secs(10),
         }
     }
 }
@@ -472,6 +480,14 @@ impl Service {
             outstanding_cv: Condvar::new(),
             stats: ClientStats::default(),
         });
+        if let Err(e) = rustix::net::sockopt::set_socket_timeout(
+            &client.sock,
+            rustix::net::sockopt::Timeout::Send,
+            Some(self.cfg.reply_timeout),
+        ) {
+            log::warn!("host: refusing VM {}: {e}", client.name);
+            return;
+        }
         self.clients.lock().insert(id, client.clone());
         log::info!("host: VM {} attached (pid {pid}, uid {uid})", client.name);
         client.reply(
@@ -768,7 +784,13 @@ fn write_loop(client: Arc<Client>) {
             *n = n.saturating_sub(1);
             client.outstanding_cv.notify_all();
         }
-        if sent.is_err() {
+        if let Err(e) = sent {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                log::warn!(
+                    "host: dropping VM {}: it took no reply for the reply timeout",
+                    client.name
+                );
+            }
             client.close();
             return;
         }
