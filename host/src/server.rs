@@ -188,6 +188,11 @@ impl Client {
         self.out_cv.notify_all();
         drop(out);
         socket::shutdown(&self.sock);
+        // Under the lock the reader holds while it checks `is_closed` and
+        // goes to wait: notified without it, the wake-up could fall between
+        // the reader's check and its wait, and the reader would wait for
+        // good on a client that is gone (the `host` fuzz target found it).
+        let _n = self.outstanding.lock();
         self.outstanding_cv.notify_all();
     }
 
