@@ -664,11 +664,47 @@ impl MetaCache {
     /// A node's cached attributes.
     pub(super) fn attr(&self, ino: Ino) -> Option<Attr> {
         self.drain();
+        let hit = self.kept_attr(&mut self.state.lock(), ino);
+        self.count(hit.is_some());
+        hit
+    }
+
+    /// A cached entry: `Some(Some(ino))` the name's inode, `Some(None)`
+    /// known absent, `None` not known.
+    #[cfg(test)]
+    fn entry(&self, dir: Ino, name: &[u8]) -> Option<Option<Ino>> {
+        self.drain();
+        let hit = self.kept_entry(&mut self.state.lock(), dir, name);
+        self.count(hit.is_some());
+        hit
+    }
+
+    /// A lookup from the cache alone, the feed drained once: the
+    /// directory's attributes and the entry, with the child's attributes
+    /// when the name is there; `None` when any of them is not kept.
+    pub(super) fn lookup(&self, dir: Ino, name: &[u8]) -> Option<(Attr, Option<(Ino, Attr)>)> {
+        self.drain();
         let mut s = self.state.lock();
-        let hit = s
-            .live
-            .then(|| s.attrs.get(&ino).map(|k| (k.value.clone(), k.stamp, k.at)));
-        let hit = match hit.flatten() {
+        let hit = (|| {
+            let entry = self.kept_entry(&mut s, dir, name)?;
+            let pa = self.kept_attr(&mut s, dir)?;
+            let child = match entry {
+                None => None,
+                Some(ino) => Some((ino, self.kept_attr(&mut s, ino)?)),
+            };
+            Some((pa, child))
+        })();
+        drop(s);
+        self.count(hit.is_some());
+        hit
+    }
+
+    /// A node's attributes as kept (dropped if stale).
+    fn kept_attr(&self, s: &mut State, ino: Ino) -> Option<Attr> {
+        if !s.live {
+            return None;
+        }
+        match s.attrs.get(&ino).map(|k| (k.value.clone(), k.stamp, k.at)) {
             Some((a, stamp, at)) if s.fresh(Key::Node(ino), stamp, at, self.settings.expire) => {
                 Some(a)
             }
@@ -677,22 +713,16 @@ impl MetaCache {
                 None
             }
             None => None,
-        };
-        drop(s);
-        self.count(hit.is_some());
-        hit
+        }
     }
 
-    /// A cached entry: `Some(Some(ino))` the name's inode, `Some(None)`
-    /// known absent, `None` not known.
-    pub(super) fn entry(&self, dir: Ino, name: &[u8]) -> Option<Option<Ino>> {
-        self.drain();
-        let mut s = self.state.lock();
+    /// An entry as kept (dropped if stale).
+    fn kept_entry(&self, s: &mut State, dir: Ino, name: &[u8]) -> Option<Option<Ino>> {
         if !s.live {
             return None;
         }
         let key = (dir, name.to_vec());
-        let hit = match s.entries.get(&key).map(|k| (k.value, k.stamp, k.at)) {
+        match s.entries.get(&key).map(|k| (k.value, k.stamp, k.at)) {
             Some((v, stamp, at)) if s.fresh(Key::Dir(dir), stamp, at, self.settings.expire) => {
                 Some(v)
             }
@@ -701,10 +731,7 @@ impl MetaCache {
                 None
             }
             None => None,
-        };
-        drop(s);
-        self.count(hit.is_some());
-        hit
+        }
     }
 
     fn count(&self, hit: bool) {

@@ -253,12 +253,7 @@ fn cached_lookup(
     parent: Ino,
     name: &[u8],
 ) -> Option<Result<(Ino, Attr)>> {
-    let entry = cache.entry(parent, name)?;
-    let pa = cache.attr(parent)?;
-    let found = match entry {
-        None => None,
-        Some(ino) => Some((ino, cache.attr(ino)?)),
-    };
+    let (pa, found) = cache.lookup(parent, name)?;
     Some(check_parent(inner, ctx, &pa).and_then(|()| found.ok_or(Error::NotFound)))
 }
 
