@@ -858,6 +858,9 @@ pub struct DiskCache {
     pending: Arc<Pending>,
     free_space: FreeSpaceProbe,
     tmp_seq: AtomicU64,
+    /// Whether the free-space floor is refusing inserts now (said once in
+    /// the log when it starts, and again when it ends).
+    short_of_space: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for DiskCache {
@@ -955,6 +958,7 @@ impl DiskCache {
             pending: Arc::default(),
             free_space,
             tmp_seq: AtomicU64::new(0),
+            short_of_space: std::sync::atomic::AtomicBool::new(false),
         });
         for (i, shard) in cache.shards.iter().enumerate() {
             let (shard2, stats, n, eviction, name) = (
@@ -1309,6 +1313,26 @@ impl DiskCache {
         }
         if ok {
             self.stats.used_bytes.fetch_add(size, Ordering::Relaxed);
+        }
+        // An operator whose cache stops filling must learn why: the file
+        // system is below --free-space-ratio (other data, not the cache).
+        let short = !ok && fs_short > 0;
+        if short != self.short_of_space.swap(short, Ordering::Relaxed) {
+            if short {
+                log::warn!(
+                    "disk cache {}: its file system has {} MiB free of {} MiB, under \
+                     --free-space-ratio {}: new blocks are not cached until space is freed",
+                    shard.root.display(),
+                    free >> 20,
+                    total >> 20,
+                    self.cfg.free_space_ratio
+                );
+            } else if ok {
+                log::info!(
+                    "disk cache {}: free space is back above --free-space-ratio; caching again",
+                    shard.root.display()
+                );
+            }
         }
         ok
     }

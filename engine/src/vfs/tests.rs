@@ -2050,13 +2050,18 @@ fn disk_cache_hits_land_as_checked_file_ranges_and_a_damaged_copy_is_fetched_aga
     let cache_dir = tempfile::tempdir().unwrap();
     let cfg = || VfsConfig {
         prefetch_threads: 0,
-        disk_cache: Some(DiskCacheConfig::new(
-            vec![CacheDir {
-                path: cache_dir.path().to_path_buf(),
-                node: None,
-            }],
-            1 << 30,
-        )),
+        disk_cache: Some(DiskCacheConfig {
+            // Whatever the test machine's disk holds (the default floor
+            // keeps 10% of it free and refuses inserts below that).
+            free_space_ratio: 0.0,
+            ..DiskCacheConfig::new(
+                vec![CacheDir {
+                    path: cache_dir.path().to_path_buf(),
+                    node: None,
+                }],
+                1 << 30,
+            )
+        }),
         ..test_cfg()
     };
     let t = setup_with(1024, Compression::None, cfg());

@@ -65,13 +65,16 @@ impl Fixture {
 
     /// The volume with a disk cache in front of its store.
     fn cached_volume(&self) -> Arc<Volume> {
-        let cfg = DiskCacheConfig::new(
+        let mut cfg = DiskCacheConfig::new(
             vec![CacheDir {
                 path: self.dir.path().join("cache"),
                 node: None,
             }],
             64 << 20,
         );
+        // Whatever the test machine's disk holds (the default floor keeps
+        // 10% of it free and refuses inserts below that).
+        cfg.free_space_ratio = 0.0;
         let cache = DiskCache::open(self.vol.name(), &self.vol.format.uuid, cfg).unwrap();
         let store: Arc<dyn sluice_engine::object::ObjectStore> =
             Arc::new(CachedStore::new(self.vol.store.clone(), cache));
