@@ -1447,17 +1447,6 @@ pub(crate) fn write_read_and_refs(m: &dyn Meta) {
     );
 }
 
-/// A hole record over `len` bytes at chunk offset `pos`.
-fn hole_at(pos: u32, len: u32) -> Slice {
-    Slice {
-        pos,
-        id: 0,
-        size: 0,
-        off: 0,
-        len,
-    }
-}
-
 /// Writes 4 KiB at the start of chunk `indx`.
 fn write_in(m: &dyn Meta, ino: Ino, indx: u32) {
     let id = m.new_slice_id().expect("slice id");
@@ -1514,7 +1503,7 @@ pub(crate) fn range_work_visits_existing_chunks(m: &dyn Meta) {
         let slices = m.read_chunk(f, indx).expect("read");
         assert_eq!(
             slices.last(),
-            Some(&hole_at(0, CHUNK_SIZE as u32)),
+            Some(&crate::meta::chunks::hole(0, CHUNK_SIZE as u32)),
             "chunk {indx}"
         );
     }
@@ -1532,7 +1521,7 @@ pub(crate) fn range_work_visits_existing_chunks(m: &dyn Meta) {
     bounded(m.work().since(&before), 2, "zero");
     assert_eq!(
         m.read_chunk(f, 1000).expect("read").last(),
-        Some(&hole_at(0, 150))
+        Some(&crate::meta::chunks::hole(0, 150))
     );
 
     let before = m.work();
@@ -1561,7 +1550,12 @@ pub(crate) fn range_work_visits_existing_chunks(m: &dyn Meta) {
     for i in 0..n {
         let slices = m.read_chunk(g, i as u32 * 3).expect("read");
         let len = if i + 1 == n { 4096 } else { CHUNK_SIZE as u32 };
-        assert_eq!(slices.last(), Some(&hole_at(0, len)), "chunk {}", i * 3);
+        assert_eq!(
+            slices.last(),
+            Some(&crate::meta::chunks::hole(0, len)),
+            "chunk {}",
+            i * 3
+        );
     }
 }
 

@@ -202,6 +202,7 @@ pub(crate) fn update_destination(dst: &mut Attr, off_out: u64, len: u64) -> (i64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::chunks::hole;
 
     fn req(off_in: u64, off_out: u64, len: u64) -> CopyRange {
         CopyRange {
@@ -219,16 +220,6 @@ mod tests {
             pos,
             id,
             size: len,
-            off: 0,
-            len,
-        }
-    }
-
-    fn hole(pos: u32, len: u32) -> Slice {
-        Slice {
-            pos,
-            id: 0,
-            size: 0,
             off: 0,
             len,
         }

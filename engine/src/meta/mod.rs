@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 pub mod acl;
 pub mod bounded;
+pub(crate) mod chunks;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod copy_range;

@@ -3,22 +3,21 @@
 //! − 1": a slice written once has no field), truncation, fallocate,
 //! compaction and the deletion of removed files' data.
 
-use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use super::Inner;
 use super::codec::encode_delayed;
 use super::keys::{parse_chunk_key, slice_field};
+use super::namespace::Ns;
 use super::node;
 use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
-use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE, PROBE_SPAN};
+use crate::meta::bounded::PROBE_SPAN;
+use crate::meta::chunks;
 use crate::meta::copy_range::{self, CopyRange};
-use crate::meta::rules::align4k;
-use crate::meta::rules::{self, MASK_W};
 use crate::meta::{
-    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH, Slice,
-    TRASH_INO, Timestamp, TruncateVia, WorkCounters,
+    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, Slice, Timestamp,
+    TruncateVia, WorkCounters,
 };
 
 /// Chunk keys one pipeline probes.
@@ -36,18 +35,6 @@ fn decode(ino: Ino, indx: u32, records: &[Vec<u8>]) -> TxResult<Vec<Slice>> {
             })
         })
         .collect()
-}
-
-/// A hole record covering `len` bytes at chunk offset `pos`.
-fn hole(pos: u32, len: u32) -> [u8; Slice::RECORD_LEN] {
-    Slice {
-        pos,
-        id: 0,
-        size: 0,
-        off: 0,
-        len,
-    }
-    .encode()
 }
 
 fn push(tx: &mut Tx<'_>, op: &str, key: &str, record: &[u8]) -> usize {
@@ -91,23 +78,12 @@ pub(super) fn write_chunk(
     slice: Slice,
     mtime: Timestamp,
 ) -> Result<usize> {
-    check_fits(&slice)?;
+    chunks::check_fits(&slice)?;
     inner.format()?;
-    let (at, results) =
-        inner.write_returning(ino, |tx| apply_write(tx, ino, indx, &slice, mtime))?;
+    let (at, results) = inner.write_returning(ino, |tx| {
+        chunks::write(&mut Ns::new(tx, inner), ino, indx, &slice, mtime)
+    })?;
     Ok(slice_count(&results, at))
-}
-
-/// A slice that does not fit its chunk or its stored size is refused.
-fn check_fits(slice: &Slice) -> Result<()> {
-    let end = u64::from(slice.pos) + u64::from(slice.len);
-    if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
-        return Err(Error::Invalid(format!(
-            "slice {} does not fit its chunk or its stored size",
-            slice.id
-        )));
-    }
-    Ok(())
 }
 
 /// The chunk's slice count after a write: what its `RPUSH` (queued at
@@ -117,39 +93,6 @@ fn slice_count(results: &[redis::Value], at: usize) -> usize {
         Some(redis::Value::Int(n)) => usize::try_from(*n).unwrap_or(1),
         _ => 1,
     }
-}
-
-/// The body of [`write_chunk`] inside the caller's transaction; returns
-/// where its `RPUSH` was queued (the list's new length is its answer: no
-/// `LLEN` first).
-fn apply_write(
-    tx: &mut Tx<'_>,
-    ino: Ino,
-    indx: u32,
-    slice: &Slice,
-    mtime: Timestamp,
-) -> TxResult<usize> {
-    let end = u64::from(slice.pos) + u64::from(slice.len);
-    let mut a = node::must_get(tx, ino)?;
-    if a.typ != FileType::File {
-        return Err(Error::Perm.into());
-    }
-    let new_len = u64::from(indx) * CHUNK_SIZE + end;
-    let (mut dlen, mut dspace) = (0, 0);
-    if new_len > a.length {
-        dlen = (new_len - a.length) as i64;
-        dspace = align4k(new_len) - align4k(a.length);
-        a.length = new_len;
-    }
-    a.mtime = mtime;
-    // A write moves mtime and ctime together, to when it was made (never
-    // ctime backwards: a chmod since then keeps its later ctime).
-    a.ctime = a.ctime.max(mtime);
-    let key = tx.keys.chunk(ino, indx);
-    let at = push(tx, "RPUSH", &key, &slice.encode());
-    node::put(tx, ino, &a);
-    node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-    Ok(at)
 }
 
 /// A group commit's writes in one transaction: one round trip reads (and
@@ -174,7 +117,10 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
         tx.prefetch(&reads)?;
         let mut out = Vec::with_capacity(commits.len());
         for writes in commits {
-            if let Some(e) = writes.iter().find_map(|w| check_fits(&w.slice).err()) {
+            if let Some(e) = writes
+                .iter()
+                .find_map(|w| chunks::check_fits(&w.slice).err())
+            {
                 out.push(Err(e));
                 continue;
             }
@@ -182,7 +128,7 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
             let mut ats = Vec::with_capacity(writes.len());
             let mut failed = None;
             for w in writes {
-                match apply_write(tx, w.ino, w.indx, &w.slice, w.mtime) {
+                match chunks::write(&mut Ns::new(tx, inner), w.ino, w.indx, &w.slice, w.mtime) {
                     Ok(at) => ats.push(at),
                     Err(TxError::Fs(e)) => {
                         failed = Some(e);
@@ -288,10 +234,7 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Sets a file's length. Growing adds a hole; shrinking hides the cut part
-/// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices. Through an open handle neither the mode nor the
-/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+/// Sets a file's length ([`chunks::truncate`]).
 pub(super) fn truncate(
     inner: &Inner,
     ctx: &Context,
@@ -299,102 +242,19 @@ pub(super) fn truncate(
     length: u64,
     via: TruncateVia,
 ) -> Result<Attr> {
-    if length > MAX_FILE_LENGTH {
-        return Err(Error::FileTooBig);
-    }
+    chunks::check_truncate(length)?;
     inner.format()?;
     inner.write(ino, |tx| {
-        let mut a = node::must_get(tx, ino)?;
-        if a.typ != FileType::File
-            || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
-            || (via == TruncateVia::Path && a.parent > TRASH_INO)
-        {
-            return Err(Error::Perm.into());
-        }
-        if via == TruncateVia::Path {
-            node::check(tx, ctx, &a, MASK_W)?;
-        }
-        if length == a.length {
-            return Ok(a);
-        }
-        let old = a.length;
-        let (left, right) = (old.min(length), old.max(length));
-        if length < old {
-            // Chunks wholly past the new end go, with their references.
-            let first_gone = length.div_ceil(CHUNK_SIZE);
-            let last = old.div_ceil(CHUNK_SIZE);
-            let gone = if first_gone < last {
-                existing(
-                    tx,
-                    &inner.work,
-                    ino,
-                    first_gone as u32..=(last - 1) as u32,
-                    usize::MAX,
-                )?
-            } else {
-                Vec::new()
-            };
-            for indx in gone {
-                let key = tx.keys.chunk(ino, indx);
-                let records = tx.lrange(&key, -1)?;
-                if records.is_empty() {
-                    continue;
-                }
-                match decode(ino, indx, &records) {
-                    Ok(slices) => unref(tx, &slices),
-                    Err(e) => log::error!("{e:?}; its slices are left for gc"),
-                }
-                tx.del(&key);
-            }
-            if !length.is_multiple_of(CHUNK_SIZE) {
-                let indx = (length / CHUNK_SIZE) as u32;
-                let pos = (length % CHUNK_SIZE) as u32;
-                let end = right.min((u64::from(indx) + 1) * CHUNK_SIZE);
-                let key = tx.keys.chunk(ino, indx);
-                push(tx, "RPUSHX", &key, &hole(pos, (end - length) as u32));
-            }
-        } else {
-            // Growing: a hole over the new range, as JuiceFS writes it.
-            let first = (left / CHUNK_SIZE) as u32;
-            let pos = (left % CHUNK_SIZE) as u32;
-            let end = right.min((u64::from(first) + 1) * CHUNK_SIZE);
-            let key = tx.keys.chunk(ino, first);
-            push(tx, "RPUSH", &key, &hole(pos, (end - left) as u32));
-            let last = (right / CHUNK_SIZE) as u32;
-            // Only the chunks that exist: RPUSHX would skip the others.
-            let between: Vec<u32> = if last > first.saturating_add(1) {
-                existing(tx, &inner.work, ino, first + 1..=last - 1, usize::MAX)?
-            } else {
-                Vec::new()
-            };
-            for indx in between {
-                let key = tx.keys.chunk(ino, indx);
-                push(tx, "RPUSHX", &key, &hole(0, CHUNK_SIZE as u32));
-            }
-            if last > first && right % CHUNK_SIZE > 0 {
-                let key = tx.keys.chunk(ino, last);
-                push(tx, "RPUSHX", &key, &hole(0, (right % CHUNK_SIZE) as u32));
-            }
-        }
-        let dlen = length as i64 - old as i64;
-        let dspace = align4k(length) - align4k(old);
-        let now = Timestamp::now();
-        a.length = length;
-        a.mtime = now;
-        a.ctime = now;
-        node::put(tx, ino, &a);
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(a)
+        chunks::truncate(&mut Ns::new(tx, inner), ctx, ino, length, via)
     })
 }
 
-/// Linux fallocate (JuiceFS `Fallocate`): preallocation only changes the
-/// length; punching or zeroing writes holes over the chunks of the range
-/// that exist (one that does not already reads as zeros), listed once
-/// (see [`existing`]) and changed at most [`CHUNKS_PER_TX`] per MULTI/EXEC,
-/// in index order; the last one sets the length and times. JuiceFS queues a
-/// hole for every chunk of the range in one MULTI, which over a 2^58-byte
-/// range would block the server that every client shares.
+/// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
+/// exist are listed once (see [`existing`]), then get their holes at most
+/// `CHUNKS_PER_TX` per MULTI/EXEC, in index order; the last one sets the
+/// length and times ([`chunks::Fallocate`]). JuiceFS queues a hole
+/// for every chunk of the range in one MULTI, which over a 2^58-byte range
+/// would block the server that every client shares.
 pub(super) fn fallocate(
     inner: &Inner,
     ctx: &Context,
@@ -403,117 +263,33 @@ pub(super) fn fallocate(
     offset: u64,
     len: u64,
 ) -> Result<Attr> {
-    let end = bounded::check_fallocate(mode, offset, len)?;
+    let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
     inner.format()?;
-    let found = if bounded::writes_holes(mode) {
-        inner.read(|tx| {
-            let a = fallocatable(tx, ctx, ino, mode)?;
-            if offset >= a.length {
-                return Ok(Vec::new());
-            }
-            let span = bounded::chunk_span(offset, end.min(a.length));
-            existing(tx, &inner.work, ino, span, usize::MAX)
-        })?
-    } else {
-        Vec::new()
-    };
-    let mut batches = found.chunks(CHUNKS_PER_TX).peekable();
-    loop {
-        let batch = batches.next().unwrap_or(&[]);
-        let last = batches.peek().is_none();
-        let a = inner.write(ino, |tx| {
-            let mut a = fallocatable(tx, ctx, ino, mode)?;
-            let old = a.length;
-            let stop = end.min(old);
-            for &indx in batch {
-                if let Some((pos, l)) = bounded::part_in_chunk(indx, offset, stop) {
-                    // RPUSHX: a chunk removed meanwhile stays removed.
-                    let key = tx.keys.chunk(ino, indx);
-                    push(tx, "RPUSHX", &key, &hole(pos, l));
-                }
-            }
-            if !last {
-                return Ok(a);
-            }
-            let mut length = old;
-            if end > old && mode & FALLOC_KEEP_SIZE == 0 {
-                length = end;
-            }
-            let now = Timestamp::now();
-            let dlen = length as i64 - old as i64;
-            let dspace = align4k(length) - align4k(old);
-            a.length = length;
-            a.mtime = now;
-            a.ctime = now;
-            node::put(tx, ino, &a);
-            node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-            Ok(a)
-        })?;
+    let found = inner.read(|tx| {
+        let a = f.allowed(&mut Ns::new(tx, inner))?;
+        match f.span(a.length) {
+            Some(span) => existing(tx, &inner.work, ino, span, usize::MAX),
+            None => Ok(Vec::new()),
+        }
+    })?;
+    for (batch, last) in chunks::batches(&found) {
+        let a = inner.write(ino, |tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
         inner.work.transaction();
         if last {
             return Ok(a);
         }
     }
+    unreachable!("batches ends with a last one")
 }
 
-/// The file fallocate may change, after its permission and flag checks.
-fn fallocatable(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, mode: u32) -> TxResult<Attr> {
-    let a = node::must_get(tx, ino)?;
-    if a.typ == FileType::Directory {
-        return Err(Error::IsDir.into());
-    }
-    if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
-        return Err(Error::Perm.into());
-    }
-    node::check(tx, ctx, &a, MASK_W)?;
-    if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
-        return Err(Error::Perm.into());
-    }
-    Ok(a)
-}
-
-/// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the
-/// destination gets records pointing at the source's slices, in the same
-/// MULTI/EXEC as their references and the destination's new length. The
-/// source's chunks are watched, so a compaction that replaces them meanwhile
-/// makes the copy start again.
+/// Linux `copy_file_range` by reference ([`chunks::copy_file_range`]). The
+/// source's chunks are watched, so a compaction that replaces them
+/// meanwhile makes the copy start again.
 pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
     copy_range::check(req)?;
     inner.format()?;
     inner.write(req.fout, |tx| {
-        let src = node::must_get(tx, req.fin)?;
-        let mut dst = node::must_get(tx, req.fout)?;
-        let len = copy_range::bound(req, &src, &dst)?;
-        if len == 0 {
-            return Ok((0, dst));
-        }
-        let mut source = BTreeMap::new();
-        for indx in copy_range::source_chunks(req, len) {
-            let key = tx.keys.chunk(req.fin, indx);
-            let records = tx.lrange(&key, -1)?;
-            if !records.is_empty() {
-                source.insert(indx, decode(req.fin, indx, &records)?);
-            }
-        }
-        let planned = copy_range::plan(req, len, &source);
-        for (indx, records) in &planned {
-            let mut c = redis::cmd("RPUSH");
-            c.arg(tx.keys.chunk(req.fout, *indx));
-            for r in records {
-                c.arg(&r.encode()[..]);
-            }
-            tx.cmd(c);
-        }
-        // `sliceRef` holds references − 1, so a slice written once (no
-        // field yet) ends at exactly the records that show it.
-        let refs = tx.keys.slice_refs();
-        for ((id, size), n) in copy_range::references(&planned) {
-            tx.hincrby(&refs, slice_field(id, size).as_bytes(), n);
-        }
-        let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
-        node::put(tx, req.fout, &dst);
-        node::add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
-        Ok((len, dst))
+        chunks::copy_file_range(&mut Ns::new(tx, inner), req)
     })
 }
 
@@ -812,5 +588,70 @@ impl Inner {
             })?;
         }
         Ok(())
+    }
+}
+
+/// The content rules' view of a Redis transaction (`meta/chunks.rs`).
+impl chunks::ChunkTx for Ns<'_, '_> {
+    /// Where the chunk's `RPUSH` was queued: its answer is the list's new
+    /// length (no `LLEN` first).
+    type Appended = usize;
+
+    fn chunk(&mut self, ino: Ino, indx: u32) -> TxResult<Option<Vec<Slice>>> {
+        let key = self.tx.keys.chunk(ino, indx);
+        let records = self.tx.lrange(&key, -1)?;
+        if records.is_empty() {
+            return Ok(None);
+        }
+        decode(ino, indx, &records).map(Some)
+    }
+    fn append(&mut self, ino: Ino, indx: u32, records: &[Slice]) -> TxResult<usize> {
+        let mut c = redis::cmd("RPUSH");
+        c.arg(self.tx.keys.chunk(ino, indx));
+        for r in records {
+            c.arg(&r.encode()[..]);
+        }
+        Ok(self.tx.cmd(c))
+    }
+    fn append_if_exists(&mut self, ino: Ino, indx: u32, record: &Slice) -> TxResult<()> {
+        let key = self.tx.keys.chunk(ino, indx);
+        push(self.tx, "RPUSHX", &key, &record.encode());
+        Ok(())
+    }
+    fn delete_chunk(&mut self, ino: Ino, indx: u32) -> TxResult<()> {
+        let key = self.tx.keys.chunk(ino, indx);
+        let records = self.tx.lrange(&key, -1)?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        match decode(ino, indx, &records) {
+            Ok(slices) => unref(self.tx, &slices),
+            Err(e) => log::error!("{e:?}; its slices are left for gc"),
+        }
+        self.tx.del(&key);
+        Ok(())
+    }
+    fn new_slice(&mut self, _s: &Slice) -> TxResult<()> {
+        // `sliceRef` holds references − 1: a slice written once has no
+        // field.
+        Ok(())
+    }
+    fn add_slice_refs(&mut self, id: u64, size: u32, n: i64) -> TxResult<()> {
+        // References − 1, so a slice written once (no field yet) ends at
+        // exactly the records that show it.
+        let refs = self.tx.keys.slice_refs();
+        self.tx.hincrby(&refs, slice_field(id, size).as_bytes(), n);
+        Ok(())
+    }
+    fn existing_chunks(
+        &mut self,
+        ino: Ino,
+        range: RangeInclusive<u32>,
+        limit: usize,
+    ) -> TxResult<Vec<u32>> {
+        existing(self.tx, &self.inner.work, ino, range, limit)
+    }
+    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+        node::parents(self.tx, ino)
     }
 }

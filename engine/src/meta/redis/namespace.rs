@@ -392,8 +392,8 @@ fn move_parent(tx: &mut Tx<'_>, ino: Ino, a: &mut Attr, from: Ino, to: Ino) {
 
 /// The namespace rules' view of a Redis transaction (`meta/namespace.rs`).
 pub(super) struct Ns<'a, 'c> {
-    tx: &'a mut Tx<'c>,
-    inner: &'a Inner,
+    pub(super) tx: &'a mut Tx<'c>,
+    pub(super) inner: &'a Inner,
 }
 
 impl<'a, 'c> Ns<'a, 'c> {

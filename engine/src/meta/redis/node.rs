@@ -230,28 +230,3 @@ pub(super) fn add_parent(tx: &mut Tx<'_>, ino: Ino, dir: Ino, by: i64) {
     let key = tx.keys.parent(ino);
     tx.hincrby(&key, dir.to_string().as_bytes(), by);
 }
-
-/// Applies a length/space change of a file to the usage counter and to the
-/// statistics of every directory holding it.
-pub(super) fn add_file_stat(
-    tx: &mut Tx<'_>,
-    ino: Ino,
-    attr: &Attr,
-    length: i64,
-    space: i64,
-) -> TxResult<()> {
-    if length == 0 && space == 0 {
-        return Ok(());
-    }
-    add_usage(tx, space, 0)?;
-    if attr.nlink == 0 {
-        return Ok(());
-    }
-    if attr.parent > 0 {
-        return add_dir_stat(tx, attr.parent, length, space, 0);
-    }
-    for (parent, links) in parents(tx, ino)? {
-        add_dir_stat(tx, parent, length * links, space * links, 0)?;
-    }
-    Ok(())
-}

@@ -2,21 +2,20 @@
 //! (`jfs_chunk_ref`), truncation, fallocate, compaction and the deletion of
 //! removed files' data.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::ops::RangeInclusive;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::namespace::Ns;
 use super::node;
 use super::{Inner, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
-use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
+use crate::meta::chunks;
 use crate::meta::copy_range::{self, CopyRange};
-use crate::meta::rules::align4k;
-use crate::meta::rules::{self, MASK_W};
 use crate::meta::{
-    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH,
-    ReleasedSlice, Slice, Timestamp, TruncateVia,
+    Attr, ChunkWrite, CommitResult, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp,
+    TruncateVia,
 };
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
@@ -64,18 +63,6 @@ fn append(c: &Connection, ino: Ino, indx: u32, records: &[u8]) -> TxResult<usize
         |r| r.get(0),
     )?;
     Ok(len as usize / Slice::RECORD_LEN)
-}
-
-/// A hole record covering `len` bytes at chunk offset `pos`.
-fn hole(pos: u32, len: u32) -> [u8; Slice::RECORD_LEN] {
-    Slice {
-        pos,
-        id: 0,
-        size: 0,
-        off: 0,
-        len,
-    }
-    .encode()
 }
 
 /// Drops one reference of each record's slice; slices left without
@@ -136,54 +123,9 @@ pub(super) fn write_chunk(
     slice: Slice,
     mtime: Timestamp,
 ) -> Result<usize> {
-    check_fits(&slice)?;
+    chunks::check_fits(&slice)?;
     inner.format()?;
-    inner.write(|tx| apply_write(tx, ino, indx, &slice, mtime))
-}
-
-/// A slice that does not fit its chunk or its stored size is refused.
-fn check_fits(slice: &Slice) -> Result<()> {
-    let end = u64::from(slice.pos) + u64::from(slice.len);
-    if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
-        return Err(Error::Invalid(format!(
-            "slice {} does not fit its chunk or its stored size",
-            slice.id
-        )));
-    }
-    Ok(())
-}
-
-/// The body of [`write_chunk`], inside the caller's transaction.
-fn apply_write(
-    tx: &mut Tx<'_>,
-    ino: Ino,
-    indx: u32,
-    slice: &Slice,
-    mtime: Timestamp,
-) -> TxResult<usize> {
-    let end = u64::from(slice.pos) + u64::from(slice.len);
-    let mut a = node::must_get(tx, ino)?;
-    if a.typ != FileType::File {
-        return Err(Error::Perm.into());
-    }
-    let new_len = u64::from(indx) * CHUNK_SIZE + end;
-    let (mut dlen, mut dspace) = (0, 0);
-    if new_len > a.length {
-        dlen = (new_len - a.length) as i64;
-        dspace = align4k(new_len) - align4k(a.length);
-        a.length = new_len;
-    }
-    // A write moves mtime and ctime together, to when it was made (never
-    // ctime backwards: a chmod since then keeps its later ctime).
-    a.mtime = mtime;
-    a.ctime = a.ctime.max(mtime);
-    let count = append(tx, ino, indx, &slice.encode())?;
-    if slice.id != 0 {
-        add_ref(tx, slice)?;
-    }
-    node::update(tx, ino, &a)?;
-    node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-    Ok(count)
+    inner.write(|tx| chunks::write(&mut Ns::new(tx, inner), ino, indx, &slice, mtime))
 }
 
 /// A group commit's writes in one transaction (one WAL commit): each
@@ -199,7 +141,10 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
         let mut out = Vec::with_capacity(commits.len());
         for writes in commits {
             // Records that cannot be stored fail their commit untried.
-            if let Some(e) = writes.iter().find_map(|w| check_fits(&w.slice).err()) {
+            if let Some(e) = writes
+                .iter()
+                .find_map(|w| chunks::check_fits(&w.slice).err())
+            {
                 out.push(Err(e));
                 continue;
             }
@@ -208,7 +153,7 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
             let mut counts = Vec::with_capacity(writes.len());
             let mut failed = None;
             for w in writes {
-                match apply_write(tx, w.ino, w.indx, &w.slice, w.mtime) {
+                match chunks::write(&mut Ns::new(tx, inner), w.ino, w.indx, &w.slice, w.mtime) {
                     Ok(n) => counts.push(n),
                     Err(TxError::Fs(e)) => {
                         failed = Some(e);
@@ -350,10 +295,7 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Sets a file's length. Growing adds a hole; shrinking hides the cut part
-/// of the last chunk behind a hole and drops whole chunks past the end,
-/// releasing their slices. Through an open handle neither the mode nor the
-/// trash is checked (JuiceFS's `skipPermCheck` and open-file flag).
+/// Sets a file's length ([`chunks::truncate`]).
 pub(super) fn truncate(
     inner: &Inner,
     ctx: &Context,
@@ -361,99 +303,18 @@ pub(super) fn truncate(
     length: u64,
     via: TruncateVia,
 ) -> Result<Attr> {
-    if length > MAX_FILE_LENGTH {
-        return Err(Error::FileTooBig);
-    }
+    chunks::check_truncate(length)?;
     inner.format()?;
-    inner.write(|tx| {
-        let mut a = node::must_get(tx, ino)?;
-        let in_trash = a.parent > crate::meta::TRASH_INO;
-        if a.typ != FileType::File
-            || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
-            || (via == TruncateVia::Path && in_trash)
-        {
-            return Err(Error::Perm.into());
-        }
-        if via == TruncateVia::Path {
-            node::check(tx, ctx, &a, MASK_W)?;
-        }
-        if length == a.length {
-            return Ok(a);
-        }
-        let old = a.length;
-        let (left, right) = (old.min(length), old.max(length));
-        if length < old {
-            // Chunks wholly past the new end go, with their references.
-            let first_gone = length.div_ceil(CHUNK_SIZE);
-            let gone: Vec<(u32, Vec<u8>)> = {
-                let mut stmt =
-                    tx.prepare("SELECT indx, slices FROM jfs_chunk WHERE inode=? AND indx>=?")?;
-                let rows = stmt.query_map(params![ino as i64, first_gone as i64], |r| {
-                    Ok((r.get::<_, i64>(0)? as u32, bytes_at(r, 1)?))
-                })?;
-                rows.collect::<rusqlite::Result<_>>()?
-            };
-            for (indx, blob) in gone {
-                let slices = decode(ino, indx, &blob)?;
-                unref(tx, &slices)?;
-                tx.execute(
-                    "DELETE FROM jfs_chunk WHERE inode=? AND indx=?",
-                    params![ino as i64, indx],
-                )?;
-            }
-            if !length.is_multiple_of(CHUNK_SIZE) {
-                let indx = (length / CHUNK_SIZE) as u32;
-                let pos = (length % CHUNK_SIZE) as u32;
-                let end = right.min((u64::from(indx) + 1) * CHUNK_SIZE);
-                let len = (end - length) as u32;
-                if get_chunk(tx, ino, indx)?.is_some() {
-                    append(tx, ino, indx, &hole(pos, len))?;
-                }
-            }
-        } else {
-            // Growing: a hole over the new range, as JuiceFS writes it, so
-            // stale data past the old end can never show through.
-            let first = (left / CHUNK_SIZE) as u32;
-            let pos = (left % CHUNK_SIZE) as u32;
-            let end = right.min((u64::from(first) + 1) * CHUNK_SIZE);
-            append(tx, ino, first, &hole(pos, (end - left) as u32))?;
-            let between: Vec<u32> = {
-                let mut stmt =
-                    tx.prepare("SELECT indx FROM jfs_chunk WHERE inode=? AND indx>? AND indx<?")?;
-                let rows = stmt.query_map(
-                    params![ino as i64, first, (right / CHUNK_SIZE) as i64],
-                    |r| r.get::<_, i64>(0),
-                )?;
-                rows.map(|r| r.map(|v| v as u32))
-                    .collect::<rusqlite::Result<_>>()?
-            };
-            for indx in between {
-                append(tx, ino, indx, &hole(0, CHUNK_SIZE as u32))?;
-            }
-            let last = (right / CHUNK_SIZE) as u32;
-            if last > first && right % CHUNK_SIZE > 0 && get_chunk(tx, ino, last)?.is_some() {
-                append(tx, ino, last, &hole(0, (right % CHUNK_SIZE) as u32))?;
-            }
-        }
-        let dlen = length as i64 - old as i64;
-        let dspace = align4k(length) - align4k(old);
-        let now = Timestamp::now();
-        a.length = length;
-        a.mtime = now;
-        a.ctime = now;
-        node::update(tx, ino, &a)?;
-        node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-        Ok(a)
-    })
+    inner.write(|tx| chunks::truncate(&mut Ns::new(tx, inner), ctx, ino, length, via))
 }
 
-/// Linux fallocate (JuiceFS `Fallocate`): preallocation only changes the
-/// length; punching or zeroing writes holes over the chunks of the range
-/// that exist (one that does not already reads as zeros), at most
-/// [`CHUNKS_PER_TX`] chunks per transaction, in index order; the last
-/// transaction sets the length and times. JuiceFS writes a hole into every
-/// chunk of the range in one transaction, which over a 2^58-byte range of a
-/// sparse file would hold the volume's write lock for hours.
+/// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
+/// exist are listed once (an index range), then get their holes at most
+/// `CHUNKS_PER_TX` per transaction, in index order; the last transaction
+/// sets the length and times ([`chunks::Fallocate`]). JuiceFS writes
+/// a hole into every chunk of the range in one transaction, which over a
+/// 2^58-byte range of a sparse file would hold the volume's write lock for
+/// hours.
 pub(super) fn fallocate(
     inner: &Inner,
     ctx: &Context,
@@ -462,63 +323,21 @@ pub(super) fn fallocate(
     offset: u64,
     len: u64,
 ) -> Result<Attr> {
-    let end = bounded::check_fallocate(mode, offset, len)?;
+    let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
     inner.format()?;
-    // The next chunk index the holes start from.
-    let mut from = (offset / CHUNK_SIZE) as u32;
-    loop {
-        let done = inner.write(|tx| {
-            let mut a = node::must_get(tx, ino)?;
-            if a.typ == FileType::Directory {
-                return Err(Error::IsDir.into());
-            }
-            if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
-                return Err(Error::Perm.into());
-            }
-            node::check(tx, ctx, &a, MASK_W)?;
-            if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
-                return Err(Error::Perm.into());
-            }
-            let old = a.length;
-            if bounded::writes_holes(mode) && offset < old {
-                let stop = end.min(old);
-                let span = bounded::chunk_span(offset, stop);
-                if from <= *span.end() {
-                    let found = existing(tx, ino, from..=*span.end(), CHUNKS_PER_TX + 1)?;
-                    let batch = &found[..found.len().min(CHUNKS_PER_TX)];
-                    for &indx in batch {
-                        if let Some((pos, l)) = bounded::part_in_chunk(indx, offset, stop) {
-                            append(tx, ino, indx, &hole(pos, l))?;
-                        }
-                    }
-                    inner.work.visited(batch.len());
-                    if let Some(&next) = found.get(CHUNKS_PER_TX) {
-                        // More chunks than one transaction may change:
-                        // commit these, go on in the next.
-                        return Ok(Err(next));
-                    }
-                }
-            }
-            let mut length = old;
-            if end > old && mode & FALLOC_KEEP_SIZE == 0 {
-                length = end;
-            }
-            let now = Timestamp::now();
-            let dlen = length as i64 - old as i64;
-            let dspace = align4k(length) - align4k(old);
-            a.length = length;
-            a.mtime = now;
-            a.ctime = now;
-            node::update(tx, ino, &a)?;
-            node::add_file_stat(tx, ino, &a, dlen, dspace)?;
-            Ok(Ok(a))
-        })?;
+    let found = inner.read(|c| match f.span(node::must_get(c, ino)?.length) {
+        Some(span) => existing(c, ino, span, usize::MAX),
+        None => Ok(Vec::new()),
+    })?;
+    inner.work.visited(found.len());
+    for (batch, last) in chunks::batches(&found) {
+        let a = inner.write(|tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
         inner.work.transaction();
-        match done {
-            Ok(a) => return Ok(a),
-            Err(next) => from = next,
+        if last {
+            return Ok(a);
         }
     }
+    unreachable!("batches ends with a last one")
 }
 
 /// The indexes of the chunks of `ino` in `range` that exist, ascending, at
@@ -558,50 +377,11 @@ pub(super) fn chunk_indices(
     Ok(found)
 }
 
-/// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`): the
-/// destination gets records pointing at the source's slices, in the same
-/// transaction as their references and the destination's new length.
+/// Linux `copy_file_range` by reference ([`chunks::copy_file_range`]).
 pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
     copy_range::check(req)?;
     inner.format()?;
-    inner.write(|tx| {
-        let src = node::must_get(tx, req.fin)?;
-        let mut dst = node::must_get(tx, req.fout)?;
-        let len = copy_range::bound(req, &src, &dst)?;
-        if len == 0 {
-            return Ok((0, dst));
-        }
-        let chunks = copy_range::source_chunks(req, len);
-        let rows: Vec<(u32, Vec<u8>)> = {
-            let mut stmt = tx.prepare(
-                "SELECT indx, slices FROM jfs_chunk WHERE inode=? AND indx>=? AND indx<?",
-            )?;
-            let rows = stmt.query_map(params![req.fin as i64, chunks.start, chunks.end], |r| {
-                Ok((r.get::<_, i64>(0)? as u32, bytes_at(r, 1)?))
-            })?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        let mut source = BTreeMap::new();
-        for (indx, blob) in rows {
-            source.insert(indx, decode(req.fin, indx, &blob)?);
-        }
-        let planned = copy_range::plan(req, len, &source);
-        for (indx, records) in &planned {
-            append(tx, req.fout, *indx, &encode(records))?;
-        }
-        // As JuiceFS: a slice without a reference row (never counted) stays
-        // without one, so it is never released while a chunk shows it.
-        for ((id, size), n) in copy_range::references(&planned) {
-            tx.execute(
-                "UPDATE jfs_chunk_ref SET refs=refs+? WHERE chunkid=? AND size=?",
-                params![n, id as i64, size],
-            )?;
-        }
-        let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
-        node::update(tx, req.fout, &dst)?;
-        node::add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
-        Ok((len, dst))
-    })
+    inner.write(|tx| chunks::copy_file_range(&mut Ns::new(tx, inner), req))
 }
 
 /// Every chunk of the volume.
@@ -667,5 +447,62 @@ impl Inner {
             tx.execute("DELETE FROM jfs_delfile WHERE inode=?", params![ino as i64])?;
             Ok(())
         })
+    }
+}
+
+/// The content rules' view of a SQLite transaction (`meta/chunks.rs`).
+impl chunks::ChunkTx for Ns<'_, '_> {
+    type Appended = usize;
+
+    fn chunk(&mut self, ino: Ino, indx: u32) -> TxResult<Option<Vec<Slice>>> {
+        get_chunk(self.tx, ino, indx)?
+            .map(|blob| decode(ino, indx, &blob))
+            .transpose()
+    }
+    fn append(&mut self, ino: Ino, indx: u32, records: &[Slice]) -> TxResult<usize> {
+        append(self.tx, ino, indx, &encode(records))
+    }
+    fn append_if_exists(&mut self, ino: Ino, indx: u32, record: &Slice) -> TxResult<()> {
+        self.tx.execute(
+            "UPDATE jfs_chunk SET slices=CAST(slices || ? AS BLOB) WHERE inode=? AND indx=?",
+            params![&record.encode()[..], ino as i64, indx],
+        )?;
+        Ok(())
+    }
+    fn delete_chunk(&mut self, ino: Ino, indx: u32) -> TxResult<()> {
+        if let Some(blob) = get_chunk(self.tx, ino, indx)? {
+            match decode(ino, indx, &blob) {
+                Ok(slices) => unref(self.tx, &slices)?,
+                Err(e) => log::error!("{e:?}; its slices are left for gc"),
+            }
+            self.tx.execute(
+                "DELETE FROM jfs_chunk WHERE inode=? AND indx=?",
+                params![ino as i64, indx],
+            )?;
+        }
+        Ok(())
+    }
+    fn new_slice(&mut self, s: &Slice) -> TxResult<()> {
+        add_ref(self.tx, s)
+    }
+    fn add_slice_refs(&mut self, id: u64, size: u32, n: i64) -> TxResult<()> {
+        // As JuiceFS: a slice without a reference row (never counted) stays
+        // without one, so it is never released while a chunk shows it.
+        self.tx.execute(
+            "UPDATE jfs_chunk_ref SET refs=refs+? WHERE chunkid=? AND size=?",
+            params![n, id as i64, size],
+        )?;
+        Ok(())
+    }
+    fn existing_chunks(
+        &mut self,
+        ino: Ino,
+        range: RangeInclusive<u32>,
+        limit: usize,
+    ) -> TxResult<Vec<u32>> {
+        existing(self.tx, ino, range, limit)
+    }
+    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+        node::parents(self.tx, ino)
     }
 }

@@ -231,8 +231,8 @@ pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> R
 
 /// The namespace rules' view of a SQLite transaction (`meta/namespace.rs`).
 pub(super) struct Ns<'a, 'c> {
-    tx: &'a mut Tx<'c>,
-    inner: &'a Inner,
+    pub(super) tx: &'a mut Tx<'c>,
+    pub(super) inner: &'a Inner,
 }
 
 impl<'a, 'c> Ns<'a, 'c> {

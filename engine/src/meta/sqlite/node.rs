@@ -258,31 +258,6 @@ pub(super) fn compute_dir_stat(c: &Connection, dir: Ino) -> TxResult<(i64, i64, 
     Ok((len, space, count))
 }
 
-/// Applies a length/space change of a file to the usage counter and to the
-/// statistics of every directory holding it (JuiceFS `updateParentStat`).
-pub(super) fn add_file_stat(
-    tx: &super::Tx<'_>,
-    ino: Ino,
-    attr: &Attr,
-    length: i64,
-    space: i64,
-) -> TxResult<()> {
-    if length == 0 && space == 0 {
-        return Ok(());
-    }
-    add_usage(tx, space, 0)?;
-    if attr.nlink == 0 {
-        return Ok(());
-    }
-    if attr.parent > 0 {
-        return add_dir_stat(tx, attr.parent, length, space, 0);
-    }
-    for (parent, links) in parents(tx, ino)? {
-        add_dir_stat(tx, parent, length * links, space * links, 0)?;
-    }
-    Ok(())
-}
-
 /// Every directory holding an entry for `ino`, with how many entries.
 pub(super) fn parents(c: &Connection, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
     let mut stmt =

@@ -1,0 +1,381 @@
+//! File-content rules written once: what a written slice does to its file
+//! (length, times, usage, directory statistics), truncate, the per-
+//! transaction part of fallocate, and copy_file_range by reference, over
+//! the chunk primitives each engine gives inside a transaction
+//! ([`ChunkTx`], an extension of the namespace's [`NsTx`]).
+//!
+//! What stays behind the trait: how a chunk's slice list is stored (a BLOB
+//! row in SQLite, a list in Redis), how slice references are counted
+//! (JuiceFS keeps "references" in SQL and "references − 1" in Redis), and
+//! how the chunks of a file that exist are found. What stays in each
+//! engine: its transaction plumbing (savepoints or marks for a group
+//! commit's files, retries, where a listing runs), compaction (a compare
+//! of the stored records themselves), and the deletion of removed files'
+//! data.
+
+use std::ops::RangeInclusive;
+
+use crate::error::Error;
+use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
+use crate::meta::copy_range::{self, CopyRange};
+use crate::meta::namespace::NsTx;
+use crate::meta::rules::{self, MASK_W, align4k};
+use crate::meta::{
+    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO, Timestamp,
+    TruncateVia,
+};
+
+/// What the content rules need of an engine inside one transaction, beyond
+/// the namespace's primitives. Every read sees the transaction's own
+/// writes before it, except [`existing_chunks`](ChunkTx::existing_chunks)
+/// on Redis, which runs at once and is not watched (a chunk found gone is
+/// guarded by [`append_if_exists`](ChunkTx::append_if_exists)).
+pub(crate) trait ChunkTx: NsTx {
+    /// What an append tells the caller of a chunk's record count: the
+    /// count itself (SQLite), or where the count will be in the commit's
+    /// replies (Redis: `RPUSH` answers the list's new length).
+    type Appended;
+
+    /// A chunk's slice records in write order (None: no such chunk).
+    fn chunk(&mut self, ino: Ino, indx: u32) -> Result<Option<Vec<Slice>>, Self::Error>;
+    /// Appends records to a chunk, creating it when absent.
+    fn append(
+        &mut self,
+        ino: Ino,
+        indx: u32,
+        records: &[Slice],
+    ) -> Result<Self::Appended, Self::Error>;
+    /// Appends a record to a chunk that exists; one that does not (never
+    /// written, or removed meanwhile) stays absent: it reads as zeros.
+    fn append_if_exists(&mut self, ino: Ino, indx: u32, record: &Slice) -> Result<(), Self::Error>;
+    /// Deletes a chunk and drops one reference of each record's slice. A
+    /// chunk whose records cannot be read is deleted and its slices are
+    /// left for `gc` (said in the log).
+    fn delete_chunk(&mut self, ino: Ino, indx: u32) -> Result<(), Self::Error>;
+    /// A slice just written: the first record that shows it.
+    fn new_slice(&mut self, s: &Slice) -> Result<(), Self::Error>;
+    /// `n` more records show the slice `(id, size)` (a copy by reference).
+    fn add_slice_refs(&mut self, id: u64, size: u32, n: i64) -> Result<(), Self::Error>;
+    /// The indexes of `ino`'s chunks in `range` that exist, ascending, at
+    /// most `limit`.
+    fn existing_chunks(
+        &mut self,
+        ino: Ino,
+        range: RangeInclusive<u32>,
+        limit: usize,
+    ) -> Result<Vec<u32>, Self::Error>;
+    /// Every directory holding an entry for `ino`, with how many entries.
+    fn parents(&mut self, ino: Ino) -> Result<Vec<(Ino, i64)>, Self::Error>;
+}
+
+/// A hole record covering `len` bytes at chunk offset `pos`.
+pub(crate) fn hole(pos: u32, len: u32) -> Slice {
+    Slice {
+        pos,
+        id: 0,
+        size: 0,
+        off: 0,
+        len,
+    }
+}
+
+/// A slice that does not fit its chunk or its stored size is refused.
+pub(crate) fn check_fits(slice: &Slice) -> Result<(), Error> {
+    let end = u64::from(slice.pos) + u64::from(slice.len);
+    if end > CHUNK_SIZE || u64::from(slice.off) + u64::from(slice.len) > u64::from(slice.size) {
+        return Err(Error::Invalid(format!(
+            "slice {} does not fit its chunk or its stored size",
+            slice.id
+        )));
+    }
+    Ok(())
+}
+
+/// A file's length and space changed by `length` and `space` bytes: the
+/// volume's usage, and the statistics of every directory that names it (a
+/// file with several names counts once per name, as JuiceFS counts it).
+pub(crate) fn add_file_stat<T: ChunkTx>(
+    tx: &mut T,
+    ino: Ino,
+    attr: &Attr,
+    length: i64,
+    space: i64,
+) -> Result<(), T::Error> {
+    if length == 0 && space == 0 {
+        return Ok(());
+    }
+    tx.add_usage(space, 0)?;
+    if attr.nlink == 0 {
+        return Ok(());
+    }
+    if attr.parent > 0 {
+        return tx.add_dir_stat(attr.parent, length, space, 0);
+    }
+    for (parent, links) in tx.parents(ino)? {
+        tx.add_dir_stat(parent, length * links, space * links, 0)?;
+    }
+    Ok(())
+}
+
+/// A written slice (JuiceFS `Write`), already checked by [`check_fits`]:
+/// appended to its chunk; the file grows to its end if it ends past the
+/// file, and its mtime and ctime move to when it was written.
+pub(crate) fn write<T: ChunkTx>(
+    tx: &mut T,
+    ino: Ino,
+    indx: u32,
+    slice: &Slice,
+    mtime: Timestamp,
+) -> Result<T::Appended, T::Error> {
+    let end = u64::from(slice.pos) + u64::from(slice.len);
+    let mut a = tx.must_node(ino)?;
+    if a.typ != FileType::File {
+        return Err(Error::Perm.into());
+    }
+    let new_len = u64::from(indx) * CHUNK_SIZE + end;
+    let (mut dlen, mut dspace) = (0, 0);
+    if new_len > a.length {
+        dlen = (new_len - a.length) as i64;
+        dspace = align4k(new_len) - align4k(a.length);
+        a.length = new_len;
+    }
+    // A write moves mtime and ctime together, to when it was made (never
+    // ctime backwards: a chmod since then keeps its later ctime).
+    a.mtime = mtime;
+    a.ctime = a.ctime.max(mtime);
+    let appended = tx.append(ino, indx, std::slice::from_ref(slice))?;
+    if slice.id != 0 {
+        tx.new_slice(slice)?;
+    }
+    tx.put_node(ino, &a)?;
+    add_file_stat(tx, ino, &a, dlen, dspace)?;
+    Ok(appended)
+}
+
+/// Refuses a length no file may have, before any transaction.
+pub(crate) fn check_truncate(length: u64) -> Result<(), Error> {
+    if length > MAX_FILE_LENGTH {
+        return Err(Error::FileTooBig);
+    }
+    Ok(())
+}
+
+/// Sets a file's length. Growing writes a hole over the new range, as
+/// JuiceFS writes it, so stale data past the old end can never show
+/// through; shrinking hides the cut part of the last chunk behind a hole
+/// and deletes the chunks wholly past the end, with their references.
+/// Through an open handle neither the mode nor the trash is checked
+/// (JuiceFS's `skipPermCheck` and open-file flag).
+pub(crate) fn truncate<T: ChunkTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    length: u64,
+    via: TruncateVia,
+) -> Result<Attr, T::Error> {
+    let a = tx.must_node(ino)?;
+    if a.typ != FileType::File
+        || a.flags & (rules::FLAG_IMMUTABLE | rules::FLAG_APPEND) != 0
+        || (via == TruncateVia::Path && a.parent > TRASH_INO)
+    {
+        return Err(Error::Perm.into());
+    }
+    if via == TruncateVia::Path {
+        tx.check(ctx, &a, MASK_W)?;
+    }
+    if length == a.length {
+        return Ok(a);
+    }
+    let old = a.length;
+    let (left, right) = (old.min(length), old.max(length));
+    if length < old {
+        let first_gone = length.div_ceil(CHUNK_SIZE);
+        let last = old.div_ceil(CHUNK_SIZE);
+        if first_gone < last {
+            let gone =
+                tx.existing_chunks(ino, first_gone as u32..=(last - 1) as u32, usize::MAX)?;
+            for indx in gone {
+                tx.delete_chunk(ino, indx)?;
+            }
+        }
+        if !length.is_multiple_of(CHUNK_SIZE) {
+            let indx = (length / CHUNK_SIZE) as u32;
+            let pos = (length % CHUNK_SIZE) as u32;
+            let end = right.min((u64::from(indx) + 1) * CHUNK_SIZE);
+            tx.append_if_exists(ino, indx, &hole(pos, (end - length) as u32))?;
+        }
+    } else {
+        let first = (left / CHUNK_SIZE) as u32;
+        let pos = (left % CHUNK_SIZE) as u32;
+        let end = right.min((u64::from(first) + 1) * CHUNK_SIZE);
+        tx.append(ino, first, &[hole(pos, (end - left) as u32)])?;
+        let last = (right / CHUNK_SIZE) as u32;
+        // Only the chunks that exist: one that does not reads as zeros.
+        if last > first.saturating_add(1) {
+            for indx in tx.existing_chunks(ino, first + 1..=last - 1, usize::MAX)? {
+                tx.append_if_exists(ino, indx, &hole(0, CHUNK_SIZE as u32))?;
+            }
+        }
+        if last > first && right % CHUNK_SIZE > 0 {
+            tx.append_if_exists(ino, last, &hole(0, (right % CHUNK_SIZE) as u32))?;
+        }
+    }
+    set_length(tx, ino, a, length)
+}
+
+/// Stores `a` with its new `length` and its mtime and ctime now, and
+/// accounts the change.
+fn set_length<T: ChunkTx>(
+    tx: &mut T,
+    ino: Ino,
+    mut a: Attr,
+    length: u64,
+) -> Result<Attr, T::Error> {
+    let dlen = length as i64 - a.length as i64;
+    let dspace = align4k(length) - align4k(a.length);
+    let now = Timestamp::now();
+    a.length = length;
+    a.mtime = now;
+    a.ctime = now;
+    tx.put_node(ino, &a)?;
+    add_file_stat(tx, ino, &a, dlen, dspace)?;
+    Ok(a)
+}
+
+/// The file fallocate may change, after its permission and flag checks.
+fn fallocatable<T: ChunkTx>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    mode: u32,
+) -> Result<Attr, T::Error> {
+    let a = tx.must_node(ino)?;
+    if a.typ == FileType::Directory {
+        return Err(Error::IsDir.into());
+    }
+    if a.typ != FileType::File || a.flags & rules::FLAG_IMMUTABLE != 0 {
+        return Err(Error::Perm.into());
+    }
+    tx.check(ctx, &a, MASK_W)?;
+    if a.flags & rules::FLAG_APPEND != 0 && mode & !FALLOC_KEEP_SIZE != 0 {
+        return Err(Error::Perm.into());
+    }
+    Ok(a)
+}
+
+/// One Linux fallocate (JuiceFS `Fallocate`), checked: preallocation only
+/// changes the length; punching or zeroing writes holes over the chunks of
+/// the range that exist (one that does not already reads as zeros). The
+/// engine lists those chunks once ([`span`](Self::span)), then changes
+/// them in [`batches`] of at most `bounded::CHUNKS_PER_TX`, one transaction
+/// each ([`batch`](Self::batch)), in index order; the last transaction
+/// sets the length and times.
+pub(crate) struct Fallocate<'a> {
+    ctx: &'a Context,
+    ino: Ino,
+    mode: u32,
+    offset: u64,
+    end: u64,
+}
+
+impl<'a> Fallocate<'a> {
+    /// Refuses what needs no metadata to refuse (`bounded::check_fallocate`).
+    pub(crate) fn new(
+        ctx: &'a Context,
+        ino: Ino,
+        mode: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Self, Error> {
+        let end = bounded::check_fallocate(mode, offset, len)?;
+        Ok(Fallocate {
+            ctx,
+            ino,
+            mode,
+            offset,
+            end,
+        })
+    }
+
+    /// The chunk indexes it writes holes into, for a file of `length`
+    /// bytes (None: none).
+    pub(crate) fn span(&self, length: u64) -> Option<RangeInclusive<u32>> {
+        (bounded::writes_holes(self.mode) && self.offset < length)
+            .then(|| bounded::chunk_span(self.offset, self.end.min(length)))
+    }
+
+    /// Its checks on the file.
+    pub(crate) fn allowed<T: ChunkTx>(&self, tx: &mut T) -> Result<Attr, T::Error> {
+        fallocatable(tx, self.ctx, self.ino, self.mode)
+    }
+
+    /// One transaction: holes into the chunks of `batch`; the `last` one
+    /// also sets the length and times.
+    pub(crate) fn batch<T: ChunkTx>(
+        &self,
+        tx: &mut T,
+        batch: &[u32],
+        last: bool,
+    ) -> Result<Attr, T::Error> {
+        let a = self.allowed(tx)?;
+        let old = a.length;
+        let stop = self.end.min(old);
+        for &indx in batch {
+            if let Some((pos, l)) = bounded::part_in_chunk(indx, self.offset, stop) {
+                tx.append_if_exists(self.ino, indx, &hole(pos, l))?;
+            }
+        }
+        if !last {
+            return Ok(a);
+        }
+        let mut length = old;
+        if self.end > old && self.mode & FALLOC_KEEP_SIZE == 0 {
+            length = self.end;
+        }
+        set_length(tx, self.ino, a, length)
+    }
+}
+
+/// `found` in transactions' worth: each batch, and whether it is the last
+/// (no chunks at all is one empty, last batch).
+pub(crate) fn batches(found: &[u32]) -> impl Iterator<Item = (&[u32], bool)> {
+    let n = found.len().div_ceil(CHUNKS_PER_TX).max(1);
+    (0..n).map(move |i| {
+        let from = (i * CHUNKS_PER_TX).min(found.len());
+        let to = ((i + 1) * CHUNKS_PER_TX).min(found.len());
+        (&found[from..to], i + 1 == n)
+    })
+}
+
+/// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), checked
+/// by `copy_range::check`: the destination gets records pointing at the
+/// source's slices, in the same transaction as their references and the
+/// destination's new length.
+pub(crate) fn copy_file_range<T: ChunkTx>(
+    tx: &mut T,
+    req: &CopyRange,
+) -> Result<(u64, Attr), T::Error> {
+    let src = tx.must_node(req.fin)?;
+    let mut dst = tx.must_node(req.fout)?;
+    let len = copy_range::bound(req, &src, &dst)?;
+    if len == 0 {
+        return Ok((0, dst));
+    }
+    let mut source = std::collections::BTreeMap::new();
+    for indx in copy_range::source_chunks(req, len) {
+        if let Some(slices) = tx.chunk(req.fin, indx)? {
+            source.insert(indx, slices);
+        }
+    }
+    let planned = copy_range::plan(req, len, &source);
+    for (indx, records) in &planned {
+        tx.append(req.fout, *indx, records)?;
+    }
+    for ((id, size), n) in copy_range::references(&planned) {
+        tx.add_slice_refs(id, size, n)?;
+    }
+    let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
+    tx.put_node(req.fout, &dst)?;
+    add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
+    Ok((len, dst))
+}
