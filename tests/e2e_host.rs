@@ -619,30 +619,7 @@ fn a_virtiofsd_drop_in_attaches_to_the_host_daemon_of_its_volume() {
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(std::fs::read_link(&entries[0]).unwrap(), control);
 
-    // The settings-file form of --shared-dir names the volume.
-    let shared = vol.dir.path().join("vm-share");
-    std::fs::create_dir(&shared).unwrap();
-    std::fs::write(
-        shared.join("sluice.env"),
-        format!(
-            "META_URL={}\nSLUICE_ARGS=--no-pin --cache-size 1 --no-metrics\n",
-            vol.meta_url
-        ),
-    )
-    .unwrap();
-    let socket = vol.dir.path().join("dropin.sock");
-    let log = vol.dir.path().join("dropin.log");
-    let logf = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(SLUICE)
-        .arg(format!("--socket-path={}", socket.display()))
-        .arg(format!("--shared-dir={}", shared.display()))
-        .env("SLUICE_HOST_REGISTRY", &registry)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(logf.try_clone().unwrap())
-        .stderr(logf)
-        .spawn()
-        .expect("the drop-in starts");
+    let (socket, mut child, log) = start_drop_in(&vol, &registry);
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_for_log(&log_text, "attached to the host daemon");
     wait_for_log(&log_text, "Waiting for vhost-user socket connection");
@@ -664,4 +641,59 @@ fn a_virtiofsd_drop_in_attaches_to_the_host_daemon_of_its_volume() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The virtiofsd drop-in on `vol` (the settings-file form of
+/// --shared-dir names the volume), looking for host daemons in
+/// `registry`: its socket, its process and its log.
+fn start_drop_in(vol: &Volume, registry: &Path) -> (PathBuf, std::process::Child, PathBuf) {
+    let shared = vol.dir.path().join("vm-share");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(
+        shared.join("sluice.env"),
+        format!(
+            "META_URL={}\nSLUICE_ARGS=--no-pin --cache-size 1 --no-metrics\n",
+            vol.meta_url
+        ),
+    )
+    .unwrap();
+    let socket = vol.dir.path().join("dropin.sock");
+    let log = vol.dir.path().join("dropin.log");
+    let logf = std::fs::File::create(&log).unwrap();
+    let child = Command::new(SLUICE)
+        .arg(format!("--socket-path={}", socket.display()))
+        .arg(format!("--shared-dir={}", shared.display()))
+        .env("SLUICE_HOST_REGISTRY", registry)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone().unwrap())
+        .stderr(logf)
+        .spawn()
+        .expect("the drop-in starts");
+    (socket, child, log)
+}
+
+#[test]
+fn a_virtiofsd_drop_in_started_before_the_host_daemon_attaches_once_it_runs() {
+    let _dog = Watchdog::new("host drop-in first", Duration::from_secs(300));
+    let vol = Volume::format("hostdropinfirst", &[]);
+    let want = write_data_set(&vol);
+    let control = vol.dir.path().join("host.sock");
+    let registry = registry_of(&control);
+    let (socket, mut child, log) = start_drop_in(&vol, &registry);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for_log(&log_text, "Waiting for vhost-user socket connection");
+    wait_for_log(&log_text, "no host daemon to attach to now");
+    // The drop-in serves standalone, then finds the daemon that starts
+    // after it (the registry is looked at again, with its trust checks).
+    let host = HostDaemon::start(&vol.meta_url, &control);
+    wait_for_log(&log_text, "attached to the host daemon");
+    assert_eq!(read_data_set(&socket), want, "the VM read other bytes");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {}", log_text());
+    let host_log = host.stop();
+    assert!(
+        host_log.contains(&format!("the host fetched {BLOCKS} blocks")),
+        "the host fetched the data set, for the drop-in that started first: {host_log}"
+    );
 }

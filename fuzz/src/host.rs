@@ -79,6 +79,7 @@ fn world() -> &'static World {
             name: "good".into(),
             // No mappings: every check below asks the host.
             mappings: 0,
+            locate: None,
         });
         World {
             _dir: dir,

@@ -49,6 +49,22 @@ pub struct ClientConfig {
     /// Most blocks kept mapped here (each a read-only mapping of the
     /// host's memory, no copy): a block read again is then not asked for.
     pub mappings: usize,
+    /// Where the daemon listens, asked before each attach instead of
+    /// taking `path` as it is (`path` then only names it in the log): the
+    /// virtiofsd drop-in looks in the registry of host daemons, with its
+    /// trust checks, so a daemon started after the server is found.
+    pub locate: Option<Locator>,
+}
+
+/// Finds the host daemon's control socket now (an error: not there, or
+/// not to be trusted; the client stays standalone and asks again).
+#[derive(Clone)]
+pub struct Locator(pub Arc<dyn Fn() -> std::io::Result<PathBuf> + Send + Sync>);
+
+impl std::fmt::Debug for Locator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Locator")
+    }
 }
 
 /// A client's counters (relaxed atomics).
@@ -143,7 +159,11 @@ impl HostClient {
 
     /// Connects, says HELLO, and starts the thread that reads replies.
     fn attach(self: &Arc<Self>) -> std::io::Result<()> {
-        let sock = socket::connect(&self.cfg.path)?;
+        let path = match &self.cfg.locate {
+            Some(locate) => (locate.0)()?,
+            None => self.cfg.path.clone(),
+        };
+        let sock = socket::connect(&path)?;
         let hello = Request::Hello {
             version: wire::VERSION,
             volume: self.cfg.volume.clone(),
@@ -180,7 +200,7 @@ impl HostClient {
             .spawn(move || read_replies(reader, buf))?;
         *self.conn.lock() = Some(conn);
         self.counters.attaches.fetch_add(1, Ordering::Relaxed);
-        log::info!("attached to the host daemon at {}", self.cfg.path.display());
+        log::info!("attached to the host daemon at {}", path.display());
         Ok(())
     }
 

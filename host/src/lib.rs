@@ -17,5 +17,5 @@ pub mod server;
 pub mod socket;
 pub mod wire;
 
-pub use client::{ClientConfig, HostClient};
+pub use client::{ClientConfig, HostClient, Locator};
 pub use server::{Host, HostConfig};

@@ -151,22 +151,34 @@ pub struct DropIn {
     pub find_host: bool,
 }
 
+/// Where the drop-in finds the host daemon of its volume.
+enum Found {
+    /// Its control socket, now.
+    Now(PathBuf),
+    /// Not running now: the volume's UUID, to look for it again.
+    Later(String),
+    /// The volume's settings cannot be read (said by what opens it next).
+    Never,
+}
+
 /// The control socket of the host daemon of `meta`'s volume, if one runs
 /// here; says either way.
-fn find_host(meta: &dyn Meta) -> Option<PathBuf> {
-    let uuid = meta.load().ok()?.uuid;
-    match super::host_registry::find(&uuid) {
+fn find_host(meta: &dyn Meta) -> Found {
+    let Ok(format) = meta.load() else {
+        return Found::Never;
+    };
+    match super::host_registry::find(&format.uuid) {
         Ok(path) => {
             log::info!(
                 "the host daemon of this volume listens on {} (from {}): taking blocks from it",
                 path.display(),
                 super::host_registry::dir().display()
             );
-            Some(path)
+            Found::Now(path)
         }
         Err(why) => {
-            log::info!("no host daemon to attach to, serving standalone: {why}");
-            None
+            log::info!("no host daemon to attach to now, serving standalone: {why}");
+            Found::Later(format.uuid)
         }
     }
 }
@@ -250,10 +262,30 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     let meta = sluice_engine::meta::open_existing_meta(args.meta_url.expose())
         .with_context(|| format!("cannot open the volume at {}", args.meta_url))?;
-    if args.drop_in.find_host && args.host.is_none() {
-        args.host = find_host(meta.as_ref());
-    }
     let mut disk_cache = args.cache.disk_cache()?;
+    // The drop-in's host daemon: found now, or watched for in the registry.
+    let mut locate = None;
+    if args.drop_in.find_host && args.host.is_none() {
+        match find_host(meta.as_ref()) {
+            Found::Now(path) => args.host = Some(path),
+            Found::Later(uuid) if disk_cache.is_none() => {
+                log::info!(
+                    "looking in {} every {:?} for a host daemon of this volume to attach to",
+                    super::host_registry::dir().display(),
+                    sluice_host::client::REATTACH_EVERY
+                );
+                args.host = Some(super::host_registry::dir().join(&uuid));
+                locate = Some(sluice_host::Locator(std::sync::Arc::new(move || {
+                    super::host_registry::find(&uuid).map_err(std::io::Error::other)
+                })));
+            }
+            Found::Later(_) => log::info!(
+                "this server has a disk cache of its own, so it stays standalone; restart \
+                 it once a host daemon of the volume runs to attach to that"
+            ),
+            Found::Never => {}
+        }
+    }
     if args.host.is_some() && disk_cache.take().is_some() {
         // Two owners of one cache directory remove each other's files.
         log::info!(
@@ -307,6 +339,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             volume: volume.format.uuid.clone(),
             name,
             mappings: args.host_mappings,
+            locate: locate.clone(),
         })
     });
     if let Some((_, described)) = &placement {

@@ -60,6 +60,7 @@ impl Fixture {
             volume: self.vol.format.uuid.clone(),
             name: name.into(),
             mappings: 64,
+            locate: None,
         })
     }
 
@@ -392,6 +393,7 @@ fn a_vm_over_its_cache_share_pushes_out_its_own_blocks_not_the_others() {
             volume: fx.vol.format.uuid.clone(),
             name: name.into(),
             mappings: 0,
+            locate: None,
         })
     };
     let (quiet, streamer) = (client("quiet"), client("streamer"));
@@ -429,6 +431,7 @@ fn a_client_of_another_volume_is_refused() {
         volume: "00000000-0000-0000-0000-000000000000".into(),
         name: "stranger".into(),
         mappings: 4,
+        locate: None,
     });
     assert!(!other.attached());
     assert!(other.block(7, 64 * BLOCK, 0, Ask::Fetch).is_none());
