@@ -3,7 +3,10 @@
 //! `YYYY-MM-DD-HH` (UTC), and entries named `{parent}-{inode}-{name}` so
 //! that a restore knows where a file came from.
 
-use crate::meta::{Attr, FileType, Ino, MAX_NAME_LEN, Timestamp};
+use crate::error::{Error, Result};
+use crate::meta::namespace::NsTx;
+use crate::meta::rules::align4k;
+use crate::meta::{Attr, Context, Entry, FileType, Ino, MAX_NAME_LEN, TRASH_INO, Timestamp};
 
 /// Whether an inode is the trash directory or one of its hourly children.
 pub(crate) fn is_trash(ino: Ino) -> bool {
@@ -40,6 +43,69 @@ pub(crate) fn new_trash_attr(parent: Ino) -> Attr {
         access_acl: 0,
         default_acl: 0,
     }
+}
+
+/// What emptying the trash needs of an engine, each call its own
+/// transaction (or several: a long directory is read in pages).
+pub(crate) trait TrashOps {
+    /// The entries of directory `dir`, without "." and "..".
+    fn entries(&self, ctx: &Context, dir: Ino) -> Result<Vec<Entry>>;
+    /// Unlinks `name` in `dir` (inside the trash: for good).
+    fn unlink(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()>;
+    /// Removes the empty directory `name` in `dir`.
+    fn rmdir(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()>;
+    /// Removes the empty hourly directory `name` ([`remove_hour`] in a
+    /// transaction of its own) and forgets it as the hour's trash.
+    fn remove_hour(&self, name: &[u8]) -> Result<()>;
+}
+
+/// Empties and removes the hourly trash directories named before `edge`
+/// (unix seconds), each child before its directory (JuiceFS `cleanTrash`).
+/// A trash left from when the volume kept more days empties the same way.
+pub(crate) fn empty_before(ops: &dyn TrashOps, edge: i64) -> Result<()> {
+    let ctx = Context::internal();
+    for h in ops.entries(&ctx, TRASH_INO)? {
+        let Some(start) = parse_hour_name(&h.name) else {
+            log::warn!("unexpected entry {:?} in the trash", h.name);
+            continue;
+        };
+        if start >= edge {
+            continue;
+        }
+        remove_tree(ops, &ctx, h.inode)?;
+        ops.remove_hour(&h.name)?;
+    }
+    Ok(())
+}
+
+/// Deletes everything below directory `dir` (children first).
+fn remove_tree(ops: &dyn TrashOps, ctx: &Context, dir: Ino) -> Result<()> {
+    for e in ops.entries(ctx, dir)? {
+        if e.attr.typ == FileType::Directory {
+            remove_tree(ops, ctx, e.inode)?;
+            ops.rmdir(ctx, dir, &e.name)?;
+        } else {
+            ops.unlink(ctx, dir, &e.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the hourly trash directory `name`, which no user may rmdir (its
+/// mode is 0555, its parent the trash), inside the caller's transaction:
+/// its entry, statistics and node, and its inode from the volume's usage.
+/// One that is gone already is not an error; one that is not empty is.
+pub(crate) fn remove_hour<T: NsTx>(tx: &mut T, name: &[u8]) -> Result<(), T::Error> {
+    let Some(edge) = tx.edge(TRASH_INO, name)? else {
+        return Ok(());
+    };
+    if tx.has_children(edge.inode)? {
+        return Err(Error::NotEmpty.into());
+    }
+    tx.delete_edge(TRASH_INO, name)?;
+    tx.drop_dir_stats(edge.inode)?;
+    tx.delete_node(edge.inode)?;
+    tx.add_usage(-align4k(0), -1)
 }
 
 /// The UTC hour `secs` falls in, as JuiceFS names hourly trash directories

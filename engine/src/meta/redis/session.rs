@@ -15,8 +15,8 @@ use super::{Heartbeat, Inner, namespace};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::session_info::session_info;
-use crate::meta::trash::parse_hour_name;
-use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
+use crate::meta::trash::{self, TrashOps};
+use crate::meta::{Context, Entry, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
 
 /// How often the session's expiry is pushed forward (JuiceFS: 12 s).
 const HEARTBEAT: Duration = Duration::from_secs(12);
@@ -462,7 +462,7 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
         }
     }
     // A trash left from when TrashDays was larger still empties (as JuiceFS).
-    match cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
+    match trash::empty_before(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
         Ok(()) | Err(Error::NotFound) => {}
         Err(e) => return Err(e),
     }
@@ -482,58 +482,24 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
-/// Empties hourly trash directories named before `edge` (unix seconds).
-fn cleanup_trash(inner: &Inner, edge: i64) -> Result<()> {
-    let ctx = Context::internal();
-    let hours = namespace::readdir(inner, &ctx, TRASH_INO, false)?;
-    for h in hours.into_iter().skip(2) {
-        let Some(start) = parse_hour_name(&h.name) else {
-            log::warn!("unexpected entry {:?} in the trash", h.name);
-            continue;
-        };
-        if start >= edge {
-            continue;
-        }
-        remove_tree(inner, &ctx, h.inode)?;
-        remove_trash_hour(inner, &h.name)?;
+/// Emptying the trash ([`crate::meta::trash::empty_before`]).
+impl TrashOps for Inner {
+    fn entries(&self, ctx: &Context, dir: Ino) -> Result<Vec<Entry>> {
+        let mut all = namespace::readdir(self, ctx, dir, false)?;
+        all.drain(..2.min(all.len()));
+        Ok(all)
     }
-    Ok(())
-}
-
-/// Removes an hourly trash directory itself (no user may rmdir it).
-fn remove_trash_hour(inner: &Inner, name: &[u8]) -> Result<()> {
-    inner.write(TRASH_INO, |tx| {
-        let key = tx.keys.entry(TRASH_INO);
-        let Some(v) = tx.hget(&key, name)? else {
-            return Ok(());
-        };
-        let Some((_, ino)) = super::codec::decode_entry(&v) else {
-            return Ok(());
-        };
-        let children = tx.keys.entry(ino);
-        if tx.hlen(&children)? > 0 {
-            return Err(Error::NotEmpty.into());
-        }
-        tx.hdel(&key, name);
-        node::drop_dir_stats(tx, ino);
-        node::delete(tx, ino);
-        node::add_usage(tx, -align4k(0), -1)?;
+    fn unlink(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
+        namespace::unlink(self, ctx, dir, name)
+    }
+    fn rmdir(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
+        namespace::rmdir(self, ctx, dir, name)
+    }
+    fn remove_hour(&self, name: &[u8]) -> Result<()> {
+        self.write(TRASH_INO, |tx| {
+            trash::remove_hour(&mut namespace::Ns::new(tx, self), name)
+        })?;
+        *self.trash_dir.lock() = None;
         Ok(())
-    })?;
-    *inner.trash_dir.lock() = None;
-    Ok(())
-}
-
-/// Deletes everything below directory `dir` (children first).
-fn remove_tree(inner: &Inner, ctx: &Context, dir: Ino) -> Result<()> {
-    let entries = namespace::readdir(inner, ctx, dir, false)?;
-    for e in entries.into_iter().skip(2) {
-        if e.attr.typ == FileType::Directory {
-            remove_tree(inner, ctx, e.inode)?;
-            namespace::rmdir(inner, ctx, dir, &e.name)?;
-        } else {
-            namespace::unlink(inner, ctx, dir, &e.name)?;
-        }
     }
-    Ok(())
 }

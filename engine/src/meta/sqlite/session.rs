@@ -15,7 +15,8 @@ use super::{Heartbeat, Inner, TxResult, counter};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::session_info::session_info;
-use crate::meta::{Context, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
+use crate::meta::trash::{self, TrashOps};
+use crate::meta::{Context, Entry, FileType, Ino, ReleasedSlice, Timestamp};
 
 /// How often the session's expiry is pushed forward (JuiceFS: 12 s).
 const HEARTBEAT: Duration = Duration::from_secs(12);
@@ -225,7 +226,7 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
         inner.delete_file_data(ino)?;
     }
     // A trash left from when TrashDays was larger still empties (as JuiceFS).
-    match cleanup_trash(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
+    match trash::empty_before(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
         Ok(()) | Err(Error::NotFound) => {}
         Err(e) => return Err(e),
     }
@@ -245,69 +246,24 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
     Ok(())
 }
 
-/// Empties hourly trash directories named before `edge` (unix seconds).
-pub(super) fn cleanup_trash(inner: &Inner, edge: i64) -> Result<()> {
-    let ctx = Context::internal();
-    let hours = namespace::readdir(inner, &ctx, TRASH_INO, false)?;
-    for h in hours.into_iter().skip(2) {
-        let Some(start) = crate::meta::trash::parse_hour_name(&h.name) else {
-            log::warn!("unexpected entry {:?} in the trash", h.name);
-            continue;
-        };
-        if start >= edge {
-            continue;
-        }
-        remove_tree(inner, &ctx, h.inode)?;
-        namespace::rmdir(inner, &ctx, TRASH_INO, &h.name).or_else(|e| match e {
-            Error::Perm => remove_trash_hour(inner, &h.name),
-            e => Err(e),
-        })?;
+/// Emptying the trash ([`crate::meta::trash::empty_before`]).
+impl TrashOps for Inner {
+    fn entries(&self, ctx: &Context, dir: Ino) -> Result<Vec<Entry>> {
+        let mut all = namespace::readdir(self, ctx, dir, false)?;
+        all.drain(..2.min(all.len()));
+        Ok(all)
     }
-    Ok(())
-}
-
-/// Removes an hourly trash directory itself (no user may rmdir it).
-fn remove_trash_hour(inner: &Inner, name: &[u8]) -> Result<()> {
-    inner.write(|tx| {
-        let ino: Option<i64> = rusqlite::OptionalExtension::optional(tx.query_row(
-            "SELECT inode FROM jfs_edge WHERE parent=? AND name=?",
-            params![TRASH_INO as i64, name],
-            |r| r.get(0),
-        ))?;
-        let Some(ino) = ino else { return Ok(()) };
-        let children: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM jfs_edge WHERE parent=?)",
-            params![ino],
-            |r| r.get(0),
-        )?;
-        if children {
-            return Err(Error::NotEmpty.into());
-        }
-        tx.execute(
-            "DELETE FROM jfs_edge WHERE parent=? AND name=?",
-            params![TRASH_INO as i64, name],
-        )?;
-        tx.execute("DELETE FROM jfs_dir_stats WHERE inode=?", params![ino])?;
-        node::delete(tx, ino as u64)?;
-        node::add_usage(tx, -align4k(0), -1)?;
+    fn unlink(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
+        namespace::unlink(self, ctx, dir, name)
+    }
+    fn rmdir(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
+        namespace::rmdir(self, ctx, dir, name)
+    }
+    fn remove_hour(&self, name: &[u8]) -> Result<()> {
+        self.write(|tx| trash::remove_hour(&mut namespace::Ns::new(tx, self), name))?;
+        *self.trash_dir.lock() = None;
         Ok(())
-    })?;
-    *inner.trash_dir.lock() = None;
-    Ok(())
-}
-
-/// Deletes everything below directory `dir` (children first).
-fn remove_tree(inner: &Inner, ctx: &Context, dir: Ino) -> Result<()> {
-    let entries = namespace::readdir(inner, ctx, dir, false)?;
-    for e in entries.into_iter().skip(2) {
-        if e.attr.typ == FileType::Directory {
-            remove_tree(inner, ctx, e.inode)?;
-            namespace::rmdir(inner, ctx, dir, &e.name)?;
-        } else {
-            namespace::unlink(inner, ctx, dir, &e.name)?;
-        }
     }
-    Ok(())
 }
 
 /// Drops the references compaction kept for the trash once they expire.
