@@ -21,8 +21,8 @@ use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::namespace::NsTx;
 use crate::meta::rules::{self, MASK_W, align4k};
 use crate::meta::{
-    Attr, CHUNK_SIZE, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO, Timestamp,
-    TruncateVia,
+    Attr, CHUNK_SIZE, CommitResult, Context, FileType, Ino, MAX_FILE_LENGTH, Slice, TRASH_INO,
+    Timestamp, TruncateVia,
 };
 
 /// What the content rules need of an engine inside one transaction, beyond
@@ -150,6 +150,45 @@ pub(crate) fn write<T: ChunkTx>(
     tx.put_node(ino, &a)?;
     add_file_stat(tx, ino, &a, dlen, dspace)?;
     Ok(appended)
+}
+
+/// A group commit's outcome per commit: `res` is the transaction's (each
+/// commit's appends, or the error that rolled that commit back alone), and
+/// `count` turns an append into the chunk's record count. A failure of the
+/// transaction itself fails every commit (the first gets the error, the
+/// others its message: errors are not copied).
+pub(crate) fn commit_results<A>(
+    n: usize,
+    res: Result<Vec<Result<Vec<A>, Error>>, Error>,
+    count: impl Fn(&A) -> usize,
+) -> Vec<CommitResult> {
+    match res {
+        Ok(out) => out
+            .into_iter()
+            .map(|r| match r {
+                Ok(appended) => CommitResult {
+                    counts: appended.iter().map(&count).collect(),
+                    error: None,
+                },
+                Err(e) => CommitResult {
+                    counts: Vec::new(),
+                    error: Some(e),
+                },
+            })
+            .collect(),
+        Err(e) => {
+            let msg = e.to_string();
+            let mut first = Some(e);
+            (0..n)
+                .map(|_| CommitResult {
+                    counts: Vec::new(),
+                    error: Some(first.take().unwrap_or_else(|| {
+                        Error::Meta(format!("the group's commit failed: {msg}"))
+                    })),
+                })
+                .collect()
+        }
+    }
 }
 
 /// Refuses a length no file may have, before any transaction.

@@ -19,7 +19,8 @@ use crate::meta::bounded::XATTR_LIST_MAX;
 use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
 use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
 use crate::meta::{
-    Attr, Context, FileType, Ino, ROOT_INO, RenameFlags, SetAttr, TRASH_INO, Timestamp, XattrMode,
+    Attr, Context, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, SetAttr, TRASH_INO,
+    Timestamp, XattrMode,
 };
 
 /// A directory entry: the node it names and the node's type code.
@@ -29,24 +30,34 @@ pub(crate) struct Edge {
     pub(crate) typ: u8,
 }
 
-/// What the namespace rules need of an engine inside one transaction. Every
-/// read sees the transaction's own writes before it.
-pub(crate) trait NsTx {
+/// What reading the namespace needs of an engine, in a transaction or a
+/// read-only snapshot.
+pub(crate) trait NsRead {
     /// The engine's transaction error; a file-system answer converts into
     /// it.
     type Error: From<Error>;
 
     /// A node's attributes (None: no such node).
     fn node(&mut self, ino: Ino) -> Result<Option<Attr>, Self::Error>;
-    /// Writes a node's attributes.
-    fn put_node(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
-    /// Removes a node (an empty directory replaced by a rename).
-    fn delete_node(&mut self, ino: Ino) -> Result<(), Self::Error>;
     /// Whether `ctx` may do `mask` (`MASK_*` bits) to `a` (its ACL read
     /// beside it).
     fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> Result<(), Self::Error>;
     /// The entry `name` of `dir`.
     fn edge(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Edge>, Self::Error>;
+
+    /// A node that must exist.
+    fn must_node(&mut self, ino: Ino) -> Result<Attr, Self::Error> {
+        self.node(ino)?.ok_or_else(|| Error::NotFound.into())
+    }
+}
+
+/// What the namespace rules need of an engine inside one transaction. Every
+/// read sees the transaction's own writes before it.
+pub(crate) trait NsTx: NsRead {
+    /// Writes a node's attributes.
+    fn put_node(&mut self, ino: Ino, a: &Attr) -> Result<(), Self::Error>;
+    /// Removes a node (an empty directory replaced by a rename).
+    fn delete_node(&mut self, ino: Ino) -> Result<(), Self::Error>;
     /// Adds the entry `name` to `dir` (absent before).
     fn insert_edge(
         &mut self,
@@ -142,11 +153,6 @@ pub(crate) trait NsTx {
         }
     }
 
-    /// A node that must exist.
-    fn must_node(&mut self, ino: Ino) -> Result<Attr, Self::Error> {
-        self.node(ino)?.ok_or_else(|| Error::NotFound.into())
-    }
-
     /// Whether `dir` is `ancestor` or lies below it (following parents;
     /// a cycle is corruption, not a loop).
     fn is_under(&mut self, mut dir: Ino, ancestor: Ino) -> Result<bool, Self::Error> {
@@ -169,6 +175,40 @@ pub(crate) trait NsTx {
 /// A directory ready to take a change of its entries, with JuiceFS's
 /// checks: a directory, searchable and writable by `ctx`, and (`creating`)
 /// not removed into the trash.
+/// Looks up a name, with `.`, `..` and the root's `.trash` (the caller
+/// needs search permission on `parent`).
+pub(crate) fn lookup<T: NsRead>(
+    tx: &mut T,
+    ctx: &Context,
+    parent: Ino,
+    name: &[u8],
+) -> Result<(Ino, Attr), T::Error> {
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::NameTooLong.into());
+    }
+    let pa = tx.must_node(parent)?;
+    if pa.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    tx.check(ctx, &pa, MASK_X)?;
+    match name {
+        b"." => Ok((parent, pa)),
+        b".." => {
+            let up = if parent == ROOT_INO {
+                ROOT_INO
+            } else {
+                pa.parent
+            };
+            Ok((up, tx.must_node(up)?))
+        }
+        _ if parent == ROOT_INO && name == TRASH_NAME => Ok((TRASH_INO, tx.must_node(TRASH_INO)?)),
+        _ => {
+            let e = tx.edge(parent, name)?.ok_or(Error::NotFound)?;
+            Ok((e.inode, tx.must_node(e.inode)?))
+        }
+    }
+}
+
 pub(crate) fn writable_dir<T: NsTx>(
     tx: &mut T,
     ctx: &Context,

@@ -102,7 +102,7 @@ fn slice_count(results: &[redis::Value], at: usize) -> usize {
 /// itself fails every file of the group.
 pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
     if let Err(e) = inner.format() {
-        return fail_all(commits.len(), e);
+        return chunks::commit_results(commits.len(), Err(e), |&n: &usize| n);
     }
     let Some(first) = commits.iter().flatten().next().map(|w| w.ino) else {
         return commits.iter().map(|_| CommitResult::default()).collect();
@@ -148,38 +148,11 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
         Ok(out)
     });
     match res {
-        Ok((out, results)) => out
-            .into_iter()
-            .map(|r| match r {
-                Ok(ats) => CommitResult {
-                    counts: ats.iter().map(|at| slice_count(&results, *at)).collect(),
-                    error: None,
-                },
-                Err(e) => CommitResult {
-                    counts: Vec::new(),
-                    error: Some(e),
-                },
-            })
-            .collect(),
-        Err(e) => fail_all(commits.len(), e),
+        Ok((out, results)) => {
+            chunks::commit_results(commits.len(), Ok(out), |&at| slice_count(&results, at))
+        }
+        Err(e) => chunks::commit_results(commits.len(), Err(e), |&at: &usize| at),
     }
-}
-
-/// `n` commits that all failed with `e` (the first gets it, the others its
-/// message: errors are not copied).
-fn fail_all(n: usize, e: Error) -> Vec<CommitResult> {
-    let msg = e.to_string();
-    let mut first = Some(e);
-    (0..n)
-        .map(|_| CommitResult {
-            counts: Vec::new(),
-            error: Some(
-                first
-                    .take()
-                    .unwrap_or_else(|| Error::Meta(format!("the group's commit failed: {msg}"))),
-            ),
-        })
-        .collect()
 }
 
 /// Replaces the chunk's first `old.len()` records by `new` if they are still

@@ -102,41 +102,14 @@ fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
     Ok(Some(ino))
 }
 
-/// Looks up a name, with `.`, `..` and the root's `.trash`.
+/// Looks up a name ([`ns::lookup`]).
 pub(super) fn lookup(
     inner: &Inner,
     ctx: &Context,
     parent: Ino,
     name: &[u8],
 ) -> Result<(Ino, Attr)> {
-    if name.len() > MAX_NAME_LEN {
-        return Err(Error::NameTooLong);
-    }
-    inner.read(|tx| {
-        let pa = node::must_get(tx, parent)?;
-        if pa.typ != FileType::Directory {
-            return Err(Error::NotDir.into());
-        }
-        node::check(tx, ctx, &pa, MASK_X)?;
-        match name {
-            b"." => Ok((parent, pa)),
-            b".." => {
-                let up = if parent == ROOT_INO {
-                    ROOT_INO
-                } else {
-                    pa.parent
-                };
-                Ok((up, node::must_get(tx, up)?))
-            }
-            _ if parent == ROOT_INO && name == TRASH_NAME => {
-                Ok((TRASH_INO, node::must_get(tx, TRASH_INO)?))
-            }
-            _ => {
-                let e = get_edge(tx, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
-                Ok((e.inode, node::must_get(tx, e.inode)?))
-            }
-        }
-    })
+    inner.read(|tx| ns::lookup(&mut Ns::new(tx, inner), ctx, parent, name))
 }
 
 /// One lookup in one round trip (JuiceFS's `scriptLookup`, plus the parent's
@@ -402,12 +375,21 @@ impl<'a, 'c> Ns<'a, 'c> {
     }
 }
 
-impl ns::NsTx for Ns<'_, '_> {
+impl ns::NsRead for Ns<'_, '_> {
     type Error = TxError;
 
     fn node(&mut self, ino: Ino) -> TxResult<Option<Attr>> {
         node::get(self.tx, ino)
     }
+    fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
+        node::check(self.tx, ctx, a, mask)
+    }
+    fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
+        get_edge(self.tx, dir, name)
+    }
+}
+
+impl ns::NsTx for Ns<'_, '_> {
     fn put_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
         node::put(self.tx, ino, a);
         Ok(())
@@ -415,12 +397,6 @@ impl ns::NsTx for Ns<'_, '_> {
     fn delete_node(&mut self, ino: Ino) -> TxResult<()> {
         node::delete(self.tx, ino);
         Ok(())
-    }
-    fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
-        node::check(self.tx, ctx, a, mask)
-    }
-    fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
-        get_edge(self.tx, dir, name)
     }
     fn insert_edge(&mut self, dir: Ino, name: &[u8], ino: Ino, typ: FileType) -> TxResult<()> {
         insert_edge(self.tx, dir, name, ino, typ);

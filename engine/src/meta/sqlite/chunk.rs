@@ -135,7 +135,7 @@ pub(super) fn write_chunk(
 /// past its retries, an I/O error) fails every commit of the group.
 pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<CommitResult> {
     if let Err(e) = inner.format() {
-        return fail_all(commits.len(), e);
+        return chunks::commit_results(commits.len(), Err(e), |&n: &usize| n);
     }
     let res = inner.write(|tx| {
         let mut out = Vec::with_capacity(commits.len());
@@ -176,39 +176,7 @@ pub(super) fn write_chunks(inner: &Inner, commits: &[Vec<ChunkWrite>]) -> Vec<Co
         }
         Ok(out)
     });
-    match res {
-        Ok(out) => out
-            .into_iter()
-            .map(|r| match r {
-                Ok(counts) => CommitResult {
-                    counts,
-                    error: None,
-                },
-                Err(e) => CommitResult {
-                    counts: Vec::new(),
-                    error: Some(e),
-                },
-            })
-            .collect(),
-        Err(e) => fail_all(commits.len(), e),
-    }
-}
-
-/// `n` commits that all failed with `e` (the first gets it, the others its
-/// message: errors are not copied).
-fn fail_all(n: usize, e: Error) -> Vec<CommitResult> {
-    let msg = e.to_string();
-    let mut first = Some(e);
-    (0..n)
-        .map(|_| CommitResult {
-            counts: Vec::new(),
-            error: Some(
-                first
-                    .take()
-                    .unwrap_or_else(|| Error::Meta(format!("the group's commit failed: {msg}"))),
-            ),
-        })
-        .collect()
+    chunks::commit_results(commits.len(), res, |&n| n)
 }
 
 /// Replaces the chunk's first `old.len()` records by `new` if they are still

@@ -10,11 +10,11 @@ use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::rules::{MASK_R, MASK_X};
 use crate::meta::rules::{dot_entries, type_only};
-use crate::meta::trash::{TRASH_NAME, is_trash};
+use crate::meta::trash::is_trash;
 use crate::meta::trash::{hour_name, new_trash_attr};
 use crate::meta::{
-    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
-    TRASH_INO, Timestamp,
+    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO,
+    Timestamp,
 };
 
 use crate::meta::namespace::{self as ns, Edge};
@@ -103,42 +103,14 @@ fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
     Ok(())
 }
 
-// Gregorian calendar conversions (Howard Hinnant's algorithms).
-/// Looks up a name, with `.`, `..` and the root's `.trash`.
+/// Looks up a name ([`ns::lookup`]), in a read snapshot.
 pub(super) fn lookup(
     inner: &Inner,
     ctx: &Context,
     parent: Ino,
     name: &[u8],
 ) -> Result<(Ino, Attr)> {
-    if name.len() > MAX_NAME_LEN {
-        return Err(Error::NameTooLong);
-    }
-    inner.read(|c| {
-        let pa = node::must_get(c, parent)?;
-        if pa.typ != FileType::Directory {
-            return Err(Error::NotDir.into());
-        }
-        node::check(c, ctx, &pa, MASK_X)?;
-        match name {
-            b"." => Ok((parent, pa)),
-            b".." => {
-                let up = if parent == ROOT_INO {
-                    ROOT_INO
-                } else {
-                    pa.parent
-                };
-                Ok((up, node::must_get(c, up)?))
-            }
-            _ if parent == ROOT_INO && name == TRASH_NAME => {
-                Ok((TRASH_INO, node::must_get(c, TRASH_INO)?))
-            }
-            _ => {
-                let e = get_edge(c, parent, name)?.ok_or(TxError::Fs(Error::NotFound))?;
-                Ok((e.inode, node::must_get(c, e.inode)?))
-            }
-        }
-    })
+    inner.read(|c| ns::lookup(&mut View(c), ctx, parent, name))
 }
 
 /// Creates a node of any type (the rules in `meta/namespace.rs`).
@@ -241,23 +213,43 @@ impl<'a, 'c> Ns<'a, 'c> {
     }
 }
 
-impl ns::NsTx for Ns<'_, '_> {
+/// The namespace rules' view of a read snapshot (no writes).
+pub(super) struct View<'c>(pub(super) &'c Connection);
+
+impl ns::NsRead for View<'_> {
+    type Error = TxError;
+
+    fn node(&mut self, ino: Ino) -> TxResult<Option<Attr>> {
+        node::get(self.0, ino)
+    }
+    fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
+        node::check(self.0, ctx, a, mask)
+    }
+    fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
+        get_edge(self.0, dir, name)
+    }
+}
+
+impl ns::NsRead for Ns<'_, '_> {
     type Error = TxError;
 
     fn node(&mut self, ino: Ino) -> TxResult<Option<Attr>> {
         node::get(self.tx, ino)
-    }
-    fn put_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
-        node::update(self.tx, ino, a)
-    }
-    fn delete_node(&mut self, ino: Ino) -> TxResult<()> {
-        node::delete(self.tx, ino)
     }
     fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> TxResult<()> {
         node::check(self.tx, ctx, a, mask)
     }
     fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
         get_edge(self.tx, dir, name)
+    }
+}
+
+impl ns::NsTx for Ns<'_, '_> {
+    fn put_node(&mut self, ino: Ino, a: &Attr) -> TxResult<()> {
+        node::update(self.tx, ino, a)
+    }
+    fn delete_node(&mut self, ino: Ino) -> TxResult<()> {
+        node::delete(self.tx, ino)
     }
     fn insert_edge(&mut self, dir: Ino, name: &[u8], ino: Ino, typ: FileType) -> TxResult<()> {
         insert_edge(self.tx, dir, name, ino, typ)
