@@ -19,6 +19,7 @@ pub mod quota;
 pub mod redis;
 pub mod restore;
 pub mod rules;
+pub(crate) mod session;
 pub mod session_info;
 pub mod sqlite;
 pub mod trash;

@@ -40,7 +40,7 @@ mod xattr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -74,13 +74,6 @@ struct IdRange {
     end: u64,
 }
 
-/// The background heartbeat of a session.
-#[derive(Debug)]
-struct Heartbeat {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: std::thread::JoinHandle<()>,
-}
-
 /// The Redis metadata engine. Cheap to share: all state is behind an `Arc`.
 pub struct RedisMeta {
     inner: Arc<Inner>,
@@ -108,7 +101,7 @@ struct Inner {
     /// Deletes removed files' data and released slices' objects in the
     /// background, once asked to ([`Meta::delete_in_background`]).
     deleter: Mutex<Option<Arc<Deleter>>>,
-    heartbeat: Mutex<Option<Heartbeat>>,
+    heartbeat: Mutex<Option<crate::meta::session::Heartbeat>>,
     trash_dir: Mutex<Option<(String, Ino)>>,
     /// What range operations visited (`Meta::work`).
     work: crate::meta::WorkCounters,

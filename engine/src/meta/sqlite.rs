@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
 
 use crate::error::{Error, Result};
@@ -166,13 +166,6 @@ struct IdRange {
     end: u64,
 }
 
-/// The background heartbeat of a session.
-#[derive(Debug)]
-struct Heartbeat {
-    stop: Arc<(Mutex<bool>, Condvar)>,
-    thread: std::thread::JoinHandle<()>,
-}
-
 /// The SQLite metadata engine. Cheap to share: all state is behind an `Arc`.
 pub struct SqliteMeta {
     inner: Arc<Inner>,
@@ -194,7 +187,7 @@ struct Inner {
     /// Deletes removed files' data and released slices' objects in the
     /// background, once asked to ([`Meta::delete_in_background`]).
     deleter: Mutex<Option<Arc<Deleter>>>,
-    heartbeat: Mutex<Option<Heartbeat>>,
+    heartbeat: Mutex<Option<crate::meta::session::Heartbeat>>,
     /// The hourly trash directory in use: (name, inode).
     trash_dir: Mutex<Option<(String, Ino)>>,
     /// Whether a commit can be lost to a power loss until [`Meta::sync`]

@@ -4,31 +4,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
-
-use parking_lot::{Condvar, Mutex};
 
 use super::keys::{counter, parse_slice_field};
-use super::node;
 use super::tx::{Tx, TxResult};
-use super::{Heartbeat, Inner, namespace};
+use super::{Inner, namespace};
 use crate::error::{Error, Result};
-use crate::meta::rules::align4k;
+use crate::meta::session::{self, DELFILE_GRACE_SECS, Heartbeat, SessionTx, expire_at};
 use crate::meta::session_info::session_info;
 use crate::meta::trash::{self, TrashOps};
-use crate::meta::{Context, Entry, FileType, Ino, ReleasedSlice, TRASH_INO, Timestamp};
-
-/// How often the session's expiry is pushed forward (JuiceFS: 12 s).
-const HEARTBEAT: Duration = Duration::from_secs(12);
-/// How long a session outlives its last heartbeat (JuiceFS: 5 heartbeats).
-const SESSION_TTL_SECS: i64 = 60;
-/// Removed files whose data is still there after this long were abandoned by
-/// a crashed client (JuiceFS waits an hour too).
-const DELFILE_GRACE_SECS: i64 = 3600;
-
-fn expire_at() -> i64 {
-    Timestamp::now().secs + SESSION_TTL_SECS
-}
+use crate::meta::{Context, Entry, Ino, ReleasedSlice, TRASH_INO, Timestamp};
 
 /// Registers a session and starts its heartbeat.
 pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
@@ -44,14 +28,15 @@ pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
     let sid = sid as u64;
     register(inner, sid, &info)?;
     inner.sid.store(sid, Ordering::Relaxed);
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let weak = Arc::downgrade(inner);
-    let stop2 = Arc::clone(&stop);
-    let thread = std::thread::Builder::new()
-        .name(format!("sluice-session-{sid}"))
-        .spawn(move || heartbeat_loop(weak, sid, info, stop2))
-        .map_err(Error::Io)?;
-    *inner.heartbeat.lock() = Some(Heartbeat { stop, thread });
+    let hb = Heartbeat::start(sid, move || {
+        let Some(inner) = weak.upgrade() else {
+            return false;
+        };
+        beat(&inner, sid, &info);
+        true
+    })?;
+    *inner.heartbeat.lock() = Some(hb);
     Ok(sid)
 }
 
@@ -73,43 +58,28 @@ fn register(inner: &Inner, sid: u64, info: &str) -> Result<()> {
     })
 }
 
-fn heartbeat_loop(
-    inner: std::sync::Weak<Inner>,
-    sid: u64,
-    info: String,
-    stop: Arc<(Mutex<bool>, Condvar)>,
-) {
-    let (lock, cvar) = &*stop;
-    loop {
-        {
-            let mut stopped = lock.lock();
-            if !*stopped {
-                cvar.wait_for(&mut stopped, HEARTBEAT);
+/// One heartbeat: the session's expiry pushed forward (registered again
+/// if another client cleaned it up as stale), deferred closes recorded,
+/// the limits reloaded.
+fn beat(inner: &Inner, sid: u64, info: &str) {
+    let infos = inner.keys.session_infos();
+    let r = inner
+        .pool
+        .with_conn(|c| redis::cmd("HEXISTS").arg(&infos).arg(sid).query::<bool>(c))
+        .and_then(|known| {
+            if !known {
+                log::warn!("session {sid} was cleaned up as stale; registering it again");
             }
-            if *stopped {
-                return;
-            }
-        }
-        let Some(inner) = inner.upgrade() else { return };
-        let infos = inner.keys.session_infos();
-        let r = inner
-            .pool
-            .with_conn(|c| redis::cmd("HEXISTS").arg(&infos).arg(sid).query::<bool>(c))
-            .and_then(|known| {
-                if !known {
-                    log::warn!("session {sid} was cleaned up as stale; registering it again");
-                }
-                register(&inner, sid, &info)
-            });
-        if let Err(e) = r {
-            log::warn!("session {sid} heartbeat failed: {e}");
-        }
-        if let Err(e) = flush_closes(&inner) {
-            log::warn!("session {sid}: recording closed files failed (tried again later): {e}");
-        }
-        if let Err(e) = inner.reload_quotas() {
-            log::warn!("reloading the volume's limits and quotas failed: {e}");
-        }
+            register(inner, sid, info)
+        });
+    if let Err(e) = r {
+        log::warn!("session {sid} heartbeat failed: {e}");
+    }
+    if let Err(e) = flush_closes(inner) {
+        log::warn!("session {sid}: recording closed files failed (tried again later): {e}");
+    }
+    if let Err(e) = inner.reload_quotas() {
+        log::warn!("reloading the volume's limits and quotas failed: {e}");
     }
 }
 
@@ -118,11 +88,7 @@ impl Inner {
     pub(super) fn stop_heartbeat(&self) {
         let hb = self.heartbeat.lock().take();
         if let Some(hb) = hb {
-            *hb.stop.0.lock() = true;
-            hb.stop.1.notify_all();
-            if hb.thread.thread().id() != std::thread::current().id() {
-                let _ = hb.thread.join();
-            }
+            hb.stop();
         }
     }
 }
@@ -196,37 +162,39 @@ fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
 }
 
 /// Deletes a file kept for an open handle of session `sid` after its last
-/// link went (JuiceFS `doDeleteSustainedInode`), unless another live session
-/// still holds it open (that one deletes it on its last close).
+/// link went ([`session::delete_kept`]).
 fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
     inner.write(ino, |tx| {
-        let key = tx.keys.sustained(sid);
+        session::delete_kept(&mut namespace::Ns::new(tx, inner), sid, ino)
+    })
+}
+
+/// The session rules' view of a Redis transaction (`meta/session.rs`).
+impl SessionTx for namespace::Ns<'_, '_> {
+    fn forget_kept(&mut self, sid: u64, ino: Ino) -> TxResult<()> {
+        let key = self.tx.keys.sustained(sid);
         let mut c = redis::cmd("SREM");
         c.arg(&key).arg(ino.to_string());
-        tx.cmd(c);
-        let opened = tx.keys.opened(ino);
-        tx.hdel(&opened, sid.to_string().as_bytes());
-        let Some(a) = node::get(tx, ino)? else {
-            return Ok(());
-        };
-        if a.nlink > 0 || a.typ != FileType::File {
-            return Ok(());
-        }
-        if !other_holders(tx, inner, sid, ino)?.is_empty() {
-            return Ok(());
-        }
-        tx.del(&opened);
-        let del = tx.keys.delfiles();
+        self.tx.cmd(c);
+        let opened = self.tx.keys.opened(ino);
+        self.tx.hdel(&opened, sid.to_string().as_bytes());
+        Ok(())
+    }
+    fn held_elsewhere(&mut self, sid: u64, ino: Ino) -> TxResult<bool> {
+        Ok(!other_holders(self.tx, self.inner, sid, ino)?.is_empty())
+    }
+    fn delete_data_later(&mut self, ino: Ino, length: u64) -> TxResult<()> {
+        let opened = self.tx.keys.opened(ino);
+        self.tx.del(&opened);
+        let del = self.tx.keys.delfiles();
         let mut c = redis::cmd("ZADD");
         c.arg(&del)
             .arg(Timestamp::now().secs)
-            .arg(format!("{ino}:{}", a.length));
-        tx.cmd(c);
-        node::delete(tx, ino);
-        node::add_usage(tx, -align4k(a.length), -1)?;
-        tx.post.deleted_files.push((ino, a.length));
+            .arg(format!("{ino}:{length}"));
+        self.tx.cmd(c);
+        self.tx.post.deleted_files.push((ino, length));
         Ok(())
-    })
+    }
 }
 
 /// Records one more open handle on `ino`. The first one of this session is

@@ -4,31 +4,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
 use rusqlite::params;
 
 use super::namespace;
-use super::node;
-use super::{Heartbeat, Inner, TxResult, counter};
+use super::{Inner, TxResult, counter};
 use crate::error::{Error, Result};
-use crate::meta::rules::align4k;
+use crate::meta::session::{self, DELFILE_GRACE_SECS, Heartbeat, SessionTx, expire_at};
 use crate::meta::session_info::session_info;
 use crate::meta::trash::{self, TrashOps};
-use crate::meta::{Context, Entry, FileType, Ino, ReleasedSlice, Timestamp};
-
-/// How often the session's expiry is pushed forward (JuiceFS: 12 s).
-const HEARTBEAT: Duration = Duration::from_secs(12);
-/// How long a session outlives its last heartbeat (JuiceFS: 5 heartbeats).
-const SESSION_TTL_SECS: i64 = 60;
-/// Removed files whose data is still there after this long were abandoned by
-/// a crashed client (JuiceFS waits an hour too).
-const DELFILE_GRACE_SECS: i64 = 3600;
-
-fn expire_at() -> i64 {
-    Timestamp::now().secs + SESSION_TTL_SECS
-}
+use crate::meta::{Context, Entry, Ino, ReleasedSlice, Timestamp};
 
 /// Registers a session and starts its heartbeat.
 pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
@@ -46,55 +31,40 @@ pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
         Ok(sid as u64)
     })?;
     inner.sid.store(sid, Ordering::Relaxed);
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let weak = Arc::downgrade(inner);
-    let stop2 = Arc::clone(&stop);
-    let thread = std::thread::Builder::new()
-        .name(format!("sluice-session-{sid}"))
-        .spawn(move || heartbeat_loop(weak, sid, info, stop2))
-        .map_err(Error::Io)?;
-    *inner.heartbeat.lock() = Some(Heartbeat { stop, thread });
+    let hb = Heartbeat::start(sid, move || {
+        let Some(inner) = weak.upgrade() else {
+            return false;
+        };
+        beat(&inner, sid, &info);
+        true
+    })?;
+    *inner.heartbeat.lock() = Some(hb);
     Ok(sid)
 }
 
-fn heartbeat_loop(
-    inner: std::sync::Weak<Inner>,
-    sid: u64,
-    info: String,
-    stop: Arc<(Mutex<bool>, Condvar)>,
-) {
-    let (lock, cvar) = &*stop;
-    loop {
-        {
-            let mut stopped = lock.lock();
-            if !*stopped {
-                cvar.wait_for(&mut stopped, HEARTBEAT);
-            }
-            if *stopped {
-                return;
-            }
-        }
-        let Some(inner) = inner.upgrade() else { return };
-        let r = inner.write(|tx| {
-            let n = tx.execute(
-                "UPDATE jfs_session2 SET expire=? WHERE sid=?",
-                params![expire_at(), sid as i64],
+/// One heartbeat: the session's expiry pushed forward (registered again
+/// if another client cleaned it up as stale), the limits reloaded.
+fn beat(inner: &Inner, sid: u64, info: &str) {
+    let r = inner.write(|tx| {
+        let n = tx.execute(
+            "UPDATE jfs_session2 SET expire=? WHERE sid=?",
+            params![expire_at(), sid as i64],
+        )?;
+        if n == 0 {
+            log::warn!("session {sid} was cleaned up as stale; registering it again");
+            tx.execute(
+                "INSERT INTO jfs_session2 (sid, expire, info) VALUES (?,?,?)",
+                params![sid as i64, expire_at(), info.as_bytes()],
             )?;
-            if n == 0 {
-                log::warn!("session {sid} was cleaned up as stale; registering it again");
-                tx.execute(
-                    "INSERT INTO jfs_session2 (sid, expire, info) VALUES (?,?,?)",
-                    params![sid as i64, expire_at(), info.as_bytes()],
-                )?;
-            }
-            Ok(())
-        });
-        if let Err(e) = r {
-            log::warn!("session {sid} heartbeat failed: {e}");
         }
-        if let Err(e) = inner.reload_quotas() {
-            log::warn!("reloading the volume's limits and quotas failed: {e}");
-        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        log::warn!("session {sid} heartbeat failed: {e}");
+    }
+    if let Err(e) = inner.reload_quotas() {
+        log::warn!("reloading the volume's limits and quotas failed: {e}");
     }
 }
 
@@ -103,11 +73,7 @@ impl Inner {
     pub(super) fn stop_heartbeat(&self) {
         let hb = self.heartbeat.lock().take();
         if let Some(hb) = hb {
-            *hb.stop.0.lock() = true;
-            hb.stop.1.notify_all();
-            if hb.thread.thread().id() != std::thread::current().id() {
-                let _ = hb.thread.join();
-            }
+            hb.stop();
         }
     }
 }
@@ -149,29 +115,33 @@ fn clean_session(inner: &Inner, sid: u64) -> Result<()> {
 }
 
 /// Deletes a file kept for an open handle of session `sid` after its last
-/// link went (JuiceFS `doDeleteSustainedInode`).
+/// link went ([`session::delete_kept`]).
 fn delete_sustained(inner: &Inner, sid: u64, ino: Ino) -> Result<()> {
-    inner.write(|tx| {
-        tx.execute(
+    inner.write(|tx| session::delete_kept(&mut namespace::Ns::new(tx, inner), sid, ino))
+}
+
+/// The session rules' view of a SQLite transaction (`meta/session.rs`).
+impl SessionTx for namespace::Ns<'_, '_> {
+    fn forget_kept(&mut self, sid: u64, ino: Ino) -> TxResult<()> {
+        self.tx.execute(
             "DELETE FROM jfs_sustained WHERE sid=? AND inode=?",
             params![sid as i64, ino as i64],
         )?;
-        let Some(a) = node::get(tx, ino)? else {
-            return Ok(());
-        };
-        if a.nlink > 0 || a.typ != FileType::File {
-            // Linked again meanwhile (or not ours to delete).
-            return Ok(());
-        }
-        tx.execute(
-            "INSERT OR REPLACE INTO jfs_delfile (inode, length, expire) VALUES (?,?,?)",
-            params![ino as i64, a.length as i64, Timestamp::now().secs],
-        )?;
-        node::delete(tx, ino)?;
-        node::add_usage(tx, -align4k(a.length), -1)?;
-        tx.post.deleted_files.push(ino);
         Ok(())
-    })
+    }
+    fn held_elsewhere(&mut self, _sid: u64, _ino: Ino) -> TxResult<bool> {
+        // JuiceFS's SQL schema records opens only as kept files
+        // (`jfs_sustained`), written by the session whose unlink kept one.
+        Ok(false)
+    }
+    fn delete_data_later(&mut self, ino: Ino, length: u64) -> TxResult<()> {
+        self.tx.execute(
+            "INSERT OR REPLACE INTO jfs_delfile (inode, length, expire) VALUES (?,?,?)",
+            params![ino as i64, length as i64, Timestamp::now().secs],
+        )?;
+        self.tx.post.deleted_files.push(ino);
+        Ok(())
+    }
 }
 
 /// Records one more open handle on `ino`.
