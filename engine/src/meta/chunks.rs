@@ -1,16 +1,17 @@
 //! File-content rules written once: what a written slice does to its file
 //! (length, times, usage, directory statistics), truncate, the per-
-//! transaction part of fallocate, and copy_file_range by reference, over
+//! transaction part of fallocate, copy_file_range by reference, and
+//! compaction's commit, over
 //! the chunk primitives each engine gives inside a transaction
 //! ([`ChunkTx`], an extension of the namespace's [`NsTx`]).
 //!
 //! What stays behind the trait: how a chunk's slice list is stored (a BLOB
 //! row in SQLite, a list in Redis), how slice references are counted
-//! (JuiceFS keeps "references" in SQL and "references − 1" in Redis), and
-//! how the chunks of a file that exist are found. What stays in each
-//! engine: its transaction plumbing (savepoints or marks for a group
-//! commit's files, retries, where a listing runs), compaction (a compare
-//! of the stored records themselves), and the deletion of removed files'
+//! (JuiceFS keeps "references" in SQL and "references − 1" in Redis), how
+//! the chunks of a file that exist are found, and how a chunk's first
+//! records are compared and replaced. What stays in each engine: its
+//! transaction plumbing (savepoints or marks for a group commit's files,
+//! retries, where a listing runs), and the deletion of removed files'
 //! data.
 
 use std::ops::RangeInclusive;
@@ -66,6 +67,23 @@ pub(crate) trait ChunkTx: NsTx {
     ) -> Result<Vec<u32>, Self::Error>;
     /// Every directory holding an entry for `ino`, with how many entries.
     fn parents(&mut self, ino: Ino) -> Result<Vec<(Ino, i64)>, Self::Error>;
+    /// Replaces the chunk's first `old.len()` records by `new` if they are
+    /// still exactly `old` (the records after them stay); whether it did.
+    fn replace_head(
+        &mut self,
+        ino: Ino,
+        indx: u32,
+        old: &[Slice],
+        new: &[Slice],
+    ) -> Result<bool, Self::Error>;
+    /// Drops one reference of each record's slice (holes have none).
+    fn release(&mut self, slices: &[Slice]) -> Result<(), Self::Error>;
+    /// Keeps the references of `slices` (none a hole) for the trash's
+    /// days, under the id of the slice that replaced them (JuiceFS's
+    /// delayed slices), instead of dropping them now.
+    fn delay_release(&mut self, anchor: u64, slices: &[Slice]) -> Result<(), Self::Error>;
+    /// The days the volume keeps removed data (0: none).
+    fn trash_days(&self) -> u32;
 }
 
 /// A hole record covering `len` bytes at chunk offset `pos`.
@@ -189,6 +207,34 @@ pub(crate) fn commit_results<A>(
                 .collect()
         }
     }
+}
+
+/// Compaction's commit (JuiceFS `CompactChunk`): the chunk's first
+/// records `old` are replaced by `new` if they are still exactly `old` (a
+/// write or truncate since leaves them alone: the compaction is then for
+/// nothing, and the caller lets `new`'s objects go). The replaced slices'
+/// references go now, or with a trash stay for its days.
+pub(crate) fn compact<T: ChunkTx>(
+    tx: &mut T,
+    ino: Ino,
+    indx: u32,
+    old: &[Slice],
+    new: &[Slice],
+) -> Result<bool, T::Error> {
+    if !tx.replace_head(ino, indx, old, new)? {
+        return Ok(false);
+    }
+    for s in new.iter().filter(|s| s.id != 0) {
+        tx.new_slice(s)?;
+    }
+    let delayed: Vec<Slice> = old.iter().filter(|s| s.id != 0).copied().collect();
+    match new.iter().find(|s| s.id != 0) {
+        Some(anchor) if tx.trash_days() > 0 && !delayed.is_empty() => {
+            tx.delay_release(anchor.id, &delayed)?;
+        }
+        _ => tx.release(old)?,
+    }
+    Ok(true)
 }
 
 /// Refuses a length no file may have, before any transaction.

@@ -170,29 +170,7 @@ pub(super) fn compact_chunk(
     }
     inner.format()?;
     let done = inner.write(ino, |tx| {
-        let key = tx.keys.chunk(ino, indx);
-        let head = tx.lrange(&key, old.len() as i64 - 1)?;
-        if head.len() != old.len() || head.iter().zip(old).any(|(r, s)| r[..] != s.encode()) {
-            return Ok(false);
-        }
-        let mut c = redis::cmd("LTRIM");
-        c.arg(&key).arg(old.len()).arg(-1);
-        tx.cmd(c);
-        for s in new.iter().rev() {
-            push(tx, "LPUSH", &key, &s.encode());
-        }
-        let delayed: Vec<&Slice> = old.iter().filter(|s| s.id != 0).collect();
-        let anchor = new.iter().find(|s| s.id != 0).map(|s| s.id);
-        match anchor {
-            Some(id) if tx.trash_days > 0 && !delayed.is_empty() => {
-                let dkey = tx.keys.delayed_slices();
-                let field = format!("{id}_{}", Timestamp::now().secs);
-                let value = encode_delayed(delayed.iter().map(|s| (s.id, s.size)));
-                tx.hset(&dkey, field.as_bytes(), &value);
-            }
-            _ => unref(tx, old),
-        }
-        Ok(true)
+        chunks::compact(&mut Ns::new(tx, inner), ino, indx, old, new)
     })?;
     if !done {
         // The compacted slice was written for nothing: let its objects go, as
@@ -626,5 +604,40 @@ impl chunks::ChunkTx for Ns<'_, '_> {
     }
     fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
         node::parents(self.tx, ino)
+    }
+    fn replace_head(
+        &mut self,
+        ino: Ino,
+        indx: u32,
+        old: &[Slice],
+        new: &[Slice],
+    ) -> TxResult<bool> {
+        let key = self.tx.keys.chunk(ino, indx);
+        // Watched: a write or compaction elsewhere restarts the commit.
+        let head = self.tx.lrange(&key, old.len() as i64 - 1)?;
+        if head.len() != old.len() || head.iter().zip(old).any(|(r, s)| r[..] != s.encode()) {
+            return Ok(false);
+        }
+        let mut c = redis::cmd("LTRIM");
+        c.arg(&key).arg(old.len()).arg(-1);
+        self.tx.cmd(c);
+        for s in new.iter().rev() {
+            push(self.tx, "LPUSH", &key, &s.encode());
+        }
+        Ok(true)
+    }
+    fn release(&mut self, slices: &[Slice]) -> TxResult<()> {
+        unref(self.tx, slices);
+        Ok(())
+    }
+    fn delay_release(&mut self, anchor: u64, slices: &[Slice]) -> TxResult<()> {
+        let dkey = self.tx.keys.delayed_slices();
+        let field = format!("{anchor}_{}", Timestamp::now().secs);
+        let value = encode_delayed(slices.iter().map(|s| (s.id, s.size)));
+        self.tx.hset(&dkey, field.as_bytes(), &value);
+        Ok(())
+    }
+    fn trash_days(&self) -> u32 {
+        self.tx.trash_days
     }
 }

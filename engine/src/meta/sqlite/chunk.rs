@@ -193,49 +193,7 @@ pub(super) fn compact_chunk(
         return Ok(false);
     }
     inner.format()?;
-    let origin = encode(old);
-    let done = inner.write(|tx| {
-        let Some(cur) = get_chunk(tx, ino, indx)? else {
-            return Ok(false);
-        };
-        if cur.len() < origin.len() || cur[..origin.len()] != origin[..] {
-            return Ok(false);
-        }
-        let mut blob = encode(new);
-        blob.extend_from_slice(&cur[origin.len()..]);
-        tx.execute(
-            "UPDATE jfs_chunk SET slices=? WHERE inode=? AND indx=?",
-            params![blob, ino as i64, indx],
-        )?;
-        for s in new.iter().filter(|s| s.id != 0) {
-            add_ref(tx, s)?;
-        }
-        if tx.trash_days > 0 {
-            let delayed: Vec<u8> = old
-                .iter()
-                .filter(|s| s.id != 0)
-                .flat_map(|s| {
-                    let mut r = s.id.to_be_bytes().to_vec();
-                    r.extend_from_slice(&s.size.to_be_bytes());
-                    r
-                })
-                .collect();
-            let key = new.iter().find(|s| s.id != 0).map(|s| s.id);
-            match key {
-                Some(key) if !delayed.is_empty() => {
-                    tx.execute(
-                        "INSERT OR REPLACE INTO jfs_delslices (chunkid, deleted, slices) \
-                         VALUES (?,?,?)",
-                        params![key as i64, Timestamp::now().secs, delayed],
-                    )?;
-                }
-                _ => unref(tx, old)?,
-            }
-        } else {
-            unref(tx, old)?;
-        }
-        Ok(true)
-    })?;
+    let done = inner.write(|tx| chunks::compact(&mut Ns::new(tx, inner), ino, indx, old, new))?;
     if !done {
         // The compacted slice was written for nothing: let its objects go, as
         // JuiceFS does (a reference row at 0 that cleanup also finds).
@@ -472,5 +430,48 @@ impl chunks::ChunkTx for Ns<'_, '_> {
     }
     fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
         node::parents(self.tx, ino)
+    }
+    fn replace_head(
+        &mut self,
+        ino: Ino,
+        indx: u32,
+        old: &[Slice],
+        new: &[Slice],
+    ) -> TxResult<bool> {
+        let origin = encode(old);
+        let Some(cur) = get_chunk(self.tx, ino, indx)? else {
+            return Ok(false);
+        };
+        if cur.len() < origin.len() || cur[..origin.len()] != origin[..] {
+            return Ok(false);
+        }
+        let mut blob = encode(new);
+        blob.extend_from_slice(&cur[origin.len()..]);
+        self.tx.execute(
+            "UPDATE jfs_chunk SET slices=? WHERE inode=? AND indx=?",
+            params![blob, ino as i64, indx],
+        )?;
+        Ok(true)
+    }
+    fn release(&mut self, slices: &[Slice]) -> TxResult<()> {
+        unref(self.tx, slices)
+    }
+    fn delay_release(&mut self, anchor: u64, slices: &[Slice]) -> TxResult<()> {
+        let delayed: Vec<u8> = slices
+            .iter()
+            .flat_map(|s| {
+                let mut r = s.id.to_be_bytes().to_vec();
+                r.extend_from_slice(&s.size.to_be_bytes());
+                r
+            })
+            .collect();
+        self.tx.execute(
+            "INSERT OR REPLACE INTO jfs_delslices (chunkid, deleted, slices) VALUES (?,?,?)",
+            params![anchor as i64, Timestamp::now().secs, delayed],
+        )?;
+        Ok(())
+    }
+    fn trash_days(&self) -> u32 {
+        self.tx.trash_days
     }
 }
