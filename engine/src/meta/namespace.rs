@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::meta::acl::AclType;
 use crate::meta::acl::Rule;
 use crate::meta::bounded::XATTR_LIST_MAX;
-use crate::meta::rules::{self, MASK_W, MASK_X, align4k, check_name, entry_stat};
+use crate::meta::rules::{self, MASK_R, MASK_W, MASK_X, align4k, check_name, entry_stat};
 use crate::meta::trash::{TRASH_NAME, is_trash, trash_entry_name};
 use crate::meta::{
     Attr, Context, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags, SetAttr, TRASH_INO,
@@ -207,6 +207,26 @@ pub(crate) fn lookup<T: NsRead>(
             Ok((e.inode, tx.must_node(e.inode)?))
         }
     }
+}
+
+/// The "." and ".." entries a listing of directory `ino` starts with,
+/// after its checks (a directory; read permission, and search permission
+/// too when the entries carry attributes).
+pub(crate) fn dots<T: NsRead>(
+    tx: &mut T,
+    ctx: &Context,
+    ino: Ino,
+    plus: bool,
+) -> Result<Vec<crate::meta::Entry>, T::Error> {
+    let a = tx.must_node(ino)?;
+    if a.typ != FileType::Directory {
+        return Err(Error::NotDir.into());
+    }
+    let mask = if plus { MASK_R | MASK_X } else { MASK_R };
+    tx.check(ctx, &a, mask)?;
+    let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
+    let up_attr = if plus { tx.node(up)? } else { None };
+    Ok(rules::dot_entries(ino, a, up, up_attr, plus))
 }
 
 pub(crate) fn writable_dir<T: NsTx>(

@@ -10,8 +10,8 @@ use super::session;
 use super::tx::{Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
-use crate::meta::rules::{self, MASK_R, MASK_X};
-use crate::meta::rules::{dot_entries, type_only};
+use crate::meta::rules::type_only;
+use crate::meta::rules::{self, MASK_X};
 use crate::meta::trash::hour_name;
 use crate::meta::trash::{TRASH_NAME, is_trash};
 use crate::meta::{
@@ -548,7 +548,7 @@ pub(super) fn link(
 /// Lists a directory, `.` and `..` first.
 pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
     inner.read(|tx| {
-        let mut out = dots(tx, ctx, ino, plus)?;
+        let mut out = ns::dots(&mut Ns::new(tx, inner), ctx, ino, plus)?;
         let key = tx.keys.entry(ino);
         for (name, v) in tx.hgetall(&key)? {
             push_entry(&mut out, ino, name, &v);
@@ -577,7 +577,7 @@ pub(super) fn readdir_page(
 ) -> Result<DirPage> {
     let (entries, read, next) = inner.read(|tx| {
         let (mut out, scan) = match cursor {
-            DirCursor::Start => (dots(tx, ctx, ino, plus)?, 0),
+            DirCursor::Start => (ns::dots(&mut Ns::new(tx, inner), ctx, ino, plus)?, 0),
             DirCursor::Scan(at) => (Vec::new(), *at),
             DirCursor::AfterName(_) => {
                 return Err(Error::Invalid("a SQLite cursor for a Redis listing".into()).into());
@@ -607,19 +607,6 @@ pub(super) fn readdir_page(
         next: (next != 0).then_some(DirCursor::Scan(next)),
         may_repeat: true,
     })
-}
-
-/// `.` and `..` of a directory, after checking that the caller may list it.
-fn dots(tx: &mut Tx<'_>, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
-    let a = node::must_get(tx, ino)?;
-    if a.typ != FileType::Directory {
-        return Err(Error::NotDir.into());
-    }
-    let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-    node::check(tx, ctx, &a, mask)?;
-    let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-    let up_attr = if plus { node::get(tx, up)? } else { None };
-    Ok(dot_entries(ino, a, up, up_attr, plus))
 }
 
 /// Appends the entry of field `name` (value `v`) of directory `ino`'s hash,

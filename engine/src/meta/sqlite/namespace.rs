@@ -8,8 +8,7 @@ use super::node;
 use super::{Inner, Tx, TxError, TxResult, counter, session};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
-use crate::meta::rules::{MASK_R, MASK_X};
-use crate::meta::rules::{dot_entries, type_only};
+use crate::meta::rules::type_only;
 use crate::meta::trash::is_trash;
 use crate::meta::trash::{hour_name, new_trash_attr};
 use crate::meta::{
@@ -423,7 +422,7 @@ pub(super) fn link(
 /// Lists a directory, `.` and `..` first.
 pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
     inner.read(|c| {
-        let mut out = dots(c, ctx, ino, plus)?;
+        let mut out = ns::dots(&mut View(c), ctx, ino, plus)?;
         edges(c, ino, plus, None, None, &mut out)?;
         Ok(out)
     })
@@ -444,7 +443,7 @@ pub(super) fn readdir_page(
         let mut out = Vec::new();
         let after = match cursor {
             DirCursor::Start => {
-                out = dots(c, ctx, ino, plus)?;
+                out = ns::dots(&mut View(c), ctx, ino, plus)?;
                 None
             }
             DirCursor::AfterName(name) => Some(name.as_slice()),
@@ -467,19 +466,6 @@ pub(super) fn readdir_page(
         next,
         may_repeat: false,
     })
-}
-
-/// `.` and `..` of a directory, after checking that the caller may list it.
-fn dots(c: &Connection, ctx: &Context, ino: Ino, plus: bool) -> TxResult<Vec<Entry>> {
-    let a = node::must_get(c, ino)?;
-    if a.typ != FileType::Directory {
-        return Err(Error::NotDir.into());
-    }
-    let mask = if plus { MASK_R | MASK_X } else { MASK_R };
-    node::check(c, ctx, &a, mask)?;
-    let up = if ino == ROOT_INO { ROOT_INO } else { a.parent };
-    let up_attr = if plus { node::get(c, up)? } else { None };
-    Ok(dot_entries(ino, a, up, up_attr, plus))
 }
 
 /// Appends the entries of directory `ino` to `out`: all of them in
