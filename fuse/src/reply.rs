@@ -171,8 +171,7 @@ fn valid(d: Duration) -> (u64, u32) {
 
 /// `fuse_attr` for node `ino`: 512-byte block count rounded up from the
 /// length (as JuiceFS counts it: a sparse file's holes count too, so `du`
-/// overstates it; issue 33 point 9 — counting stored bytes needs them at
-/// every reply that carries attributes, see the issue's notes), 4 KiB
+/// overstates it: engine/DESIGN.md, "Space a file shows"), 4 KiB
 /// preferred I/O size.
 pub fn fuse_attr(ino: Ino, attr: &Attr) -> FuseAttr {
     FuseAttr {
