@@ -382,10 +382,16 @@ impl<'a> Fallocate<'a> {
         })
     }
 
+    /// Whether it writes holes at all (punch or zero): only then are the
+    /// chunks it touches listed (preallocation costs no read).
+    pub(crate) fn writes_holes(&self) -> bool {
+        bounded::writes_holes(self.mode)
+    }
+
     /// The chunk indexes it writes holes into, for a file of `length`
     /// bytes (None: none).
     pub(crate) fn span(&self, length: u64) -> Option<RangeInclusive<u32>> {
-        (bounded::writes_holes(self.mode) && self.offset < length)
+        (self.writes_holes() && self.offset < length)
             .then(|| bounded::chunk_span(self.offset, self.end.min(length)))
     }
 

@@ -216,13 +216,17 @@ pub(super) fn fallocate(
 ) -> Result<Attr> {
     let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
     inner.format()?;
-    let found = inner.read(|tx| {
-        let a = f.allowed(&mut Ns::new(tx, inner))?;
-        match f.span(a.length) {
-            Some(span) => existing(tx, &inner.work, ino, span, usize::MAX),
-            None => Ok(Vec::new()),
-        }
-    })?;
+    let found = if f.writes_holes() {
+        inner.read(|tx| {
+            let a = f.allowed(&mut Ns::new(tx, inner))?;
+            match f.span(a.length) {
+                Some(span) => existing(tx, &inner.work, ino, span, usize::MAX),
+                None => Ok(Vec::new()),
+            }
+        })?
+    } else {
+        Vec::new()
+    };
     for (batch, last) in chunks::batches(&found) {
         let a = inner.write(ino, |tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
         inner.work.transaction();

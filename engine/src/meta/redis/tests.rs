@@ -1720,3 +1720,29 @@ fn acls_travel_from_sqlite_to_redis_through_a_dump() {
         String::from_utf8_lossy(&second)
     );
 }
+
+/// Preallocation lists no chunks: a fallocate that only changes the length
+/// costs its transaction alone; one that punches a hole also reads which
+/// chunks of its range exist (one pipeline of probes).
+#[test]
+fn preallocation_costs_no_listing_of_chunks() {
+    use crate::meta::bounded::{FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
+    let Some((_s, m, _r)) = formatted(0) else {
+        return;
+    };
+    let c = Context::default();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    write10(&m, f, 0);
+    let before = m.round_trips();
+    m.fallocate(&c, f, 0, 0, 1 << 20).expect("preallocate");
+    let prealloc = m.round_trips() - before;
+    let before = m.round_trips();
+    m.fallocate(&c, f, FALLOC_PUNCH_HOLE | FALLOC_KEEP_SIZE, 0, 5)
+        .expect("punch");
+    let punch = m.round_trips() - before;
+    assert_eq!(
+        punch,
+        prealloc + 2,
+        "a punch reads the node and probes the range's chunks first"
+    );
+}

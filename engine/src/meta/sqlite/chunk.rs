@@ -251,10 +251,14 @@ pub(super) fn fallocate(
 ) -> Result<Attr> {
     let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
     inner.format()?;
-    let found = inner.read(|c| match f.span(node::must_get(c, ino)?.length) {
-        Some(span) => existing(c, ino, span, usize::MAX),
-        None => Ok(Vec::new()),
-    })?;
+    let found = if f.writes_holes() {
+        inner.read(|c| match f.span(node::must_get(c, ino)?.length) {
+            Some(span) => existing(c, ino, span, usize::MAX),
+            None => Ok(Vec::new()),
+        })?
+    } else {
+        Vec::new()
+    };
     inner.work.visited(found.len());
     for (batch, last) in chunks::batches(&found) {
         let a = inner.write(|tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
