@@ -747,6 +747,33 @@ impl FileWriter {
         self.pending.store(false, Ordering::Release);
     }
 
+    /// Takes the buffered writes for a commit. Their mtime becomes the
+    /// pending one under the buffer's lock, before the lock is let go: a
+    /// stat while their blocks are stored (which can take long) must still
+    /// see it, as it sees their length (`OpenFile::length`). Between
+    /// taking the buffer and handing the commit on, neither the buffer nor
+    /// the pending mtime held it, and a stat then showed the mtime from
+    /// before the writes (the `requests` fuzz target, on a read-only
+    /// export whose host had just closed a file).
+    fn take_buffer(&self) -> Buffer {
+        let mut b = self.buf.lock();
+        let taken = std::mem::take(&mut *b);
+        if !taken.chunks.is_empty() {
+            let mut pending = self.pending_mtime.lock();
+            *pending = (*pending).max(taken.mtime);
+        }
+        taken
+    }
+
+    /// A commit whose blocks could not be stored: its writes went back to
+    /// the buffer (or were dropped), whose mtime now stands for them.
+    fn stage_failed(&self, ino: Ino, e: &Error, left: Buffer) {
+        self.failed(ino, e, left);
+        if !self.pending.load(Ordering::Acquire) {
+            *self.pending_mtime.lock() = None;
+        }
+    }
+
     /// The mtime writes not recorded yet — buffered, or handed on to a
     /// commit that has not run — will record when they are: what `stat`
     /// shows meanwhile, as a write on a local file system moves mtime at
@@ -768,7 +795,7 @@ impl FileWriter {
     pub fn flush(self: &Arc<Self>, vol: &Arc<Volume>, ino: Ino) -> Result<Vec<Committed>> {
         let mut bg = self.flushing.lock();
         let mut done = self.join(bg.take());
-        let taken = std::mem::take(&mut *self.buf.lock());
+        let taken = self.take_buffer();
         if taken.chunks.is_empty() {
             self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
             return Ok(done);
@@ -776,7 +803,7 @@ impl FileWriter {
         let staged = match stage(vol, self.uploader.as_deref(), taken) {
             Ok(s) => s,
             Err((e, left)) => {
-                self.failed(ino, &e, left);
+                self.stage_failed(ino, &e, left);
                 return Err(e);
             }
         };
@@ -807,7 +834,7 @@ impl FileWriter {
         let mut bg = self.flushing.lock();
         // One commit of a file at a time, in write order.
         let earlier = self.join(bg.take());
-        let taken = std::mem::take(&mut *self.buf.lock());
+        let taken = self.take_buffer();
         if taken.chunks.is_empty() {
             self.budget.fetch_sub(taken.bytes, Ordering::AcqRel);
             return Ok(earlier);
@@ -815,7 +842,7 @@ impl FileWriter {
         let staged = match stage(vol, self.uploader.as_deref(), taken) {
             Ok(s) => s,
             Err((e, left)) => {
-                self.failed(ino, &e, left);
+                self.stage_failed(ino, &e, left);
                 return Err(e);
             }
         };
@@ -849,15 +876,17 @@ impl FileWriter {
         // next full flush has committed them.
         let taken = {
             let mut b = self.buf.lock();
-            Buffer {
+            let taken = Buffer {
                 chunks: std::mem::take(&mut b.chunks),
                 bytes: std::mem::take(&mut b.bytes),
                 end: b.end,
                 mtime: b.mtime,
-            }
+            };
+            // Pending before the buffer's lock goes (see `take_buffer`).
+            *self.pending_mtime.lock() = taken.mtime;
+            taken
         };
         let ticket = Arc::new(Ticket::default());
-        *self.pending_mtime.lock() = taken.mtime;
         self.pending.store(true, Ordering::Release);
         let (me, vol, t) = (self.clone(), vol.clone(), ticket.clone());
         // Storing a full buffer waits for its uploads: on a thread of its
@@ -1133,6 +1162,99 @@ mod tests {
         fn write_buf(&self, off: u64, data: &[u8]) -> Result<usize> {
             self.write(off, &mut sluice_api::SliceSource::new(data))
         }
+    }
+
+    /// A bucket whose puts wait at a gate while it is shut.
+    #[derive(Debug)]
+    struct PutGate {
+        inner: crate::object::FileStore,
+        open: Mutex<bool>,
+        opened: Condvar,
+        waiting: AtomicUsize,
+    }
+
+    impl crate::object::ObjectStore for PutGate {
+        fn describe(&self) -> String {
+            "put-gated".into()
+        }
+        fn put(&self, key: &str, data: &[u8], crc: Option<u32>) -> Result<()> {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+            drop(open);
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.inner.put(key, data, crc)
+        }
+        fn get(&self, key: &str) -> Result<Vec<u8>> {
+            self.inner.get(key)
+        }
+        fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
+            self.inner.get_range(key, off, len)
+        }
+        fn head(&self, key: &str) -> Result<crate::object::ObjectInfo> {
+            self.inner.head(key)
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<crate::object::ObjectInfo>> {
+            self.inner.list(prefix)
+        }
+    }
+
+    /// The regression of the `requests` fuzz target's finding: while a
+    /// close stores its blocks, the writes' mtime is still what a stat
+    /// shows (it was lost between taking the buffer and handing the commit
+    /// on), and it is recorded once the commit ran.
+    #[test]
+    fn a_stat_while_a_close_stores_its_blocks_shows_the_writes_mtime() {
+        use crate::meta::{Context, ROOT_INO, open_meta};
+        let dir = tempfile::tempdir().unwrap();
+        let meta = open_meta(&format!("sqlite3://{}/m.db", dir.path().display())).unwrap();
+        let bucket = dir.path().join("bucket");
+        crate::volume::format_volume(
+            &*meta,
+            "test",
+            &bucket,
+            1024,
+            crate::format::Compression::None,
+            0,
+        )
+        .unwrap();
+        let store = Arc::new(PutGate {
+            inner: crate::object::FileStore::new(&bucket).unwrap(),
+            open: Mutex::new(false),
+            opened: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        });
+        let vol = crate::volume::open_volume(meta)
+            .unwrap()
+            .with_store(store.clone());
+        let (ino, created) = vol
+            .meta
+            .create(&Context::default(), ROOT_INO, b"f", 0o644, 0)
+            .unwrap();
+        let w = Arc::new(FileWriter::new());
+        w.write_buf(0, b"guest data").unwrap();
+        let written = w.unrecorded_mtime().expect("buffered writes have an mtime");
+        assert!(written >= created.mtime);
+        let (w2, vol2) = (w.clone(), vol.clone());
+        let closing =
+            std::thread::spawn(move || w2.commit_behind(&vol2, ino, Box::new(|_| {})).map(|_| ()));
+        while store.waiting.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // The buffer is taken and its block is being stored.
+        assert!(w.buf.lock().chunks.is_empty());
+        assert_eq!(w.unrecorded_mtime(), Some(written));
+        *store.open.lock() = true;
+        store.opened.notify_all();
+        closing.join().unwrap().unwrap();
+        w.flush(&vol, ino).unwrap();
+        assert_eq!(w.unrecorded_mtime(), None);
+        assert_eq!(vol.meta.getattr(ino).unwrap().mtime, written);
     }
 
     #[test]
