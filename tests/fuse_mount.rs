@@ -548,6 +548,45 @@ fn fallocate_and_seek_data_hole() {
     assert_eq!(fs::metadata(&p).unwrap().len(), (10 << 20) + 4096);
 }
 
+/// `st_blocks` counts what a file with holes stores, as `du` reads it:
+/// xfstests' `_require_sparse_files` (50 KiB written at 1.6 MiB shows
+/// 50 KiB, not 1.6 MiB) right after the close, a file without holes, and
+/// a punched hole.
+#[test]
+fn du_counts_what_a_sparse_file_stores() {
+    let Some(m) = mount() else { return };
+    let p = m.path("sparse");
+    {
+        let f = File::create(&p).unwrap();
+        f.write_all_at(&[0x61u8; 51_200], 1_638_400).unwrap();
+    }
+    let st = fs::metadata(&p).unwrap();
+    assert_eq!((st.len(), st.blocks()), (1_689_600, 100), "after the close");
+    let du = Command::new("du").arg("-sk").arg(&p).output().expect("du");
+    let du = String::from_utf8_lossy(&du.stdout);
+    assert_eq!(du.split_whitespace().next(), Some("50"), "du -sk: {du}");
+    // Filling the holes leaves a file that stores its length.
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(&vec![1u8; 1_638_400], 0).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().blocks(), 1_689_600 / 512);
+    // A punched hole gives its space back.
+    use std::os::fd::AsRawFd;
+    // SAFETY: `f` owns the descriptor for the whole call.
+    let rc = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            1 << 20,
+        )
+    };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    drop(f);
+    let st = fs::metadata(&p).unwrap();
+    assert_eq!(st.blocks(), (1_689_600 - (1 << 20)) / 512, "punched");
+}
+
 #[test]
 fn parallel_readers_see_the_same_bytes() {
     let Some(m) = mount() else { return };

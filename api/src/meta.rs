@@ -129,12 +129,30 @@ pub struct Attr {
     pub access_acl: u32,
     /// The id of a directory's default ACL (JuiceFS `DefaultACL`); 0 = none.
     pub default_acl: u32,
+    /// For a regular file that holds fewer bytes than its length (holes
+    /// never written, or punched): the bytes its data covers at most, which
+    /// is what `st_blocks` shows. None: as many as its length (a file
+    /// without holes, or one whose count is not known: JuiceFS keeps none).
+    /// Kept by sluice beside the node, not in JuiceFS's record of it (see
+    /// engine/DESIGN.md, "Space a file shows").
+    pub space: Option<u64>,
 }
 
 impl Attr {
     /// `st_mode`: type bits plus permission bits.
     pub fn st_mode(&self) -> u32 {
         self.typ.mode_bits() | u32::from(self.mode)
+    }
+
+    /// The bytes the node's data takes: [`Attr::space`] where it is known
+    /// to be less than the length, the length otherwise.
+    pub fn stored(&self) -> u64 {
+        self.space.map_or(self.length, |s| s.min(self.length))
+    }
+
+    /// `st_blocks`: [`Attr::stored`] in 512-byte units, rounded up.
+    pub fn blocks(&self) -> u64 {
+        self.stored().div_ceil(512)
     }
 }
 
@@ -308,6 +326,7 @@ mod tests {
             parent: ROOT_INO,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         };
         assert_eq!(a.st_mode(), libc::S_IFDIR | 0o1777);
     }

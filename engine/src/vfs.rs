@@ -740,6 +740,7 @@ impl Vfs {
 
     /// [`Vfs::with_buffered`] with the open state already looked up.
     fn with_state(f: &OpenFile, mut attr: Attr) -> Attr {
+        let stored = attr.stored();
         // `writer.end()` drops to 0 while a flush uploads the taken
         // buffer, before meta has the new length; `length` covers that
         // window (a stale length here made O_APPEND writers overwrite
@@ -748,6 +749,16 @@ impl Vfs {
             .length
             .max(f.writer.end())
             .max(f.length.load(Ordering::Acquire));
+        // Writes not recorded yet store their bytes already (at most: as
+        // the commit will count them), so a sparse file shows its holes
+        // before its commit lands.
+        let unrecorded = f.writer.unrecorded_bytes();
+        if unrecorded > 0 {
+            let s = stored.saturating_add(unrecorded);
+            attr.space = (s < attr.length).then_some(s);
+        } else if attr.space.is_some() {
+            attr.space = Some(stored);
+        }
         // Writes not recorded yet moved mtime and ctime already, as
         // their commit will record them.
         if let Some(t) = f.writer.unrecorded_mtime() {

@@ -495,6 +495,9 @@ pub struct FileWriter {
     pending: AtomicBool,
     /// The mtime a commit handed on will record, until it ran.
     pending_mtime: Mutex<Option<Timestamp>>,
+    /// The bytes of writes a commit handed on will record, until it ran
+    /// (with the buffer's, what a stat adds to the stored bytes).
+    pending_bytes: AtomicUsize,
     /// Bytes buffered by every writer sharing this counter (one per Vfs),
     /// until their commit ends.
     budget: Arc<AtomicUsize>,
@@ -744,6 +747,7 @@ impl FileWriter {
 
     fn clear_pending(&self) {
         *self.pending_mtime.lock() = None;
+        self.pending_bytes.store(0, Ordering::Release);
         self.pending.store(false, Ordering::Release);
     }
 
@@ -761,6 +765,7 @@ impl FileWriter {
         if !taken.chunks.is_empty() {
             let mut pending = self.pending_mtime.lock();
             *pending = (*pending).max(taken.mtime);
+            self.pending_bytes.fetch_add(taken.bytes, Ordering::AcqRel);
         }
         taken
     }
@@ -771,6 +776,7 @@ impl FileWriter {
         self.failed(ino, e, left);
         if !self.pending.load(Ordering::Acquire) {
             *self.pending_mtime.lock() = None;
+            self.pending_bytes.store(0, Ordering::Release);
         }
     }
 
@@ -785,6 +791,14 @@ impl FileWriter {
         };
         let pending = *self.pending_mtime.lock();
         buffered.max(pending)
+    }
+
+    /// The bytes of writes not recorded yet (buffered, or handed on to a
+    /// commit that has not run), counted as written (overlapping writes
+    /// twice): what a stat adds to the bytes the file stores meanwhile.
+    pub fn unrecorded_bytes(&self) -> u64 {
+        let buffered = self.buf.lock().bytes;
+        (buffered + self.pending_bytes.load(Ordering::Acquire)) as u64
     }
 
     /// Stores and commits every buffered write, in write order, after any
@@ -884,6 +898,7 @@ impl FileWriter {
             };
             // Pending before the buffer's lock goes (see `take_buffer`).
             *self.pending_mtime.lock() = taken.mtime;
+            self.pending_bytes.store(taken.bytes, Ordering::Release);
             taken
         };
         let ticket = Arc::new(Ticket::default());

@@ -177,7 +177,7 @@ pub fn fuse_attr(ino: Ino, attr: &Attr) -> FuseAttr {
     FuseAttr {
         ino,
         size: attr.length,
-        blocks: attr.length.div_ceil(512),
+        blocks: attr.blocks(),
         // Negative (pre-1970) times keep their two's-complement bits; the
         // kernel reads these fields as signed 64-bit seconds.
         atime: attr.atime.secs as u64,
@@ -378,6 +378,7 @@ pub(crate) mod tests {
             parent: 1,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         }
     }
 

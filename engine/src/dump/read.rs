@@ -173,6 +173,7 @@ fn attr_of(d: &DumpedAttr, place: Place) -> Result<(Ino, Attr)> {
             parent: 0,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         },
     ))
 }

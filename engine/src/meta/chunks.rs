@@ -17,7 +17,7 @@
 use std::ops::RangeInclusive;
 
 use crate::error::Error;
-use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE};
+use crate::meta::bounded::{self, CHUNKS_PER_TX, FALLOC_KEEP_SIZE, FALLOC_PUNCH_HOLE};
 use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::namespace::NsTx;
 use crate::meta::rules::{self, MASK_W, align4k};
@@ -39,6 +39,13 @@ pub(crate) trait ChunkTx: NsTx {
 
     /// A chunk's slice records in write order (None: no such chunk).
     fn chunk(&mut self, ino: Ino, indx: u32) -> Result<Option<Vec<Slice>>, Self::Error>;
+    /// Reads the node `ino` and the records of its chunks `indxs` ahead,
+    /// together, for the [`node`](NsTx::node) and [`chunk`](ChunkTx::chunk)
+    /// calls that follow (an engine whose reads cost nothing extra one by
+    /// one need not).
+    fn prefetch_chunks(&mut self, _ino: Ino, _indxs: &[u32]) -> Result<(), Self::Error> {
+        Ok(())
+    }
     /// Appends records to a chunk, creating it when absent.
     fn append(
         &mut self,
@@ -135,6 +142,51 @@ pub(crate) fn add_file_stat<T: ChunkTx>(
     Ok(())
 }
 
+/// Records that `a` stores `stored` bytes of data: a count below its
+/// length is kept as [`Attr::space`] (the engine stores it beside the
+/// node), one that reaches the length is not (a file without holes needs
+/// no record). Every count is an upper bound of the bytes the file's
+/// slices cover: exact where an operation reads the records it changes
+/// (punching a hole), an overcount where it does not (a write over bytes
+/// already written adds its length again, up to the file's length). See
+/// engine/DESIGN.md, "Space a file shows".
+pub(crate) fn set_stored(a: &mut Attr, stored: u64) {
+    a.space = (stored < a.length).then_some(stored);
+}
+
+/// The bytes of `[pos, pos + len)` of a chunk that data covers (not a
+/// hole, not unwritten), given the chunk's records in write order: a
+/// later record hides what it overlaps of the ones before.
+pub(crate) fn covered(records: &[Slice], pos: u32, len: u32) -> u64 {
+    let mut open: Vec<(u32, u32)> = vec![(pos, pos.saturating_add(len))];
+    let mut covered = 0u64;
+    for r in records.iter().rev() {
+        if open.is_empty() {
+            break;
+        }
+        let (rs, re) = (r.pos, r.pos.saturating_add(r.len));
+        let mut left = Vec::with_capacity(open.len() + 1);
+        for (s, e) in open {
+            let (os, oe) = (s.max(rs), e.min(re));
+            if os >= oe {
+                left.push((s, e));
+                continue;
+            }
+            if r.id != 0 {
+                covered += u64::from(oe - os);
+            }
+            if s < os {
+                left.push((s, os));
+            }
+            if oe < e {
+                left.push((oe, e));
+            }
+        }
+        open = left;
+    }
+    covered
+}
+
 /// A written slice (JuiceFS `Write`), already checked by [`check_fits`]:
 /// appended to its chunk; the file grows to its end if it ends past the
 /// file, and its mtime and ctime move to when it was written.
@@ -151,12 +203,19 @@ pub(crate) fn write<T: ChunkTx>(
         return Err(Error::Perm.into());
     }
     let new_len = u64::from(indx) * CHUNK_SIZE + end;
+    let stored = a.stored();
     let (mut dlen, mut dspace) = (0, 0);
     if new_len > a.length {
         dlen = (new_len - a.length) as i64;
         dspace = align4k(new_len) - align4k(a.length);
         a.length = new_len;
     }
+    let data = if slice.id == 0 {
+        0
+    } else {
+        u64::from(slice.len)
+    };
+    set_stored(&mut a, stored.saturating_add(data));
     // A write moves mtime and ctime together, to when it was made (never
     // ctime backwards: a chmod since then keeps its later ctime).
     a.mtime = mtime;
@@ -272,6 +331,9 @@ pub(crate) fn truncate<T: ChunkTx>(
         return Ok(a);
     }
     let old = a.length;
+    // Shrinking cuts what the cut part stored (at most); growing adds a
+    // hole.
+    let stored = a.stored().min(length);
     let (left, right) = (old.min(length), old.max(length));
     if length < old {
         let first_gone = length.div_ceil(CHUNK_SIZE);
@@ -305,21 +367,23 @@ pub(crate) fn truncate<T: ChunkTx>(
             tx.append_if_exists(ino, last, &hole(0, (right % CHUNK_SIZE) as u32))?;
         }
     }
-    set_length(tx, ino, a, length)
+    set_length(tx, ino, a, length, stored)
 }
 
-/// Stores `a` with its new `length` and its mtime and ctime now, and
-/// accounts the change.
+/// Stores `a` with its new `length`, the bytes it now `stored`, and its
+/// mtime and ctime now, and accounts the change.
 fn set_length<T: ChunkTx>(
     tx: &mut T,
     ino: Ino,
     mut a: Attr,
     length: u64,
+    stored: u64,
 ) -> Result<Attr, T::Error> {
     let dlen = length as i64 - a.length as i64;
     let dspace = align4k(length) - align4k(a.length);
     let now = Timestamp::now();
     a.length = length;
+    set_stored(&mut a, stored);
     a.mtime = now;
     a.ctime = now;
     tx.put_node(ino, &a)?;
@@ -401,29 +465,48 @@ impl<'a> Fallocate<'a> {
     }
 
     /// One transaction: holes into the chunks of `batch`; the `last` one
-    /// also sets the length and times.
+    /// also sets the length and times. A punched hole takes away what the
+    /// data it replaces stored (each chunk's records read first, in the
+    /// same transaction); preallocating or zeroing a range counts it as
+    /// stored, as a local file system allocates it.
     pub(crate) fn batch<T: ChunkTx>(
         &self,
         tx: &mut T,
         batch: &[u32],
         last: bool,
     ) -> Result<Attr, T::Error> {
-        let a = self.allowed(tx)?;
+        let punch = self.mode & FALLOC_PUNCH_HOLE != 0;
+        if punch {
+            tx.prefetch_chunks(self.ino, batch)?;
+        }
+        let mut a = self.allowed(tx)?;
         let old = a.length;
         let stop = self.end.min(old);
+        let mut freed = 0u64;
         for &indx in batch {
             if let Some((pos, l)) = bounded::part_in_chunk(indx, self.offset, stop) {
+                if punch && let Some(records) = tx.chunk(self.ino, indx)? {
+                    freed += covered(&records, pos, l);
+                }
                 tx.append_if_exists(self.ino, indx, &hole(pos, l))?;
             }
         }
+        let mut stored = a.stored().saturating_sub(freed);
         if !last {
+            if freed > 0 {
+                set_stored(&mut a, stored);
+                tx.put_node(self.ino, &a)?;
+            }
             return Ok(a);
         }
         let mut length = old;
         if self.end > old && self.mode & FALLOC_KEEP_SIZE == 0 {
             length = self.end;
         }
-        set_length(tx, self.ino, a, length)
+        if !punch {
+            stored = stored.saturating_add(self.end.min(length).saturating_sub(self.offset));
+        }
+        set_length(tx, self.ino, a, length, stored)
     }
 }
 
@@ -465,7 +548,17 @@ pub(crate) fn copy_file_range<T: ChunkTx>(
     for ((id, size), n) in copy_range::references(&planned) {
         tx.add_slice_refs(id, size, n)?;
     }
+    // What the copied records show of data is what the destination stores
+    // more (at most: they may land on data it had).
+    let data: u64 = planned
+        .values()
+        .flatten()
+        .filter(|r| r.id != 0)
+        .map(|r| u64::from(r.len))
+        .sum();
+    let stored = dst.stored().saturating_add(data);
     let (dlen, dspace) = copy_range::update_destination(&mut dst, req.off_out, len);
+    set_stored(&mut dst, stored);
     tx.put_node(req.fout, &dst)?;
     add_file_stat(tx, req.fout, &dst, dlen, dspace)?;
     Ok((len, dst))

@@ -46,6 +46,10 @@ pub(crate) const ALL: &[(&str, Check)] = &[
     ("write_read_and_refs", write_read_and_refs),
     ("truncate_and_fallocate", truncate_and_fallocate),
     (
+        "sparse_files_show_what_they_store",
+        sparse_files_show_what_they_store,
+    ),
+    (
         "range_work_visits_existing_chunks",
         range_work_visits_existing_chunks,
     ),
@@ -1645,6 +1649,89 @@ pub(crate) fn truncate_and_fallocate(m: &dyn Meta) {
         |e| matches!(e, Error::Perm),
         "truncate a dir",
     );
+    m.close(f).expect("close");
+}
+
+/// A file with holes shows the bytes its data covers (`Attr::space`, which
+/// `st_blocks` shows), however its attributes are read; a file without
+/// holes shows its length. Writes, truncates, fallocate, copies and
+/// setattr keep the count true (or an upper bound of it).
+pub(crate) fn sparse_files_show_what_they_store(m: &dyn Meta) {
+    formatted(m, 0);
+    let c = root();
+    let (f, a) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    assert_eq!((a.length, a.space, a.blocks()), (0, None, 0));
+    // xfstests' `_require_sparse_files`: 50 KiB at 1.6 MiB.
+    write(m, f, 1_638_400, 51_200);
+    let seen = |what: &str, want: Option<u64>| {
+        let a = m.getattr(f).expect("getattr");
+        assert_eq!(a.space, want, "{what}: getattr");
+        let (_, l) = m.lookup(&c, ROOT_INO, b"f").expect("lookup");
+        assert_eq!(l.space, want, "{what}: lookup");
+        let listed = m.readdir(&c, ROOT_INO, true).expect("readdir plus");
+        let e = listed.iter().find(|e| e.inode == f).expect("listed");
+        assert_eq!(e.attr.space, want, "{what}: readdir plus");
+        a
+    };
+    let a = seen("a sparse write", Some(51_200));
+    assert_eq!((a.length, a.blocks()), (1_689_600, 100));
+    let opened = m.open(&c, f, libc::O_RDONLY as u32).expect("open");
+    assert_eq!(opened.space, Some(51_200), "open");
+    m.close(f).expect("close");
+    // Attribute changes keep the count (the record follows the node).
+    let set = SetAttr {
+        mode: Some(0o600),
+        mtime: Some(TimeChange::At(Timestamp { secs: 1, nsecs: 2 })),
+        ..SetAttr::default()
+    };
+    m.setattr(&c, f, &set).expect("chmod and utimes");
+    seen("after setattr", Some(51_200));
+    m.rename(&c, ROOT_INO, b"f", ROOT_INO, b"g", RenameFlags::default())
+        .expect("rename");
+    m.rename(&c, ROOT_INO, b"g", ROOT_INO, b"f", RenameFlags::default())
+        .expect("rename back");
+    seen("after renames", Some(51_200));
+    write(m, f, 0, 4096);
+    seen("a write into a hole", Some(55_296));
+    // Writing every hole leaves a file without holes.
+    write(m, f, 4096, 1_638_400 - 4096);
+    seen("no hole left", None);
+    // Growing adds a hole; shrinking cuts.
+    let a = m
+        .truncate(&c, f, 10 << 20, TruncateVia::Path)
+        .expect("grow");
+    assert_eq!(a.space, Some(1_689_600), "truncate's answer");
+    seen("grown", Some(1_689_600));
+    // A punched hole frees exactly what its data stored (a hole punched
+    // twice frees it once).
+    m.fallocate(&c, f, 0x01 | 0x02, 0, 1 << 20).expect("punch");
+    seen("punched", Some(1_689_600 - (1 << 20)));
+    m.fallocate(&c, f, 0x01 | 0x02, 0, 1 << 20)
+        .expect("punch again");
+    seen("punched again", Some(1_689_600 - (1 << 20)));
+    // Preallocation counts what it allocates.
+    let a = m
+        .fallocate(&c, f, 0, 10 << 20, 1 << 20)
+        .expect("preallocate");
+    assert_eq!(a.length, 11 << 20);
+    seen("preallocated", Some(1_689_600));
+    // A copy adds the data it copies.
+    let (g, _) = m.create(&c, ROOT_INO, b"g", 0o644, 0).expect("g");
+    m.copy_file_range(&copy(f, 1_638_400, g, 1 << 20, 8192))
+        .expect("copy");
+    let a = m.getattr(g).expect("getattr");
+    assert_eq!((a.length, a.space), ((1 << 20) + 8192, Some(8192)), "copy");
+    m.close(g).expect("close");
+    let a = m.truncate(&c, f, 100, TruncateVia::Path).expect("shrink");
+    assert_eq!(a.space, None, "shrunk to data");
+    seen("shrunk", None);
+    // A file written from its start has no holes, a directory no count.
+    let (h, _) = m.create(&c, ROOT_INO, b"h", 0o644, 0).expect("h");
+    write(m, h, 0, 8192);
+    write(m, h, 8192, 100);
+    assert_eq!(m.getattr(h).expect("getattr").space, None, "dense");
+    assert_eq!(m.getattr(ROOT_INO).expect("getattr").space, None, "dir");
+    m.close(h).expect("close");
     m.close(f).expect("close");
 }
 

@@ -326,6 +326,7 @@ mod tests {
             parent: 1,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod restore;
 pub mod rules;
 pub(crate) mod session;
 pub mod session_info;
+pub(crate) mod space;
 pub mod sqlite;
 pub mod trash;
 pub mod url;

@@ -1168,20 +1168,15 @@ impl Meta for RedisMeta {
         // Recorded first, in the round trip that reads the attributes, so
         // that an unlink on another host either sees this open or has
         // removed the file before the attributes are read.
-        let key = self.inner.keys.inode(ino);
+        let keys = [self.inner.keys.inode(ino), self.inner.keys.space(ino)];
         let cache = self.inner.cache();
         let ticket = cache.and_then(|c| c.ticket());
-        let raw = session::opened(&self.inner, ino, Some(&key))?;
+        let raw = session::opened(&self.inner, ino, Some(&keys))?.unwrap_or_default();
+        let (raw, space) = (raw.first().and_then(Option::as_deref), raw.get(1));
         let checked = match raw {
             None => Err(Error::NotFound),
-            Some(raw) => codec::decode_attr(&raw)
-                .ok_or_else(|| {
-                    Error::Corrupt(format!(
-                        "the attributes of inode {ino} ({} bytes) cannot be decoded",
-                        raw.len()
-                    ))
-                })
-                .and_then(|attr| {
+            Some(raw) => {
+                node::decode(ino, raw, space.and_then(Option::as_deref)).and_then(|attr| {
                     if let Some(c) = cache {
                         c.put_attr(ticket, ino, &attr);
                     }
@@ -1190,7 +1185,8 @@ impl Meta for RedisMeta {
                         _ => self.inner.read(|tx| node::access_rule(tx, &attr))?,
                     };
                     rules::check_open(ctx, &attr, acl.as_deref(), flags).map(|()| attr)
-                }),
+                })
+            }
         };
         if checked.is_err()
             && let Err(e) = session::closed(&self.inner, ino)

@@ -158,6 +158,7 @@ pub(crate) fn new_node_attr(
         } else {
             0
         },
+        space: None,
     }
 }
 
@@ -502,6 +503,7 @@ pub(crate) fn type_only(typ: FileType) -> Attr {
         parent: 0,
         access_acl: 0,
         default_acl: 0,
+        space: None,
     }
 }
 

@@ -736,6 +736,11 @@ impl Meta for SqliteMeta {
     fn load(&self) -> Result<Format> {
         let f = self.inner.read_format()?.ok_or(Error::NotFound)?;
         f.check_supported()?;
+        // sluice's own table, which a volume JuiceFS formatted lacks.
+        self.inner.write(|tx| {
+            tx.execute_batch(schema::CREATE_SPACE)?;
+            Ok(())
+        })?;
         *self.inner.format.write() = Some(f.clone());
         self.inner.reload_quotas()?;
         quota::warn_unsupported(&f);

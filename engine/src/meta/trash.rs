@@ -42,6 +42,7 @@ pub(crate) fn new_trash_attr(parent: Ino) -> Attr {
         parent,
         access_acl: 0,
         default_acl: 0,
+        space: None,
     }
 }
 

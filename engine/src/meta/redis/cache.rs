@@ -1028,6 +1028,7 @@ mod tests {
             parent: 1,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         };
         let t = c.ticket();
         c.forget_node(7);

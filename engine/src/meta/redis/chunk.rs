@@ -552,6 +552,13 @@ impl chunks::ChunkTx for Ns<'_, '_> {
     /// length (no `LLEN` first).
     type Appended = usize;
 
+    fn prefetch_chunks(&mut self, ino: Ino, indxs: &[u32]) -> TxResult<()> {
+        let node = self.tx.keys.inode(ino);
+        let keys: Vec<String> = indxs.iter().map(|&i| self.tx.keys.chunk(ino, i)).collect();
+        let mut reads = vec![Read::Get(&node)];
+        reads.extend(keys.iter().map(|k| Read::LRange(k)));
+        self.tx.prefetch(&reads)
+    }
     fn chunk(&mut self, ino: Ino, indx: u32) -> TxResult<Option<Vec<Slice>>> {
         let key = self.tx.keys.chunk(ino, indx);
         let records = self.tx.lrange(&key, -1)?;

@@ -103,6 +103,7 @@ pub(super) fn decode_attr(b: &[u8]) -> Option<Attr> {
         } else {
             0
         },
+        space: None,
     })
 }
 
@@ -176,6 +177,7 @@ mod tests {
             parent: 0x7FFF_FFFF_1000_0001,
             access_acl: 0,
             default_acl: 0,
+            space: None,
         }
     }
 

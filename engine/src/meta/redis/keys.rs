@@ -65,6 +65,21 @@ impl Keys {
         format!("{}d{ino}", self.prefix, ino = dir)
     }
     /// A hard-linked node's parents: parent → link count.
+    /// sluice's record of the bytes a file with holes stores
+    /// ([`crate::meta::space`]); JuiceFS has no such key and none of its
+    /// scans (`i*`, `c*`, `k*`, `d[0-9]*`, `session[0-9]*`) matches it.
+    pub(super) fn space(&self, ino: Ino) -> String {
+        format!("{}sluiceSpace{ino}", self.prefix)
+    }
+
+    /// The [`space`](Keys::space) key of the node whose key is `key`, if
+    /// `key` is a node's.
+    pub(super) fn space_of_node_key(&self, key: &str) -> Option<String> {
+        let digits = key.strip_prefix(self.prefix.as_str())?.strip_prefix('i')?;
+        let ino: Ino = digits.parse().ok()?;
+        (ino.to_string() == digits).then(|| self.space(ino))
+    }
+
     pub(super) fn parent(&self, ino: Ino) -> String {
         format!("{}p{ino}", self.prefix)
     }
@@ -170,6 +185,10 @@ mod tests {
         assert_eq!(k.chunk(5, 2), "c5_2");
         assert_eq!(k.setting(), "setting");
         assert_eq!(k.sustained(3), "session3");
+        assert_eq!(k.space(7), "sluiceSpace7");
+        assert_eq!(k.space_of_node_key("i7").as_deref(), Some("sluiceSpace7"));
+        assert_eq!(k.space_of_node_key("i07"), None);
+        assert_eq!(k.space_of_node_key("d7"), None);
         assert_eq!(slice_field(12, 4096), "k12_4096");
         assert_eq!(parse_slice_field(b"k12_4096"), Some((12, 4096)));
         assert_eq!(parse_chunk_key("c5_2"), Some((5, 2)));

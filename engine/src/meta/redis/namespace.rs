@@ -126,7 +126,9 @@ local ino = struct.unpack('>I8', string.sub(e, 2))
 if ino > 4503599627370495 then return {pa, e} end
 local a = redis.call('GET', ARGV[2] .. 'i' .. string.format('%.f', ino))
 if not a then return {pa, e} end
-return {pa, e, a}
+local s = redis.call('GET', ARGV[2] .. 'sluiceSpace' .. string.format('%.f', ino))
+if not s then return {pa, e, a} end
+return {pa, e, a, s}
 "#;
 
 /// `lookup` of a plain name (not `.`, `..` or the trash) in one round trip.
@@ -189,12 +191,7 @@ pub(super) fn lookup_name(
         ))
     })?;
     let attr = match found.next() {
-        Some(raw) => decode_attr(&raw).ok_or_else(|| {
-            Error::Corrupt(format!(
-                "the attributes of inode {ino} ({} bytes) cannot be decoded",
-                raw.len()
-            ))
-        })?,
+        Some(raw) => node::decode(ino, &raw, found.next().as_deref())?,
         None => inner.read(|tx| node::must_get(tx, ino))?,
     };
     if let Some(c) = cache {
@@ -630,18 +627,22 @@ fn push_entry(out: &mut Vec<Entry>, ino: Ino, name: Vec<u8>, v: &[u8]) {
     });
 }
 
-/// Reads the attributes of `entries` (of directory `ino`), 1024 per `MGET`.
+/// Reads the attributes of `entries` (of directory `ino`), with their
+/// space records, 1024 entries per `MGET`.
 fn fill_attrs(tx: &mut Tx<'_>, ino: Ino, entries: &mut [Entry]) -> TxResult<()> {
     for batch in entries.chunks_mut(1024) {
         let mut get = redis::cmd("MGET");
         for e in batch.iter() {
-            get.arg(tx.keys.inode(e.inode));
+            get.arg(tx.keys.inode(e.inode)).arg(tx.keys.space(e.inode));
         }
         let values: Vec<Option<Vec<u8>>> = tx.now(&get)?;
-        for (e, v) in batch.iter_mut().zip(values) {
-            match v.as_deref().and_then(super::codec::decode_attr) {
-                Some(attr) => e.attr = attr,
-                None => log::warn!("no attributes for inode {} in {ino}", e.inode),
+        for (e, v) in batch.iter_mut().zip(values.chunks(2)) {
+            let (node, space) = (v.first().and_then(Option::as_deref), v.get(1));
+            match node.map(|raw| node::decode(e.inode, raw, space.and_then(Option::as_deref))) {
+                Some(Ok(attr)) => e.attr = attr,
+                Some(Err(_)) | None => {
+                    log::warn!("no attributes for inode {} in {ino}", e.inode)
+                }
             }
         }
     }

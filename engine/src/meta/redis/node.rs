@@ -3,26 +3,40 @@
 
 use super::codec::{attr_tier, decode_attr, encode_attr};
 use super::keys::counter;
-use super::tx::{Tx, TxError, TxResult};
+use super::tx::{Read, Tx, TxError, TxResult};
 use std::sync::Arc;
 
 use crate::error::Error;
 use crate::meta::acl::Rule;
 use crate::meta::rules;
+use crate::meta::space::SpaceRecord;
 use crate::meta::{Attr, Context, Ino, TRASH_INO};
 
-/// The attributes of `ino`, if the node exists.
+/// The attributes of `ino`, if the node exists, with its space record
+/// (read in the same round trip: [`Tx::prefetch`] reads a node's record
+/// with it).
 pub(super) fn get(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Option<Attr>> {
     let key = tx.keys.inode(ino);
-    match tx.get(&key)? {
-        None => Ok(None),
-        Some(raw) => decode_attr(&raw).map(Some).ok_or_else(|| {
-            TxError::Fs(Error::Corrupt(format!(
-                "the attributes of inode {ino} ({} bytes) cannot be decoded",
-                raw.len()
-            )))
-        }),
+    tx.prefetch(&[Read::Get(&key)])?;
+    let Some(raw) = tx.get(&key)? else {
+        return Ok(None);
+    };
+    let space = tx.get(&tx.keys.space(ino))?;
+    Ok(Some(decode(ino, &raw, space.as_deref())?))
+}
+
+/// Decodes a node's attributes, with its space record if one was read.
+pub(super) fn decode(ino: Ino, raw: &[u8], space: Option<&[u8]>) -> crate::error::Result<Attr> {
+    let mut a = decode_attr(raw).ok_or_else(|| {
+        Error::Corrupt(format!(
+            "the attributes of inode {ino} ({} bytes) cannot be decoded",
+            raw.len()
+        ))
+    })?;
+    if let Some(r) = space.and_then(SpaceRecord::decode) {
+        r.apply(&mut a);
     }
+    Ok(a)
 }
 
 /// The attributes of `ino`, or `NotFound`.
@@ -30,11 +44,19 @@ pub(super) fn must_get(tx: &mut Tx<'_>, ino: Ino) -> TxResult<Attr> {
     get(tx, ino)?.ok_or(TxError::Fs(Error::NotFound))
 }
 
-/// Writes a node's attributes, keeping the storage tier JuiceFS stored.
+/// Writes a node's attributes, keeping the storage tier JuiceFS stored,
+/// and its space record: written when it has one, deleted unless it is
+/// known to have none.
 pub(super) fn put(tx: &mut Tx<'_>, ino: Ino, a: &Attr) {
     let key = tx.keys.inode(ino);
     let tier = tx.raw(&key).map(attr_tier).unwrap_or(0);
     tx.set(&key, &encode_attr(a, tier));
+    let space = tx.keys.space(ino);
+    match SpaceRecord::of(a) {
+        Some(r) => tx.set(&space, &r.encode()),
+        None if tx.known_absent(&space) => {}
+        None => tx.del(&space),
+    }
 }
 
 /// The access ACL of a node, when it has one.
@@ -99,6 +121,7 @@ pub(super) fn delete(tx: &mut Tx<'_>, ino: Ino) {
         tx.keys.symlink(ino),
         tx.keys.xattr(ino),
         tx.keys.parent(ino),
+        tx.keys.space(ino),
     ] {
         tx.del(&key);
     }

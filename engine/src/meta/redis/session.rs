@@ -203,7 +203,11 @@ impl SessionTx for namespace::Ns<'_, '_> {
 /// is read in the same round trip, after the record (so an unlink elsewhere
 /// either sees this open or has removed the node before it is read);
 /// returns its value when read.
-pub(super) fn opened(inner: &Inner, ino: Ino, read: Option<&str>) -> Result<Option<Vec<u8>>> {
+pub(super) fn opened(
+    inner: &Inner,
+    ino: Ino,
+    read: Option<&[String]>,
+) -> Result<Option<Vec<Option<Vec<u8>>>>> {
     let sid = inner.sid.load(Ordering::Relaxed);
     // Serialises this session's first open and the record of its last
     // close of `ino`, so that their records in Redis land in the order the
@@ -212,9 +216,10 @@ pub(super) fn opened(inner: &Inner, ino: Ino, read: Option<&str>) -> Result<Opti
     let first = inner.open_files.lock().open(ino);
     if !(first && sid > 0) {
         return match read {
-            Some(key) => inner
+            Some(keys) => inner
                 .pool
-                .with_conn(|c| redis::cmd("GET").arg(key).query::<Option<Vec<u8>>>(c)),
+                .with_conn(|c| redis::cmd("MGET").arg(keys).query(c))
+                .map(Some),
             None => Ok(None),
         };
     }
@@ -223,10 +228,10 @@ pub(super) fn opened(inner: &Inner, ino: Ino, read: Option<&str>) -> Result<Opti
         let mut p = redis::pipe();
         p.cmd("HSET").arg(&key).arg(sid).arg(1).ignore();
         match read {
-            Some(k) => {
-                p.cmd("GET").arg(k);
-                let (v,): (Option<Vec<u8>>,) = p.query(c)?;
-                Ok(v)
+            Some(keys) => {
+                p.cmd("MGET").arg(keys);
+                let (v,): (Vec<Option<Vec<u8>>>,) = p.query(c)?;
+                Ok(Some(v))
             }
             None => p.query::<()>(c).map(|()| None),
         }

@@ -314,6 +314,7 @@ conformance_tests!(
     exec_open_needs_execute,
     write_read_and_refs,
     truncate_and_fallocate,
+    sparse_files_show_what_they_store,
     range_work_visits_existing_chunks,
     xattr_names_are_bounded,
     compact_chunk,
@@ -1745,4 +1746,65 @@ fn preallocation_costs_no_listing_of_chunks() {
         prealloc + 2,
         "a punch reads the node and probes the range's chunks first"
     );
+}
+
+/// A file with holes keeps its space record under `sluiceSpace{ino}`
+/// (no key JuiceFS uses or scans), written with its node; a file whose
+/// data another client changed without one (its mtime moved) shows its
+/// length; the record goes with the node's next write, or with the node.
+#[test]
+fn a_space_record_is_kept_beside_the_node_and_holds_only_for_it() {
+    let Some(s) = RedisServer::start(false) else {
+        return;
+    };
+    // No host-local cache: the test changes a node behind the engine.
+    let url = format!("{}?client-cache=false", s.url(1));
+    let m = RedisMeta::open(&url).expect("open");
+    conformance::format_and_load(&m);
+    let c = Context::internal();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let id = m.new_slice_id().expect("id");
+    let slice = Slice {
+        pos: 1 << 20,
+        id,
+        size: 4096,
+        off: 0,
+        len: 4096,
+    };
+    m.write_chunk(f, 0, slice, Timestamp::now()).expect("write");
+    assert_eq!(m.getattr(f).expect("getattr").space, Some(4096));
+    let mut r = raw(&s, 1);
+    let rec: Vec<u8> = redis::cmd("GET")
+        .arg(format!("sluiceSpace{f}"))
+        .query(&mut r)
+        .expect("record");
+    assert_eq!(rec.len(), 28);
+    assert_eq!(rec[..8], 4096u64.to_be_bytes());
+    // Another client writes the file: its mtime (bytes 23..31) moves.
+    let mut node: Vec<u8> = redis::cmd("GET")
+        .arg(format!("i{f}"))
+        .query(&mut r)
+        .expect("node");
+    node[30] = node[30].wrapping_add(1);
+    let () = redis::cmd("SET")
+        .arg(format!("i{f}"))
+        .arg(&node)
+        .query(&mut r)
+        .expect("set");
+    assert_eq!(m.getattr(f).expect("getattr").space, None);
+    m.setattr(
+        &c,
+        f,
+        &SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        },
+    )
+    .expect("chmod");
+    let left: bool = redis::cmd("EXISTS")
+        .arg(format!("sluiceSpace{f}"))
+        .query(&mut r)
+        .expect("exists");
+    assert!(!left, "the stale record went with the node's next write");
+    m.close(f).expect("close");
 }

@@ -528,10 +528,21 @@ impl<'c> Tx<'c> {
     /// without a round trip. What a transaction will read is often known
     /// at its start (a parent's attributes and an entry of it); reading it
     /// together is what keeps an operation to a few round trips.
+    ///
+    /// A node's space record is read with the node (its key added here),
+    /// so every read of a node costs what it cost without one.
     pub(super) fn prefetch(&mut self, reads: &[Read<'_>]) -> TxResult<()> {
+        let records: Vec<String> = reads
+            .iter()
+            .filter_map(|r| match r {
+                Read::Get(k) => self.keys.space_of_node_key(k),
+                _ => None,
+            })
+            .collect();
         let todo: Vec<Read<'_>> = reads
             .iter()
             .copied()
+            .chain(records.iter().map(|k| Read::Get(k)))
             .filter(|r| match r {
                 Read::Get(k) => {
                     !self.strings.contains_key(*k) && !self.read_strings.contains_key(*k)
@@ -615,6 +626,15 @@ impl<'c> Tx<'c> {
         }
         self.read_strings.insert(key.to_string(), v.clone());
         Ok(v)
+    }
+
+    /// Whether `key` is known to hold nothing: read as absent, or deleted,
+    /// in this transaction.
+    pub(super) fn known_absent(&self, key: &str) -> bool {
+        match self.strings.get(key) {
+            Some(v) => v.is_none(),
+            None => matches!(self.read_strings.get(key), Some(None)),
+        }
     }
 
     /// The value `key` had when read in this transaction.

@@ -496,14 +496,10 @@ fn edges(
     };
     let (mut rows_read, mut last) = (0usize, None);
     if plus {
-        let columns = node::COLUMNS
-            .split(", ")
-            .map(|col| format!("n.{col}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let (columns, join) = (node::COLUMNS, node::SPACE_JOIN);
         let mut stmt = c.prepare_cached(&format!(
             "SELECT e.name, {columns} FROM jfs_edge e JOIN jfs_node n ON e.inode=n.inode \
-             WHERE {filter}"
+             {join} WHERE {filter}"
         ))?;
         let rows = stmt.query_map(args, |r| {
             let name = r.get_ref(0)?.as_bytes()?.to_vec();

@@ -9,15 +9,39 @@ use std::sync::Arc;
 
 use crate::meta::acl::{self, Rule};
 use crate::meta::rules::{self, align4k};
+use crate::meta::space::SpaceRecord;
 use crate::meta::{Attr, Context, FileType, Ino, SetAttr, Timestamp};
 
-/// The columns [`from_row`] reads, in order.
-pub(super) const COLUMNS: &str = "inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
-     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, default_acl_id";
+/// The columns [`from_row`] reads, in order: those of `jfs_node n`, then
+/// those of its space record `s` (joined with `space_join!`).
+macro_rules! columns {
+    () => {
+        "n.inode, n.type, n.flags, n.mode, n.uid, n.gid, n.atime, n.mtime, n.ctime, \
+         n.atimensec, n.mtimensec, n.ctimensec, n.nlink, n.length, n.rdev, n.parent, \
+         n.access_acl_id, n.default_acl_id, s.space, s.length, s.mtime, s.mtimensec"
+    };
+}
 
-const SELECT_NODE: &str = "SELECT inode, type, flags, mode, uid, gid, atime, mtime, ctime, \
-     atimensec, mtimensec, ctimensec, nlink, length, rdev, parent, access_acl_id, default_acl_id \
-     FROM jfs_node WHERE inode=?";
+/// Joins a node `n` with its space record `s` (sluice's own table, see
+/// [`crate::meta::space`]).
+macro_rules! space_join {
+    () => {
+        "LEFT JOIN sluice_space s ON s.inode=n.inode"
+    };
+}
+
+/// [`from_row`]'s columns.
+pub(super) const COLUMNS: &str = columns!();
+/// The join its columns need.
+pub(super) const SPACE_JOIN: &str = space_join!();
+
+const SELECT_NODE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM jfs_node n ",
+    space_join!(),
+    " WHERE n.inode=?"
+);
 
 /// JuiceFS stores a time as microseconds plus the nanoseconds left over.
 pub(super) fn split_time(t: Timestamp) -> (i64, i64) {
@@ -64,7 +88,20 @@ pub(super) fn from_row(r: &Row<'_>, at: usize) -> rusqlite::Result<(Ino, Attr)> 
         parent: r.get::<_, Option<i64>>(at + 15)?.unwrap_or(0) as u64,
         access_acl: r.get::<_, Option<i64>>(at + 16)?.unwrap_or(0) as u32,
         default_acl: r.get::<_, Option<i64>>(at + 17)?.unwrap_or(0) as u32,
+        space: None,
     };
+    let mut attr = attr;
+    if let Some(space) = r.get::<_, Option<i64>>(at + 18)? {
+        SpaceRecord {
+            space: space as u64,
+            length: r.get::<_, i64>(at + 19)? as u64,
+            mtime: Timestamp {
+                secs: r.get(at + 20)?,
+                nsecs: r.get::<_, i64>(at + 21)? as u32,
+            },
+        }
+        .apply(&mut attr);
+    }
     Ok((ino as u64, attr))
 }
 
@@ -111,6 +148,33 @@ pub(super) fn insert(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
         a.access_acl,
         a.default_acl
     ])?;
+    if a.space.is_some() {
+        put_space(c, ino, a)?;
+    }
+    Ok(())
+}
+
+/// Writes a node's space record, or deletes it when the node has none.
+fn put_space(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
+    match SpaceRecord::of(a) {
+        Some(r) => {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO sluice_space (inode, space, length, mtime, mtimensec) \
+                 VALUES (?,?,?,?,?)",
+            )?
+            .execute(params![
+                ino as i64,
+                r.space as i64,
+                r.length as i64,
+                r.mtime.secs,
+                r.mtime.nsecs
+            ])?;
+        }
+        None => {
+            c.prepare_cached("DELETE FROM sluice_space WHERE inode=?")?
+                .execute(params![ino as i64])?;
+        }
+    }
     Ok(())
 }
 
@@ -147,7 +211,7 @@ pub(super) fn update(c: &Connection, ino: Ino, a: &Attr) -> TxResult<()> {
     if n == 0 {
         return Err(Error::NotFound.into());
     }
-    Ok(())
+    put_space(c, ino, a)
 }
 
 /// Deletes a node with its symlink target and extended attributes.
@@ -156,6 +220,7 @@ pub(super) fn delete(c: &Connection, ino: Ino) -> TxResult<()> {
     c.execute("DELETE FROM jfs_node WHERE inode=?", params![i])?;
     c.execute("DELETE FROM jfs_symlink WHERE inode=?", params![i])?;
     c.execute("DELETE FROM jfs_xattr WHERE inode=?", params![i])?;
+    c.execute("DELETE FROM sluice_space WHERE inode=?", params![i])?;
     Ok(())
 }
 

@@ -6,7 +6,7 @@
 use parking_lot::MutexGuard;
 use rusqlite::{Connection, params};
 
-use super::schema::{CREATE_TABLES, counter};
+use super::schema::{CREATE_SPACE, CREATE_TABLES, counter};
 use super::volume::settings_json;
 use super::{Inner, TxError, get_counter, node, sql_error};
 use crate::error::{Error, Result};
@@ -75,7 +75,10 @@ impl Inner {
             }
         }
         conn.execute_batch("BEGIN IMMEDIATE").map_err(sql_error)?;
-        if let Err(e) = conn.execute_batch(CREATE_TABLES) {
+        if let Err(e) = conn
+            .execute_batch(CREATE_TABLES)
+            .and_then(|()| conn.execute_batch(CREATE_SPACE))
+        {
             let _ = conn.execute_batch("ROLLBACK");
             return Err(sql_error(e));
         }

@@ -4,6 +4,13 @@
 
 /// Table and index creation, in JuiceFS's order. `IF NOT EXISTS` keeps a
 /// second `init` (or one on a JuiceFS-made volume) harmless.
+/// sluice's own table of space records ([`crate::meta::space`]): created
+/// with JuiceFS's at format, and when a volume is loaded (one JuiceFS
+/// formatted has none yet).
+pub(super) const CREATE_SPACE: &str = "CREATE TABLE IF NOT EXISTS `sluice_space` \
+     (`inode` INTEGER PRIMARY KEY NOT NULL, `space` INTEGER NOT NULL, \
+     `length` INTEGER NOT NULL, `mtime` INTEGER NOT NULL, `mtimensec` INTEGER NOT NULL)";
+
 pub(super) const CREATE_TABLES: &str = r#"
 CREATE TABLE IF NOT EXISTS `jfs_setting` (`name` TEXT PRIMARY KEY NOT NULL, `value` TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS `jfs_counter` (`name` TEXT PRIMARY KEY NOT NULL, `value` INTEGER NOT NULL);

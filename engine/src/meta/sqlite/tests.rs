@@ -58,6 +58,7 @@ conformance_tests!(
     exec_open_needs_execute,
     write_read_and_refs,
     truncate_and_fallocate,
+    sparse_files_show_what_they_store,
     range_work_visits_existing_chunks,
     xattr_names_are_bounded,
     compact_chunk,
@@ -173,7 +174,49 @@ fn format_writes_juicefs_rows() {
         &c,
         "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name",
     );
-    assert_eq!(tables.len(), 22, "{tables:?}");
+    // JuiceFS's 21 tables, SQLite's own, and sluice's space records.
+    assert_eq!(tables.len(), 23, "{tables:?}");
+    assert!(
+        tables.contains(&vec!["sluice_space".to_string()]),
+        "{tables:?}"
+    );
+}
+
+/// A file whose data another client changed without keeping a space
+/// record (JuiceFS: its mtime moved) shows its length; a record is kept
+/// only for a file with holes, and goes with its node.
+#[test]
+fn a_space_record_holds_only_for_the_node_it_was_counted_for() {
+    let (_dir, m) = fresh();
+    conformance::format_and_load(&m);
+    let c = Context::internal();
+    let (f, _) = m.create(&c, ROOT_INO, b"f", 0o644, 0).expect("f");
+    let id = m.new_slice_id().expect("id");
+    let s = Slice {
+        pos: 1 << 20,
+        id,
+        size: 4096,
+        off: 0,
+        len: 4096,
+    };
+    m.write_chunk(f, 0, s, Timestamp::now()).expect("write");
+    assert_eq!(m.getattr(f).expect("getattr").space, Some(4096));
+    let db = sql(&m);
+    let rows = query(&db, "SELECT inode, space FROM sluice_space");
+    assert_eq!(rows, vec![vec![f.to_string(), "4096".to_string()]]);
+    // Another client writes the file and keeps no record.
+    db.execute(
+        "UPDATE jfs_node SET mtime=mtime+1 WHERE inode=?",
+        [f as i64],
+    )
+    .expect("update");
+    assert_eq!(m.getattr(f).expect("getattr").space, None);
+    m.close(f).expect("close");
+    m.unlink(&c, ROOT_INO, b"f").expect("unlink");
+    m.cleanup().expect("cleanup");
+    // The stale record went with the node's next write (or the node).
+    let left = query(&db, "SELECT count(*) FROM sluice_space");
+    assert_eq!(left, vec![vec!["0".to_string()]]);
 }
 
 /// copy_file_range counts its records in `jfs_chunk_ref` as JuiceFS does

@@ -4,7 +4,7 @@
 use rusqlite::params;
 use serde::Serialize;
 
-use super::schema::{CREATE_TABLES, INITIAL_COUNTERS};
+use super::schema::{CREATE_SPACE, CREATE_TABLES, INITIAL_COUNTERS};
 use super::{Inner, node};
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -66,6 +66,7 @@ impl Inner {
         }
         self.write(|tx| {
             tx.execute_batch(CREATE_TABLES)?;
+            tx.execute_batch(CREATE_SPACE)?;
             Ok(())
         })?;
         let existing = self.read_format()?;
