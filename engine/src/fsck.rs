@@ -181,6 +181,10 @@ pub struct FsckReport {
     pub unreferenced: u64,
     /// Bytes of those objects.
     pub unreferenced_bytes: u64,
+    /// sluice's space records of nodes that no longer exist (a JuiceFS
+    /// client removed a file with holes): waste, never read again (inode
+    /// numbers are not reused); removed with `repair`.
+    pub orphan_space_records: u64,
     /// Whether the usage counters and directory statistics found wrong
     /// were rewritten.
     pub repaired: bool,
@@ -721,6 +725,7 @@ impl Checker<'_> {
                 self.report.orphan_chunks.push((ino, indx));
             }
         }
+        self.report.orphan_space_records = meta.orphan_space_records(self.opts.repair)?;
         let now = SystemTime::now();
         let listed = self.listed.take().unwrap_or_default();
         for (key, &(size, mtime)) in &listed {

@@ -143,6 +143,7 @@ fn report_json(r: &FsckReport) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "unreferenced_objects": r.unreferenced,
         "unreferenced_bytes": r.unreferenced_bytes,
+        "orphan_space_records": r.orphan_space_records,
         "repaired": r.repaired,
         "clean": r.clean(),
     })
@@ -222,6 +223,17 @@ fn print_report(r: &FsckReport, repair: bool) {
             "{} objects ({}) are referenced by no chunk; `sluice gc --delete` removes them",
             r.unreferenced,
             format_size(r.unreferenced_bytes)
+        );
+    }
+    if r.orphan_space_records > 0 {
+        let what = if repair {
+            "removed"
+        } else {
+            "`--repair` removes them"
+        };
+        println!(
+            "{} space records name files that no longer exist (removed by a client that keeps none); {what}",
+            r.orphan_space_records
         );
     }
     if !r.broken_files.is_empty() {

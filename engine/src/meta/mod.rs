@@ -450,6 +450,10 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     fn list_chunks(&self) -> Result<Vec<(Ino, u32, Vec<Slice>)>>;
     /// Whether a slice id with this size is referenced by any chunk.
     fn slice_referenced(&self, id: u64, size: u32) -> Result<bool>;
+    /// How many space records ([`space`]) name a node that does not exist
+    /// (left by a client that keeps none, such as JuiceFS, removing a file
+    /// with holes); with `remove`, they are deleted. For fsck.
+    fn orphan_space_records(&self, remove: bool) -> Result<u64>;
 
     /// How many of a node's names are in the trash: the links the trash
     /// keeps of a hard-linked file one of whose names was removed (JuiceFS

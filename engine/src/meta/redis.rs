@@ -1262,6 +1262,10 @@ impl Meta for RedisMeta {
         chunk::slice_referenced(&self.inner, id, size)
     }
 
+    fn orphan_space_records(&self, remove: bool) -> Result<u64> {
+        chunk::orphan_space_records(&self.inner, remove)
+    }
+
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         xattr::get(&self.inner, ino, name)
     }

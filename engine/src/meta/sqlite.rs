@@ -1031,6 +1031,17 @@ impl Meta for SqliteMeta {
         chunk::slice_referenced(&self.inner, id, size)
     }
 
+    fn orphan_space_records(&self, remove: bool) -> Result<u64> {
+        const ORPHANS: &str = "FROM sluice_space WHERE inode NOT IN (SELECT inode FROM jfs_node)";
+        self.inner.write(|tx| {
+            let n: i64 = tx.query_row(&format!("SELECT count(*) {ORPHANS}"), [], |r| r.get(0))?;
+            if remove && n > 0 {
+                tx.execute(&format!("DELETE {ORPHANS}"), [])?;
+            }
+            Ok(n as u64)
+        })
+    }
+
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         xattr::get(&self.inner, ino, name)
     }

@@ -357,6 +357,54 @@ fn chunk_keys(inner: &Inner) -> Result<Vec<(Ino, u32)>> {
     Ok(out)
 }
 
+/// The space records whose node is gone, deleted with `remove`. A node
+/// and its record are written and deleted together, and inode numbers are
+/// never reused, so a record found without its node stays so.
+pub(super) fn orphan_space_records(inner: &Inner, remove: bool) -> Result<u64> {
+    let pattern = format!("{}sluiceSpace*", inner.keys.prefix());
+    let prefix = format!("{}sluiceSpace", inner.keys.prefix());
+    inner.pool.with_conn(|c| {
+        let (mut cursor, mut found) = (0u64, 0u64);
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query(c)?;
+            let inos: Vec<(String, Ino)> = keys
+                .into_iter()
+                .filter_map(|k| {
+                    let ino = k.strip_prefix(prefix.as_str())?.parse().ok()?;
+                    Some((k, ino))
+                })
+                .collect();
+            if !inos.is_empty() {
+                let mut p = redis::pipe();
+                for (_, ino) in &inos {
+                    p.cmd("EXISTS").arg(inner.keys.inode(*ino));
+                }
+                let exists: Vec<bool> = p.query(c)?;
+                let gone: Vec<&String> = inos
+                    .iter()
+                    .zip(exists)
+                    .filter(|(_, e)| !e)
+                    .map(|((k, _), _)| k)
+                    .collect();
+                found += gone.len() as u64;
+                if remove && !gone.is_empty() {
+                    let () = redis::cmd("DEL").arg(&gone).query(c)?;
+                }
+            }
+            if next == 0 {
+                return Ok(found);
+            }
+            cursor = next;
+        }
+    })
+}
+
 /// Every chunk of the volume.
 pub(super) fn list_chunks(inner: &Inner) -> Result<Vec<(Ino, u32, Vec<Slice>)>> {
     let keys = chunk_keys(inner)?;

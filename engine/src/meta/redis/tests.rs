@@ -1807,4 +1807,20 @@ fn a_space_record_is_kept_beside_the_node_and_holds_only_for_it() {
         .expect("exists");
     assert!(!left, "the stale record went with the node's next write");
     m.close(f).expect("close");
+    // A client that keeps no records removes a file with holes: fsck
+    // finds its record and removes it with --repair.
+    let (g, _) = m.create(&c, ROOT_INO, b"g", 0o644, 0).expect("g");
+    let slice = Slice {
+        id: m.new_slice_id().expect("id"),
+        ..slice
+    };
+    m.write_chunk(g, 0, slice, Timestamp::now()).expect("write");
+    m.close(g).expect("close");
+    let () = redis::cmd("DEL")
+        .arg(format!("i{g}"))
+        .query(&mut r)
+        .expect("del");
+    assert_eq!(m.orphan_space_records(false).expect("count"), 1);
+    assert_eq!(m.orphan_space_records(true).expect("remove"), 1);
+    assert_eq!(m.orphan_space_records(false).expect("count"), 0);
 }

@@ -217,6 +217,20 @@ fn a_space_record_holds_only_for_the_node_it_was_counted_for() {
     // The stale record went with the node's next write (or the node).
     let left = query(&db, "SELECT count(*) FROM sluice_space");
     assert_eq!(left, vec![vec!["0".to_string()]]);
+    // A client that keeps no records removes a file with holes: fsck
+    // finds its record and removes it with --repair.
+    let (g, _) = m.create(&c, ROOT_INO, b"g", 0o644, 0).expect("g");
+    let s = Slice {
+        id: m.new_slice_id().expect("id"),
+        ..s
+    };
+    m.write_chunk(g, 0, s, Timestamp::now()).expect("write");
+    m.close(g).expect("close");
+    db.execute("DELETE FROM jfs_node WHERE inode=?", [g as i64])
+        .expect("delete");
+    assert_eq!(m.orphan_space_records(false).expect("count"), 1);
+    assert_eq!(m.orphan_space_records(true).expect("remove"), 1);
+    assert_eq!(m.orphan_space_records(false).expect("count"), 0);
 }
 
 /// copy_file_range counts its records in `jfs_chunk_ref` as JuiceFS does
