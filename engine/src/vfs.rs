@@ -740,7 +740,7 @@ impl Vfs {
 
     /// [`Vfs::with_buffered`] with the open state already looked up.
     fn with_state(f: &OpenFile, mut attr: Attr) -> Attr {
-        let stored = attr.stored();
+        let (stored, recorded) = (attr.stored(), attr.mtime);
         // `writer.end()` drops to 0 while a flush uploads the taken
         // buffer, before meta has the new length; `length` covers that
         // window (a stale length here made O_APPEND writers overwrite
@@ -752,7 +752,7 @@ impl Vfs {
         // Writes not recorded yet store their bytes already (at most: as
         // the commit will count them), so a sparse file shows its holes
         // before its commit lands.
-        let unrecorded = f.writer.unrecorded_bytes();
+        let unrecorded = f.writer.unrecorded_bytes(recorded);
         if unrecorded > 0 {
             let s = stored.saturating_add(unrecorded);
             attr.space = (s < attr.length).then_some(s);

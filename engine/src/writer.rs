@@ -793,12 +793,25 @@ impl FileWriter {
         buffered.max(pending)
     }
 
-    /// The bytes of writes not recorded yet (buffered, or handed on to a
-    /// commit that has not run), counted as written (overlapping writes
-    /// twice): what a stat adds to the bytes the file stores meanwhile.
-    pub fn unrecorded_bytes(&self) -> u64 {
-        let buffered = self.buf.lock().bytes;
-        (buffered + self.pending_bytes.load(Ordering::Acquire)) as u64
+    /// The bytes of writes that attributes whose mtime is `recorded` do
+    /// not count yet (buffered, or handed on to a commit that has not
+    /// run), counted as written (overlapping writes twice): what a stat
+    /// adds to the bytes the file stores meanwhile. Writes whose mtime
+    /// `recorded` already reaches are in the attributes (a commit that
+    /// landed before its writer let go of them), and are not added twice.
+    pub fn unrecorded_bytes(&self, recorded: Timestamp) -> u64 {
+        let buffered = {
+            let b = self.buf.lock();
+            match b.mtime {
+                Some(t) if t > recorded && !b.chunks.is_empty() => b.bytes,
+                _ => 0,
+            }
+        };
+        let pending = match *self.pending_mtime.lock() {
+            Some(t) if t > recorded => self.pending_bytes.load(Ordering::Acquire),
+            _ => 0,
+        };
+        (buffered + pending) as u64
     }
 
     /// Stores and commits every buffered write, in write order, after any
@@ -1261,14 +1274,20 @@ mod tests {
         while store.waiting.load(Ordering::SeqCst) == 0 {
             std::thread::yield_now();
         }
-        // The buffer is taken and its block is being stored.
+        // The buffer is taken and its block is being stored: its bytes
+        // are still counted for attributes that do not record them.
         assert!(w.buf.lock().chunks.is_empty());
         assert_eq!(w.unrecorded_mtime(), Some(written));
+        assert_eq!(w.unrecorded_bytes(created.mtime), 10);
         *store.open.lock() = true;
         store.opened.notify_all();
         closing.join().unwrap().unwrap();
+        // Attributes that record the writes (their mtime) never get
+        // their bytes added again, even before the writer lets go.
+        assert_eq!(w.unrecorded_bytes(written), 0);
         w.flush(&vol, ino).unwrap();
         assert_eq!(w.unrecorded_mtime(), None);
+        assert_eq!(w.unrecorded_bytes(created.mtime), 0);
         assert_eq!(vol.meta.getattr(ino).unwrap().mtime, written);
     }
 
