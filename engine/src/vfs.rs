@@ -100,6 +100,20 @@ pub struct VfsConfig {
 /// it.
 pub const DEFAULT_MAX_DIR_ENTRIES: u64 = 4 << 20;
 
+/// How many times [`Vfs::adjusted`] reads a file's attributes again while
+/// its commits keep running (then the last read stands).
+const ADJUST_TRIES: usize = 4;
+
+/// The counters attributes read from the metadata engine are checked
+/// against before they go out ([`Vfs::adjusted`]).
+#[derive(Debug, Clone, Copy)]
+struct Epoch {
+    /// `Vfs::forgotten` when they were read.
+    forgotten: u64,
+    /// `Vfs::landed` when they were read.
+    landed: u64,
+}
+
 /// The entries a directory listing reads from the metadata engine at a
 /// time: more than a 128 KiB READDIRPLUS reply holds of typical names, so
 /// a reply costs one or two pages, and few enough that a page is one short
@@ -302,6 +316,9 @@ pub struct Vfs {
     /// metadata read taken before one may miss that commit, with nothing
     /// left to adjust it ([`Vfs::adjusted`]).
     forgotten: Arc<AtomicU64>,
+    /// Moves each time a commit of a file open here has run, before its
+    /// writer lets go of the writes (`FileWriter::landed_at`).
+    landed: Arc<AtomicU64>,
     /// Bytes held by all write buffers.
     buffered: Arc<AtomicUsize>,
     /// Stores the blocks write buffers fill, while their files are written.
@@ -428,6 +445,7 @@ impl Vfs {
             files: Arc::new(Mutex::new(HashMap::new())),
             committer,
             forgotten: Arc::new(AtomicU64::new(0)),
+            landed: Arc::new(AtomicU64::new(0)),
             buffered: Arc::new(AtomicUsize::new(0)),
             open_handles: Arc::new(AtomicU64::new(0)),
             uploader,
@@ -602,6 +620,7 @@ impl Vfs {
                     self.uploader.clone(),
                     self.reader.chunk_cache().clone(),
                     self.committer.clone(),
+                    self.landed.clone(),
                 )),
                 length: AtomicU64::new(length),
                 handles: AtomicU64::new(0),
@@ -781,18 +800,50 @@ impl Vfs {
     /// unadjusted — a file's length from before its last write, right after
     /// the close (`e2e_model`, seed 1796588928589598516; the kernel then
     /// shrinks its i_size to it).
-    fn adjusted(&self, ino: Ino, attr: Attr, epoch: u64) -> Result<Attr> {
-        let attr = if attr.typ != FileType::File {
-            attr
-        } else if let Some(f) = self.open_state(ino) {
-            Self::with_state(&f, attr)
-        } else if self.forgotten.load(Ordering::Acquire) == epoch {
-            attr
-        } else {
-            let attr = meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino))?;
-            self.with_buffered(ino, attr)
-        };
+    ///
+    /// A commit of an open file that ran between the read and the
+    /// adjustment is the same hazard: its writer no longer shows the
+    /// writes (their mtime) that the attributes, read before, lack (the
+    /// `requests` fuzz target, on a read-only export whose host had just
+    /// closed a file: the length, which the open state keeps, but the
+    /// mtime from before the writes). A writer marks when its last commit
+    /// ran before it lets go of the writes ([`FileWriter::landed_at`]),
+    /// looked at after its state: a commit that ran after `epoch` was
+    /// taken has the attributes read again.
+    fn adjusted(&self, ino: Ino, attr: Attr, epoch: Epoch) -> Result<Attr> {
+        if attr.typ != FileType::File {
+            return self.without_trash_links(ino, attr);
+        }
+        let (mut attr, mut epoch) = (attr, epoch);
+        for _ in 0..ADJUST_TRIES {
+            match self.open_state(ino) {
+                Some(f) => {
+                    let shown = Self::with_state(&f, attr.clone());
+                    if f.writer.landed_at() <= epoch.landed {
+                        return self.without_trash_links(ino, shown);
+                    }
+                }
+                None if self.forgotten.load(Ordering::Acquire) == epoch.forgotten => {
+                    return self.without_trash_links(ino, attr);
+                }
+                None => {}
+            }
+            // A commit ran after the read: read again (it is recorded).
+            epoch = self.epoch();
+            attr = meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino))?;
+        }
+        // Commits kept running meanwhile: the last read is recent.
+        let attr = self.with_buffered(ino, attr);
         self.without_trash_links(ino, attr)
+    }
+
+    /// What [`Vfs::adjusted`] compares with: taken before attributes are
+    /// read from the metadata engine.
+    fn epoch(&self) -> Epoch {
+        Epoch {
+            forgotten: self.forgotten.load(Ordering::Acquire),
+            landed: self.landed.load(Ordering::Acquire),
+        }
     }
 
     /// A hard-linked file's link count as POSIX counts it: without the
@@ -883,7 +934,7 @@ impl Vfs {
         let Some(cursor) = listing.next.take() else {
             return Ok(());
         };
-        let epoch = self.forgotten.load(Ordering::Acquire);
+        let epoch = self.epoch();
         let page = match meta_op(MetaOp::Readdir, || {
             self.vol
                 .meta
@@ -1205,7 +1256,7 @@ impl Filesystem for Vfs {
                 })
             }
             _ => {
-                let epoch = self.forgotten.load(Ordering::Acquire);
+                let epoch = self.epoch();
                 let (ino, attr) =
                     meta_op(MetaOp::Lookup, || self.vol.meta.lookup(ctx, parent, name))?;
                 Ok(Entry {
@@ -1224,7 +1275,7 @@ impl Filesystem for Vfs {
     /// directory removed while a handle here holds it open still answers,
     /// with no links (as a removed open file does: the engine keeps those).
     fn getattr(&self, _ctx: &Context, ino: Ino) -> Result<Attr> {
-        let epoch = self.forgotten.load(Ordering::Acquire);
+        let epoch = self.epoch();
         match meta_op(MetaOp::GetAttr, || self.vol.meta.getattr(ino)) {
             Ok(attr) => self.adjusted(ino, attr, epoch),
             Err(Error::NotFound) => self.removed_open_dir(ino).ok_or(Error::NotFound),
@@ -1246,7 +1297,7 @@ impl Filesystem for Vfs {
         set: &SetAttr,
         size: Option<u64>,
     ) -> Result<Attr> {
-        let epoch = self.forgotten.load(Ordering::Acquire);
+        let epoch = self.epoch();
         let mut attr = None;
         if let Some(size) = size {
             // A read-only handle (`O_RDONLY|O_TRUNC`) proves nothing: the
@@ -1385,7 +1436,7 @@ impl Filesystem for Vfs {
 
     /// Adds a hard link.
     fn link(&self, ctx: &Context, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Entry> {
-        let epoch = self.forgotten.load(Ordering::Acquire);
+        let epoch = self.epoch();
         let attr = meta_op(MetaOp::Link, || {
             self.vol.meta.link(ctx, ino, new_parent, new_name)
         })?;
@@ -1400,7 +1451,7 @@ impl Filesystem for Vfs {
     /// from the metadata engine and the chunks resolved before are dropped,
     /// so an open sees everything another host committed before it closed.
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<OpenOut> {
-        let epoch = self.forgotten.load(Ordering::Acquire);
+        let epoch = self.epoch();
         let attr = self.vol.meta.open(ctx, ino, flags)?;
         self.reader.invalidate_inode(ino);
         let attr = self.adjusted(ino, attr, epoch)?;

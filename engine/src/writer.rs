@@ -510,6 +510,12 @@ pub struct FileWriter {
     /// The volume's group commit (None: each commit is a group of its own,
     /// run on the committing thread).
     committer: Option<Arc<Committer>>,
+    /// A counter shared by the writers of one file system (the Vfs's,
+    /// [`FileWriter::with_uploader`]), bumped when one of their commits has
+    /// run, before the writer lets go of its writes.
+    landed: Option<Arc<AtomicU64>>,
+    /// The value `landed` took at this writer's last bump.
+    landed_at: AtomicU64,
     /// Commits that failed so far (the error sequence handles compare).
     errors: AtomicU64,
     /// Whether the last commit failed (the first failure of a run of them is
@@ -607,15 +613,19 @@ impl FileWriter {
     /// An empty write buffer that counts its bytes in `budget`, a counter
     /// shared by the writers of one file system, hands full blocks to
     /// `uploader` as they fill, and drops each chunk it commits from
-    /// `chunks` (the reader's resolved slice lists).
+    /// `chunks` (the reader's resolved slice lists), and bumps `landed`
+    /// each time a commit has run, before it lets go of the commit's
+    /// writes ([`FileWriter::landed_at`]).
     pub fn with_uploader(
         budget: Arc<AtomicUsize>,
         uploader: Arc<BlockUploader>,
         chunks: Arc<ChunkCache>,
         committer: Arc<Committer>,
+        landed: Arc<AtomicU64>,
     ) -> FileWriter {
         FileWriter {
             budget,
+            landed: Some(landed),
             uploader: Some(uploader),
             chunks: Some(chunks),
             committer: Some(committer),
@@ -745,7 +755,20 @@ impl FileWriter {
         self.pending.load(Ordering::Acquire)
     }
 
+    /// The value of the shared `landed` counter when this writer's last
+    /// commit ran (0: none yet). Read after the writer's state: attributes
+    /// read before the counter reached it may lack that commit, which the
+    /// state no longer shows.
+    pub fn landed_at(&self) -> u64 {
+        self.landed_at.load(Ordering::Acquire)
+    }
+
     fn clear_pending(&self) {
+        // First the count: whoever sees the writes gone from here sees it.
+        if let Some(l) = &self.landed {
+            let at = l.fetch_add(1, Ordering::AcqRel) + 1;
+            self.landed_at.store(at, Ordering::Release);
+        }
         *self.pending_mtime.lock() = None;
         self.pending_bytes.store(0, Ordering::Release);
         self.pending.store(false, Ordering::Release);

@@ -2128,3 +2128,31 @@ fn disk_cache_hits_land_as_checked_file_ranges_and_a_damaged_copy_is_fetched_aga
     );
     assert_eq!(vfs.disk_cache_stats().unwrap().dropped, 1);
 }
+
+/// Attributes read before a commit of an open file, adjusted after the
+/// writer let go of its writes, are read again: the `requests` fuzz
+/// target's finding (a read-only export's snapshot showed a closed file's
+/// length with the mtime from before its writes). Before the fix the
+/// adjustment kept the stale mtime (the open state keeps the length only).
+#[test]
+fn attributes_read_before_a_commit_that_ran_since_are_read_again() {
+    let t = setup();
+    let (ino, fh) = t.create("f");
+    // A second handle keeps the open state after the first one closes.
+    let other = t.vfs.open(&ctx(), ino, libc::O_RDONLY as u32).unwrap().fh;
+    let epoch = t.vfs.epoch();
+    let stale = t.vfs.volume().meta.getattr(ino).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    t.write(ino, fh, 1 << 20, b"guest data");
+    t.vfs.release(&ctx(), ino, fh).unwrap();
+    // The commit the close handed on has run: a flush waits for it.
+    t.vfs.flush(&ctx(), ino, other).unwrap();
+    let now = t.vfs.volume().meta.getattr(ino).unwrap();
+    assert!(now.mtime > stale.mtime);
+    let shown = t.vfs.adjusted(ino, stale, epoch).unwrap();
+    assert_eq!(
+        (shown.length, shown.mtime, shown.ctime, shown.space),
+        (now.length, now.mtime, now.ctime, Some(10))
+    );
+    t.vfs.release(&ctx(), ino, other).unwrap();
+}
