@@ -169,9 +169,9 @@ fn valid(d: Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
-/// `fuse_attr` for node `ino`: 512-byte block count rounded up from the
-/// length (as JuiceFS counts it: a sparse file's holes count too, so `du`
-/// overstates it: engine/DESIGN.md, "Space a file shows"), 4 KiB
+/// `fuse_attr` for node `ino`: the 512-byte block count of the bytes the
+/// node stores (`Attr::blocks`: a file's holes do not count, so `du` adds
+/// up what is stored: engine/DESIGN.md, "Space a file shows"), 4 KiB
 /// preferred I/O size.
 pub fn fuse_attr(ino: Ino, attr: &Attr) -> FuseAttr {
     FuseAttr {

@@ -156,35 +156,15 @@ pub(crate) fn set_stored(a: &mut Attr, stored: u64) {
 
 /// The bytes of `[pos, pos + len)` of a chunk that data covers (not a
 /// hole, not unwritten), given the chunk's records in write order: a
-/// later record hides what it overlaps of the ones before.
+/// later record hides what it overlaps of the ones before (what a read
+/// sees: `chunk::visible`).
 pub(crate) fn covered(records: &[Slice], pos: u32, len: u32) -> u64 {
-    let mut open: Vec<(u32, u32)> = vec![(pos, pos.saturating_add(len))];
-    let mut covered = 0u64;
-    for r in records.iter().rev() {
-        if open.is_empty() {
-            break;
-        }
-        let (rs, re) = (r.pos, r.pos.saturating_add(r.len));
-        let mut left = Vec::with_capacity(open.len() + 1);
-        for (s, e) in open {
-            let (os, oe) = (s.max(rs), e.min(re));
-            if os >= oe {
-                left.push((s, e));
-                continue;
-            }
-            if r.id != 0 {
-                covered += u64::from(oe - os);
-            }
-            if s < os {
-                left.push((s, os));
-            }
-            if oe < e {
-                left.push((oe, e));
-            }
-        }
-        open = left;
-    }
-    covered
+    let (from, to) = (u64::from(pos), u64::from(pos) + u64::from(len));
+    crate::chunk::visible(records)
+        .iter()
+        .filter(|p| !p.is_hole())
+        .map(|p| p.end().min(to).saturating_sub(u64::from(p.pos).max(from)))
+        .sum()
 }
 
 /// A written slice (JuiceFS `Write`), already checked by [`check_fits`]:
@@ -282,6 +262,19 @@ pub(crate) fn compact<T: ChunkTx>(
 ) -> Result<bool, T::Error> {
     if !tx.replace_head(ino, indx, old, new)? {
         return Ok(false);
+    }
+    // One data slice now covers what the old records left as holes
+    // between their data (stored as zeros): a file with holes stores that
+    // much more (at most: newer records may hide some of it).
+    let span = CHUNK_SIZE as u32;
+    let grown = covered(new, 0, span).saturating_sub(covered(old, 0, span));
+    if grown > 0
+        && let Some(mut a) = tx.node(ino)?
+        && a.space.is_some()
+    {
+        let stored = a.stored().saturating_add(grown);
+        set_stored(&mut a, stored);
+        tx.put_node(ino, &a)?;
     }
     for s in new.iter().filter(|s| s.id != 0) {
         tx.new_slice(s)?;

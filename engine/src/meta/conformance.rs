@@ -1725,6 +1725,24 @@ pub(crate) fn sparse_files_show_what_they_store(m: &dyn Meta) {
     let a = m.truncate(&c, f, 100, TruncateVia::Path).expect("shrink");
     assert_eq!(a.space, None, "shrunk to data");
     seen("shrunk", None);
+    // Compaction stores the holes between its data as zeros.
+    let (k, _) = m.create(&c, ROOT_INO, b"k", 0o644, 0).expect("k");
+    let s1 = write(m, k, 0, 4096);
+    let s2 = write(m, k, 1 << 20, 4096);
+    assert_eq!(m.getattr(k).expect("getattr").space, Some(8192));
+    let merged = Slice {
+        pos: 0,
+        id: m.new_slice_id().expect("id"),
+        size: (1 << 20) + 4096,
+        off: 0,
+        len: (1 << 20) + 4096,
+    };
+    assert!(
+        m.compact_chunk(k, 0, &[s1, s2], &[merged])
+            .expect("compact")
+    );
+    assert_eq!(m.getattr(k).expect("getattr").space, None, "compacted");
+    m.close(k).expect("close");
     // A file written from its start has no holes, a directory no count.
     let (h, _) = m.create(&c, ROOT_INO, b"h", 0o644, 0).expect("h");
     write(m, h, 0, 8192);
