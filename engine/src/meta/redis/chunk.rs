@@ -10,7 +10,7 @@ use super::codec::encode_delayed;
 use super::keys::{parse_chunk_key, slice_field};
 use super::namespace::Ns;
 use super::node;
-use super::tx::{Read, Tx, TxError, TxResult};
+use super::tx::{Conn, Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::PROBE_SPAN;
 use crate::meta::chunks;
@@ -330,23 +330,10 @@ pub(super) fn chunk_indices(
 fn chunk_keys(inner: &Inner) -> Result<Vec<(Ino, u32)>> {
     let pattern = inner.keys.chunk_pattern();
     let prefix = inner.keys.prefix().len();
-    let keys: Vec<String> = inner.pool.with_conn(|c| {
-        let mut cursor = 0u64;
-        let mut all = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000)
-                .query(c)?;
-            all.extend(keys);
-            if next == 0 {
-                return Ok(all);
-            }
-            cursor = next;
-        }
+    let mut keys: Vec<String> = Vec::new();
+    scan(inner, &pattern, |_, batch| {
+        keys.extend(batch);
+        Ok(())
     })?;
     let mut out: Vec<(Ino, u32)> = keys
         .iter()
@@ -361,44 +348,59 @@ fn chunk_keys(inner: &Inner) -> Result<Vec<(Ino, u32)>> {
 /// and its record are written and deleted together, and inode numbers are
 /// never reused, so a record found without its node stays so.
 pub(super) fn orphan_space_records(inner: &Inner, remove: bool) -> Result<u64> {
-    let pattern = format!("{}sluiceSpace*", inner.keys.prefix());
     let prefix = format!("{}sluiceSpace", inner.keys.prefix());
+    let mut found = 0u64;
+    scan(inner, &format!("{prefix}*"), |c, keys| {
+        let inos: Vec<(String, Ino)> = keys
+            .into_iter()
+            .filter_map(|k| {
+                let ino = k.strip_prefix(prefix.as_str())?.parse().ok()?;
+                Some((k, ino))
+            })
+            .collect();
+        if inos.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        for (_, ino) in &inos {
+            p.cmd("EXISTS").arg(inner.keys.inode(*ino));
+        }
+        let exists: Vec<bool> = p.query(c)?;
+        let gone: Vec<&String> = inos
+            .iter()
+            .zip(exists)
+            .filter(|(_, e)| !e)
+            .map(|((k, _), _)| k)
+            .collect();
+        found += gone.len() as u64;
+        if remove && !gone.is_empty() {
+            let () = redis::cmd("DEL").arg(&gone).query(c)?;
+        }
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// Runs `each` on every batch of the keys `pattern` matches (`SCAN`, on
+/// one connection).
+fn scan(
+    inner: &Inner,
+    pattern: &str,
+    mut each: impl FnMut(&mut Conn, Vec<String>) -> redis::RedisResult<()>,
+) -> Result<()> {
     inner.pool.with_conn(|c| {
-        let (mut cursor, mut found) = (0u64, 0u64);
+        let mut cursor = 0u64;
         loop {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(&pattern)
+                .arg(pattern)
                 .arg("COUNT")
                 .arg(10_000)
                 .query(c)?;
-            let inos: Vec<(String, Ino)> = keys
-                .into_iter()
-                .filter_map(|k| {
-                    let ino = k.strip_prefix(prefix.as_str())?.parse().ok()?;
-                    Some((k, ino))
-                })
-                .collect();
-            if !inos.is_empty() {
-                let mut p = redis::pipe();
-                for (_, ino) in &inos {
-                    p.cmd("EXISTS").arg(inner.keys.inode(*ino));
-                }
-                let exists: Vec<bool> = p.query(c)?;
-                let gone: Vec<&String> = inos
-                    .iter()
-                    .zip(exists)
-                    .filter(|(_, e)| !e)
-                    .map(|((k, _), _)| k)
-                    .collect();
-                found += gone.len() as u64;
-                if remove && !gone.is_empty() {
-                    let () = redis::cmd("DEL").arg(&gone).query(c)?;
-                }
-            }
+            each(c, keys)?;
             if next == 0 {
-                return Ok(found);
+                return Ok(());
             }
             cursor = next;
         }
