@@ -284,9 +284,9 @@ fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<(Connection, boo
         ))
     })?;
     conn.busy_timeout(opts.busy_timeout).map_err(sql_error)?;
-    // Every statement a transaction runs stays prepared: rusqlite keeps 16
-    // by default, fewer than a create's commit uses, and one past the
-    // capacity is prepared again each time.
+    // Every statement the engine prepares stays prepared: they outnumber
+    // rusqlite's default of 16 (the space record's two made them), and
+    // one pushed out of the cache is prepared again at its next use.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
