@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Volume, Watchdog, sluice, sluice_ok, text};
+use common::{Volume, Watchdog, sluice, sluice_ok, text, write_refused};
 
 const MIB: usize = 1 << 20;
 
@@ -167,8 +167,8 @@ fn directory_quotas_give_edquot_and_check_clean() {
     let q = mount.path.join("q");
     let n = q.join("n");
     // Space: 2 MiB do not fit /q's 1 MiB (nor do they below /q/n).
-    assert_eq!(errno(write_file(&q.join("big"), 2 * MIB)), libc::EDQUOT);
-    assert_eq!(errno(write_file(&n.join("big"), 2 * MIB)), libc::EDQUOT);
+    write_refused(&q.join("big"), 2 * MIB, libc::EDQUOT);
+    write_refused(&n.join("big"), 2 * MIB, libc::EDQUOT);
     write_file(&q.join("small"), 100_000).expect("fits");
     // Inodes: /q/n holds "big" (its data refused), two more fit.
     let (made, err) = fill_inodes(&n, 10);

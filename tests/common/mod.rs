@@ -22,6 +22,26 @@ pub const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 /// Process ids of the mount servers alive now, with their mount points.
 static SERVERS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Creates `path` with `len` bytes and fsyncs it, expecting a limit to
+/// refuse the writes with `errno` (ENOSPC, EDQUOT), then empties the file,
+/// so that only its inode (4 KiB) counts. What was committed before the
+/// refusal stays, as on a local disk that fills mid-write, and how much
+/// that is depends on timing: a child another test thread forks while the
+/// file is open closes its copy of the descriptor at exec, and the FLUSH
+/// the kernel sends for it commits the writes made so far (one 1 MiB WRITE
+/// of a 2 MiB file, seen in CI), which may fit. Emptying the file makes
+/// what the next steps of a test can fit the same every run.
+pub fn write_refused(path: &Path, len: usize, errno: i32) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create");
+    let res = f.write_all(&vec![7u8; len]).and_then(|()| f.sync_all());
+    match res {
+        Ok(()) => panic!("{}: {len} bytes fit", path.display()),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(errno), "{}: {e}", path.display()),
+    }
+    f.set_len(0).expect("truncate to empty");
+}
+
 /// Runs `sluice ARGS` to completion and returns its output.
 pub fn sluice(args: &[&str]) -> Output {
     Command::new(SLUICE)
