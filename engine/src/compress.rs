@@ -43,24 +43,59 @@ pub fn decompress(
     raw_len: usize,
     key: &str,
 ) -> Result<Vec<u8>> {
-    let out = match algo {
-        Compression::None => stored,
+    if algo == Compression::None {
+        // The stored bytes are the block: no copy.
+        check_len(stored.len(), raw_len, key)?;
+        return Ok(stored);
+    }
+    let mut out = vec![0u8; raw_len];
+    decompress_to(algo, &stored, raw_len, &mut out, key)?;
+    Ok(out)
+}
+
+/// [`decompress`] into the start of `out`, which must have room for
+/// `raw_len` bytes (the host daemon decompresses straight into the shared
+/// memory it hands out). Returns `raw_len`.
+pub fn decompress_to(
+    algo: Compression,
+    stored: &[u8],
+    raw_len: usize,
+    out: &mut [u8],
+    key: &str,
+) -> Result<usize> {
+    let room = out.len();
+    let Some(out) = out.get_mut(..raw_len) else {
+        return Err(Error::Corrupt(format!(
+            "object {key}: its key says {raw_len} bytes, more than the {room} expected"
+        )));
+    };
+    let n = match algo {
+        Compression::None => {
+            check_len(stored.len(), raw_len, key)?;
+            out.copy_from_slice(stored);
+            raw_len
+        }
         Compression::Lz4 => {
             let n = i32::try_from(raw_len)
                 .map_err(|_| Error::Corrupt(format!("object {key}: block too large")))?;
-            lz4::block::decompress(&stored, Some(n))
+            lz4::block::decompress_to_buffer(stored, Some(n), out)
                 .map_err(|e| Error::Corrupt(format!("object {key} is not valid lz4: {e}")))?
         }
-        Compression::Zstd => zstd::bulk::decompress(&stored, raw_len)
+        Compression::Zstd => zstd::bulk::decompress_to_buffer(stored, out)
             .map_err(|e| Error::Corrupt(format!("object {key} is not valid zstd: {e}")))?,
     };
-    if out.len() != raw_len {
+    check_len(n, raw_len, key)?;
+    Ok(n)
+}
+
+/// Fails unless a block's `len` bytes are the `raw_len` its key says.
+fn check_len(len: usize, raw_len: usize, key: &str) -> Result<()> {
+    if len != raw_len {
         return Err(Error::Corrupt(format!(
-            "object {key} holds {} bytes, its key says {raw_len}",
-            out.len()
+            "object {key} holds {len} bytes, its key says {raw_len}"
         )));
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

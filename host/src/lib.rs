@@ -18,4 +18,4 @@ pub mod socket;
 pub mod wire;
 
 pub use client::{ClientConfig, HostClient, Locator};
-pub use server::{Host, HostConfig};
+pub use server::{FillMode, Host, HostConfig};

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::{Condvar, Mutex};
 use sluice_api::{BufDest, Fragment, ReadDest, SegmentCrcs};
 use sluice_engine::block_key::{block_key, block_len};
-use sluice_engine::compress::decompress;
+use sluice_engine::compress::{decompress, decompress_to};
 use sluice_engine::format::Compression;
 use sluice_engine::object::disk_cache::SEGMENT;
 use sluice_engine::volume::Volume;
@@ -54,6 +54,38 @@ pub struct HostConfig {
     /// because the client is at its bound) never even closes: the host's
     /// queue holds it open.
     pub reply_timeout: std::time::Duration,
+    /// How a fetch writes a block into its memfd (`None`: as this host's
+    /// shared-memory huge pages allow, [`FillMode::for_this_host`]).
+    pub fill: Option<FillMode>,
+}
+
+/// How a fetch writes a block's bytes into its memfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillMode {
+    /// Read (or decompress) the object straight into a writable mapping of
+    /// the memfd ([`SealedBlock::fill`]): no buffer in between, and the
+    /// mapping can take huge pages. Each new page costs a fault and is
+    /// zeroed by the kernel first, so this pays only with huge pages (two
+    /// faults per 4 MiB block).
+    InPlace,
+    /// Get the object into a buffer, then write it into the memfd: one
+    /// CPU copy, which the kernel's full-page writes make no dearer than
+    /// the zeroing a fault would do, and no page faults.
+    Copy,
+}
+
+impl FillMode {
+    /// In place where shared memory may use transparent huge pages
+    /// (`/sys/kernel/mm/transparent_hugepage/shmem_enabled` other than
+    /// `never` or `deny`), by copy otherwise. Measured with
+    /// `benches/vs-many-vms.sh` (docs/tuning.md, "Many VMs on one host").
+    pub fn for_this_host() -> FillMode {
+        if crate::block_memory::shmem_huge_pages() {
+            FillMode::InPlace
+        } else {
+            FillMode::Copy
+        }
+    }
 }
 
 impl Default for HostConfig {
@@ -65,6 +97,7 @@ impl Default for HostConfig {
             max_clients: 256,
             vm_cache_share: u64::MAX,
             reply_timeout: std::time::Duration::from_secs(10),
+            fill: None,
         }
     }
 }
@@ -276,9 +309,22 @@ impl Host {
     /// host has one.
     pub fn start(
         vol: Arc<Volume>,
-        cfg: HostConfig,
+        mut cfg: HostConfig,
         listener: OwnedFd,
     ) -> std::io::Result<Arc<Host>> {
+        let fill = *cfg.fill.get_or_insert_with(FillMode::for_this_host);
+        match fill {
+            FillMode::InPlace => log::info!(
+                "host: shared memory may use huge pages here: blocks are fetched straight \
+                 into the memory the VMs map"
+            ),
+            FillMode::Copy => log::info!(
+                "host: shared memory uses 4 KiB pages here \
+                 (/sys/kernel/mm/transparent_hugepage/shmem_enabled): blocks are copied into \
+                 the memory the VMs map; `advise` makes warm reads and fetches cheaper \
+                 (docs/tuning.md)"
+            ),
+        }
         let service = Arc::new(Service {
             table: Mutex::new(Lru::new(cfg.cache_bytes)),
             vol,
@@ -703,39 +749,44 @@ impl Service {
         }
     }
 
-    /// Gets, checks and decompresses a block into a sealed memfd.
+    /// Gets, checks and decompresses a block into a sealed memfd, in place
+    /// or by copy ([`FillMode`]).
     fn fetch(&self, name: &BlockName) -> sluice_engine::Result<Arc<SealedBlock>> {
         let Some((key, len)) = self.key(name) else {
             return Err(Error::Corrupt("no such block".into()));
         };
+        let len = len as usize;
         self.stats.fetches.fetch_add(1, Ordering::Relaxed);
-        let got = self
-            .vol
-            .store
-            .get(&key)
-            .and_then(|stored| decompress(self.vol.compression, stored, len as usize, &key));
-        let data = match got {
-            Ok(d) => d,
+        let (store, algo) = (&self.vol.store, self.vol.compression);
+        let filled = match self.cfg.fill {
+            Some(FillMode::InPlace) => SealedBlock::fill(len, |room| {
+                let n = match algo {
+                    Compression::None => store.get_to(&key, room)?,
+                    _ => decompress_to(algo, &store.get(&key)?, len, room, &key)?,
+                };
+                check_len(&key, n, len)
+            }),
+            _ => store
+                .get(&key)
+                .and_then(|stored| decompress(algo, stored, len, &key))
+                .and_then(|data| {
+                    check_len(&key, data.len(), len)?;
+                    Ok(SealedBlock::new(&data)?)
+                }),
+        };
+        match filled {
+            Ok(block) => {
+                self.stats
+                    .fetched_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                Ok(Arc::new(block))
+            }
             Err(e) => {
                 self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
                 log::warn!("host: cannot fetch {key}: {e}");
-                return Err(e);
+                Err(e)
             }
-        };
-        if data.len() != len as usize {
-            self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Corrupt(format!(
-                "object {key} holds {} bytes, not {len}",
-                data.len()
-            )));
         }
-        self.stats
-            .fetched_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        SealedBlock::new(&data).map(Arc::new).map_err(|e| {
-            self.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-            Error::Io(e)
-        })
     }
 
     /// A client is gone: its queued fetches that nobody else waits for are
@@ -800,6 +851,16 @@ fn write_loop(client: Arc<Client>) {
             return;
         }
     }
+}
+
+/// Fails unless the object `key` gave the `len` bytes its block holds.
+fn check_len(key: &str, got: usize, len: usize) -> sluice_engine::Result<()> {
+    if got != len {
+        return Err(Error::Corrupt(format!(
+            "object {key} holds {got} bytes, not {len}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use sluice_engine::object::ObjectStore;
 use sluice_engine::object::disk_cache::{CachedStore, DiskCache};
 use sluice_engine::object::s3::S3Options;
 use sluice_engine::volume::open_volume_with;
-use sluice_host::{Host, HostConfig};
+use sluice_host::{FillMode, Host, HostConfig};
 
 use super::cache_args::CacheArgs;
 use crate::sandbox::{Sandbox, SandboxArgs};
@@ -146,6 +146,8 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
         }
         None => volume,
     };
+    // Read before the sandbox closes /sys to the daemon.
+    let fill = FillMode::for_this_host();
     sandbox.lock_down(&state)?;
     let cfg = HostConfig {
         cache_bytes: args.cache_size,
@@ -156,6 +158,7 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
         } else {
             args.cache_size / 100 * u64::from(args.vm_cache_share)
         },
+        fill: Some(fill),
         ..HostConfig::default()
     };
     let host =

@@ -1614,6 +1614,18 @@ impl ObjectStore for CachedStore {
         Ok(data)
     }
 
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        if let Some(bytes) = self.cache.get(key) {
+            return super::copy_whole(key, &bytes, out);
+        }
+        let n = self.inner.get_to(key, out)?;
+        if self.cache.locate(key).is_some() {
+            self.cache.count_miss(n);
+            self.cache.insert(key, out[..n].to_vec());
+        }
+        Ok(n)
+    }
+
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
         if let Some(bytes) = self.cache.get_range(key, off, len) {
             return Ok(bytes);

@@ -387,6 +387,24 @@ impl FileStore {
         }
         Ok((buf, Self::stored_crc(&file)))
     }
+
+    /// [`FileStore::read_whole`] into `out`: the object's length and stored
+    /// CRC.
+    fn read_whole_to(&self, key: &str, out: &mut [u8]) -> Result<(usize, Option<u32>)> {
+        let path = self.path(key)?;
+        let file = File::open(&path).map_err(|e| obj_err(key, e))?;
+        let len = file.metadata().map_err(|e| obj_err(key, e))?.len();
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= out.len())
+            .ok_or_else(|| super::too_long(key, len as usize, out.len()))?;
+        if !read_direct_to(&file, out, len) {
+            // A file cut while it is read ends early: an error, not zeros.
+            file.read_exact_at(&mut out[..len], 0)
+                .map_err(|e| obj_err(key, e))?;
+        }
+        Ok((len, Self::stored_crc(&file)))
+    }
 }
 
 /// An object written to its temporary file by [`FileStore::prepare_put`],
@@ -529,24 +547,51 @@ fn write_object(file: &File, data: &[u8]) -> io::Result<bool> {
 /// read again: going around the page cache saves a copy and a second copy
 /// of the block in memory, as [`write_object`] does for writes.
 fn read_direct(file: &File, buf: &mut Vec<u8>, len: usize) -> bool {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: `spare` is memory `buf` owns and does not count as
+    // initialised; `pread_direct` writes only into it, and the length is
+    // set below only to the `len` bytes it read.
+    let ok = unsafe { pread_direct(file, spare.as_mut_ptr().cast(), spare.len(), len) };
+    if ok {
+        // SAFETY: pread initialised the first `len` bytes.
+        unsafe { buf.set_len(len) };
+    }
+    ok
+}
+
+/// [`read_direct`] into a slice: the object's `len` bytes into the start
+/// of `out`, around the page cache, if `out` is aligned for it and has
+/// room for the last aligned read.
+fn read_direct_to(file: &File, out: &mut [u8], len: usize) -> bool {
+    // SAFETY: `out` is initialised memory we borrow mutably; any bytes
+    // pread writes into it are valid `u8`s.
+    unsafe { pread_direct(file, out.as_mut_ptr(), out.len(), len) }
+}
+
+/// Reads the first `len` bytes of `file` with O_DIRECT into `dst`, which
+/// has room for `room` bytes. Returns false, having written an unknown part
+/// of `dst`, when it could not: `dst` unaligned, too small for the last
+/// aligned read, an object under one alignment unit, or a short read.
+///
+/// # Safety
+/// `dst` must be valid for writes of `room` bytes for the whole call.
+unsafe fn pread_direct(file: &File, dst: *mut u8, room: usize, len: usize) -> bool {
     let want = len.next_multiple_of(DIRECT_ALIGN);
     if len < DIRECT_ALIGN
-        || buf.capacity() < want
-        || !(buf.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+        || room < want
+        || !(dst as usize).is_multiple_of(DIRECT_ALIGN)
         || set_direct(file, true).is_err()
     {
         return false;
     }
-    let spare = &mut buf.spare_capacity_mut()[..want];
     let mut done = 0;
     let ok = loop {
-        // SAFETY: `spare[done..]` is memory `buf` owns and does not yet
-        // count as initialised; pread(2) writes at most its length into it,
-        // and only the bytes it reports written are counted below.
+        // SAFETY: `dst[done..want]` lies inside the `room` bytes the caller
+        // vouched for; pread(2) writes at most `want - done` bytes there.
         let n = unsafe {
             libc::pread(
                 file.as_raw_fd(),
-                spare[done..].as_mut_ptr().cast(),
+                dst.add(done).cast(),
                 want - done,
                 done as libc::off_t,
             )
@@ -566,10 +611,6 @@ fn read_direct(file: &File, buf: &mut Vec<u8>, len: usize) -> bool {
         }
     };
     let _ = set_direct(file, false);
-    if ok {
-        // SAFETY: pread initialised the first `len` bytes (`done == len`).
-        unsafe { buf.set_len(len) };
-    }
     ok
 }
 
@@ -715,6 +756,31 @@ impl ObjectStore for FileStore {
         let actual = sluice_simd::crc32c(0, &buf);
         if stored.is_none_or(|s| s == actual) {
             return Ok(buf);
+        }
+        log::error!(
+            "object {key} in {} fails its checksum: stored crc32c {:08x}, data has {actual:08x}",
+            self.describe(),
+            stored.unwrap_or_default()
+        );
+        Err(Error::Corrupt(format!(
+            "object {key} does not match its stored CRC32C"
+        )))
+    }
+
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        let mut actual = 0;
+        let mut stored = None;
+        for _ in 0..2 {
+            // A torn read (or a flaky disk) may pass on a second try.
+            let (len, crc) = self.read_whole_to(key, out)?;
+            let Some(crc) = crc else {
+                return Ok(len);
+            };
+            actual = sluice_simd::crc32c(0, &out[..len]);
+            if actual == crc {
+                return Ok(len);
+            }
+            stored = Some(crc);
         }
         log::error!(
             "object {key} in {} fails its checksum: stored crc32c {:08x}, data has {actual:08x}",
@@ -1018,6 +1084,65 @@ mod tests {
         // An object written by someone else (no xattr) is served as is.
         fs::write(dir.path().join("v/chunks/0/0/2_0_3"), b"xyz").unwrap();
         assert_eq!(store.get("v/chunks/0/0/2_0_3").unwrap(), b"xyz");
+    }
+
+    /// `get_to` reads an object into the caller's memory: around the page
+    /// cache where the memory is aligned and has room for the last aligned
+    /// read, through it otherwise; the checksum is checked either way, and
+    /// an object larger than the room is an error, not a short copy.
+    #[test]
+    fn get_to_reads_into_the_callers_memory_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path()).unwrap();
+        let data: Vec<u8> = (0..3 * DIRECT_ALIGN as u32 + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let key = "v/chunks/0/0/1_0_12388";
+        store.put(key, &data, None).unwrap();
+        // Page-aligned memory with room for whole units: the direct path.
+        let layout = std::alloc::Layout::from_size_align(4 * DIRECT_ALIGN, DIRECT_ALIGN).unwrap();
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes, ours alone.
+        let aligned = unsafe { std::slice::from_raw_parts_mut(ptr, layout.size()) };
+        assert_eq!(store.get_to(key, aligned).unwrap(), data.len());
+        assert!(aligned[..data.len()] == data[..]);
+        // Exactly the object's length (no room for the last unit), and
+        // unaligned memory: through the page cache.
+        let mut exact = vec![0u8; data.len()];
+        assert_eq!(store.get_to(key, &mut exact).unwrap(), data.len());
+        assert_eq!(exact, data);
+        assert_eq!(store.get_to(key, &mut aligned[1..]).unwrap(), data.len());
+        assert!(aligned[1..=data.len()] == data[..]);
+        // Too little room.
+        let err = store.get_to(key, &mut exact[1..]).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(ref m) if m.contains(key)),
+            "{err}"
+        );
+        // A damaged object is corrupt on both paths.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join(key))
+            .unwrap();
+        f.write_at(b"X", 5000).unwrap();
+        let err = store.get_to(key, aligned).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(ref m) if m.contains("CRC32C")),
+            "{err}"
+        );
+        let err = store.get_to(key, &mut exact).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(ref m) if m.contains("CRC32C")),
+            "{err}"
+        );
+        // SAFETY: allocated above with this layout; `aligned` is not used
+        // after this.
+        unsafe { std::alloc::dealloc(ptr, layout) };
+        assert!(is_not_found(
+            &store.get_to("v/chunks/0/0/9_0_1", &mut exact).unwrap_err()
+        ));
     }
 
     #[test]

@@ -50,6 +50,13 @@ impl<S: ObjectStore + ?Sized> ObjectStore for Measured<S> {
         r
     }
 
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        let t = Instant::now();
+        let r = self.0.get_to(key, out);
+        count(GET, t, &r, |n| *n);
+        r
+    }
+
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
         let t = Instant::now();
         let r = self.0.get_range(key, off, len);

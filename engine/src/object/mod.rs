@@ -67,6 +67,17 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
         drop(buf);
         self.get(key)
     }
+    /// [`ObjectStore::get`] into `out`, which holds at least the object (a
+    /// block's length is known from its key): returns the object's length,
+    /// or `Corrupt` if the object is longer than `out`. What lies in `out`
+    /// past the object, and all of it on an error, is unspecified. Stores
+    /// that can read straight into `out` do (the host daemon fetches into
+    /// the shared memory it hands out, saving a copy); the others get and
+    /// copy.
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        let data = self.get(key)?;
+        copy_whole(key, &data, out)
+    }
     /// `len` bytes from offset `off` (fewer at the end of the object). A
     /// range cannot be checked against the whole-object CRC.
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>>;
@@ -153,6 +164,22 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn upload_backlog(&self) -> Option<WritebackStats> {
         None
     }
+}
+
+/// Copies a whole object's bytes `data` into `out` ([`ObjectStore::get_to`]).
+pub fn copy_whole(key: &str, data: &[u8], out: &mut [u8]) -> Result<usize> {
+    let Some(dst) = out.get_mut(..data.len()) else {
+        return Err(too_long(key, data.len(), out.len()));
+    };
+    dst.copy_from_slice(data);
+    Ok(data.len())
+}
+
+/// The error of an object longer than the room a caller expected it in.
+pub fn too_long(key: &str, len: usize, room: usize) -> Error {
+    Error::Corrupt(format!(
+        "object {key} holds {len} bytes, more than the {room} its key allows"
+    ))
 }
 
 /// Whether an error from a store means "no such object".

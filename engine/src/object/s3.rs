@@ -593,6 +593,32 @@ impl S3Store {
         }
     }
 
+    /// The whole object, checked against its stored CRC32C (fetched a
+    /// second time on a mismatch), as the body arrived.
+    fn get_checked(&self, key: &str) -> Result<Bytes> {
+        for round in 0..2 {
+            let got = self.run(self.get_object(key, None))?;
+            let Some((body, stored)) = got else {
+                unreachable!("a whole-object GET has no range to miss");
+            };
+            let Some(stored) = stored else {
+                return Ok(body);
+            };
+            let actual = sluice_simd::crc32c(0, &body);
+            if actual == stored {
+                return Ok(body);
+            }
+            log::error!(
+                "object {key} in {} fails its checksum (fetch {}): stored crc32c {stored:08x}, data has {actual:08x}",
+                self.describe(),
+                round + 1
+            );
+        }
+        Err(Error::Corrupt(format!(
+            "object {key} does not match its stored CRC32C"
+        )))
+    }
+
     /// One GET (whole object or a range) with the body read to its end.
     fn get_object(
         &self,
@@ -692,27 +718,13 @@ impl ObjectStore for S3Store {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        for round in 0..2 {
-            let got = self.run(self.get_object(key, None))?;
-            let Some((body, stored)) = got else {
-                unreachable!("a whole-object GET has no range to miss");
-            };
-            let Some(stored) = stored else {
-                return Ok(Vec::from(body));
-            };
-            let actual = sluice_simd::crc32c(0, &body);
-            if actual == stored {
-                return Ok(Vec::from(body));
-            }
-            log::error!(
-                "object {key} in {} fails its checksum (fetch {}): stored crc32c {stored:08x}, data has {actual:08x}",
-                self.describe(),
-                round + 1
-            );
-        }
-        Err(Error::Corrupt(format!(
-            "object {key} does not match its stored CRC32C"
-        )))
+        self.get_checked(key).map(Vec::from)
+    }
+
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        // From the body as received: no second buffer on the way.
+        let body = self.get_checked(key)?;
+        super::copy_whole(key, &body, out)
     }
 
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {

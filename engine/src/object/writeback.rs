@@ -642,6 +642,16 @@ impl ObjectStore for WritebackStore {
         self.shared.inner.get(key)
     }
 
+    fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
+        if self.is_staged(key) {
+            match self.shared.staging.get_to(key, out) {
+                Err(e) if is_not_found(&e) => {}
+                r => return r,
+            }
+        }
+        self.shared.inner.get_to(key, out)
+    }
+
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
         if self.is_staged(key) {
             match self.shared.staging.get_range(key, off, len) {

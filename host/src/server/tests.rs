@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_engine::block_key::block_key;
 use sluice_engine::block_source::{Ask, BlockSource, SourcedBlock};
+use sluice_engine::compress::compress;
 use sluice_engine::format::Compression;
 use sluice_engine::meta::open_meta;
 use sluice_engine::object::disk_cache::{CacheDir, CachedStore, DiskCache, DiskCacheConfig};
@@ -26,6 +27,11 @@ struct Fixture {
 impl Fixture {
     /// A volume of 1 MiB blocks with `blocks` blocks of slice 7 stored.
     fn new(blocks: u32) -> Fixture {
+        Fixture::compressed(blocks, Compression::None)
+    }
+
+    /// [`Fixture::new`] on a volume that compresses its blocks with `algo`.
+    fn compressed(blocks: u32, algo: Compression) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let meta = open_meta(&format!("sqlite3://{}/meta.db", dir.path().display())).unwrap();
         format_volume(
@@ -33,14 +39,16 @@ impl Fixture {
             "hostvol",
             &dir.path().join("bucket"),
             BLOCK >> 10,
-            Compression::None,
+            algo,
             0,
         )
         .unwrap();
         let vol = open_volume(meta).unwrap();
         for i in 0..blocks {
             let key = block_key(vol.name(), 7, i, BLOCK);
-            vol.store.put(&key, &block_bytes(i), None).unwrap();
+            vol.store
+                .put(&key, &compress(algo, &block_bytes(i)).unwrap(), None)
+                .unwrap();
         }
         Fixture { dir, vol }
     }
@@ -186,6 +194,52 @@ fn many_clients_reading_one_data_set_fetch_each_block_once() {
     bytes_of(get(&clients[0], 3).unwrap().unwrap());
     let after: Vec<u64> = host.clients().iter().map(|v| v.counts[0]).collect();
     assert_eq!(before, after);
+}
+
+/// A fetch reads (or decompresses) the object straight into the memfd it
+/// hands out: with every compression, for a last block shorter than a page
+/// multiple too, and an object of the wrong length is an error, not a
+/// block.
+#[test]
+fn fetched_blocks_land_in_shared_memory_whole_and_checked() {
+    let modes = [FillMode::InPlace, FillMode::Copy];
+    let algos = [Compression::None, Compression::Lz4, Compression::Zstd];
+    for (fill, algo) in modes.into_iter().flat_map(|m| algos.map(|a| (m, a))) {
+        let fx = Fixture::compressed(0, algo);
+        let (name, store) = (fx.vol.name(), &fx.vol.store);
+        let tail = block_bytes(1)[..10_000].to_vec();
+        let short = block_bytes(2)[..BLOCK as usize - 1].to_vec();
+        for (key, raw) in [
+            (block_key(name, 9, 0, BLOCK), block_bytes(0)),
+            (block_key(name, 9, 1, 10_000), tail.clone()),
+            (block_key(name, 10, 0, BLOCK), short),
+        ] {
+            store
+                .put(&key, &compress(algo, &raw).unwrap(), None)
+                .unwrap();
+        }
+        let cfg = HostConfig {
+            fill: Some(fill),
+            ..HostConfig::default()
+        };
+        let host = fx.host(fx.vol.clone(), cfg);
+        let c = fx.client("z");
+        let whole = c.block(9, BLOCK + 10_000, 0, Ask::Fetch).unwrap().unwrap();
+        assert!(bytes_of(whole) == block_bytes(0), "{fill:?} {algo:?}");
+        match c.block(9, BLOCK + 10_000, 1, Ask::Fetch).unwrap().unwrap() {
+            SourcedBlock::Memory(m) => assert!((*m).as_ref() == &tail[..], "{fill:?} {algo:?}"),
+            SourcedBlock::File(_) => panic!("no disk cache here"),
+        }
+        assert!(
+            c.block(10, BLOCK, 0, Ask::Fetch).unwrap().is_err(),
+            "{algo:?}"
+        );
+        assert_eq!(host.stats().fetch_errors.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            host.stats().fetched_bytes.load(Ordering::Relaxed),
+            u64::from(BLOCK) + 10_000
+        );
+    }
 }
 
 #[test]
