@@ -372,6 +372,16 @@ impl FileStore {
         (n == 4).then(|| u32::from_be_bytes(value))
     }
 
+    /// Logs and returns the error of an object whose bytes (CRC32C
+    /// `actual`) fail the checksum stored with it, read twice.
+    fn fails_checksum(&self, key: &str, stored: u32, actual: u32) -> Error {
+        log::error!(
+            "object {key} in {} fails its checksum: stored crc32c {stored:08x}, data has {actual:08x}",
+            self.describe(),
+        );
+        Error::Corrupt(format!("object {key} does not match its stored CRC32C"))
+    }
+
     fn read_whole(&self, key: &str, mut buf: Vec<u8>) -> Result<(Vec<u8>, Option<u32>)> {
         let path = self.path(key)?;
         let mut file = File::open(&path).map_err(|e| obj_err(key, e))?;
@@ -757,14 +767,7 @@ impl ObjectStore for FileStore {
         if stored.is_none_or(|s| s == actual) {
             return Ok(buf);
         }
-        log::error!(
-            "object {key} in {} fails its checksum: stored crc32c {:08x}, data has {actual:08x}",
-            self.describe(),
-            stored.unwrap_or_default()
-        );
-        Err(Error::Corrupt(format!(
-            "object {key} does not match its stored CRC32C"
-        )))
+        Err(self.fails_checksum(key, stored.unwrap_or_default(), actual))
     }
 
     fn get_to(&self, key: &str, out: &mut [u8]) -> Result<usize> {
@@ -782,14 +785,7 @@ impl ObjectStore for FileStore {
             }
             stored = Some(crc);
         }
-        log::error!(
-            "object {key} in {} fails its checksum: stored crc32c {:08x}, data has {actual:08x}",
-            self.describe(),
-            stored.unwrap_or_default()
-        );
-        Err(Error::Corrupt(format!(
-            "object {key} does not match its stored CRC32C"
-        )))
+        Err(self.fails_checksum(key, stored.unwrap_or_default(), actual))
     }
 
     fn get_range(&self, key: &str, off: u64, len: usize) -> Result<Vec<u8>> {
