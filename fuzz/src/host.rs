@@ -71,6 +71,11 @@ fn world() -> &'static World {
             // A client that takes no reply (one whose own socket waits in
             // the host's queue keeps itself open) goes soon.
             reply_timeout: Duration::from_millis(300),
+            fill: None,
+            // Two memory tables (node 1 need not exist: its pages are then
+            // placed nowhere), so fuzzed clients that name a node cross
+            // the per-node flights and copies.
+            nodes: vec![0, 1],
         };
         let host = Host::start(vol.clone(), cfg, listener).expect("the host");
         let good = HostClient::start(ClientConfig {
@@ -80,6 +85,7 @@ fn world() -> &'static World {
             // No mappings: every check below asks the host.
             mappings: 0,
             locate: None,
+            node: None,
         });
         World {
             _dir: dir,
@@ -174,6 +180,7 @@ pub fn run(data: &[u8]) {
                     version: if op & 0x40 == 0 { wire::VERSION } else { 9 },
                     volume,
                     name,
+                    node: (op & 0x20 != 0).then_some(u16::from(op & 3)),
                 }
                 .encode()
             }

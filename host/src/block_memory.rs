@@ -109,6 +109,11 @@ impl SealedBlock {
         Ok(SealedBlock { fd, len })
     }
 
+    /// A read-only mapping of the block (to copy it).
+    pub fn map(&self) -> io::Result<MappedBlock> {
+        MappedBlock::map(&self.fd, self.len)
+    }
+
     /// The memfd, to send.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

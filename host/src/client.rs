@@ -54,6 +54,9 @@ pub struct ClientConfig {
     /// virtiofsd drop-in looks in the registry of host daemons, with its
     /// trust checks, so a daemon started after the server is found.
     pub locate: Option<Locator>,
+    /// The NUMA node of this VM's guest memory, if known: the host holds
+    /// this VM's blocks in that node's memory.
+    pub node: Option<u16>,
 }
 
 /// Finds the host daemon's control socket now (an error: not there, or
@@ -168,6 +171,7 @@ impl HostClient {
             version: wire::VERSION,
             volume: self.cfg.volume.clone(),
             name: self.cfg.name.clone(),
+            node: self.cfg.node,
         };
         socket::send(sock.as_fd(), &hello.encode(), None)?;
         rustix::net::sockopt::set_socket_timeout(

@@ -57,6 +57,11 @@ pub struct HostConfig {
     /// How a fetch writes a block into its memfd (`None`: as this host's
     /// shared-memory huge pages allow, [`FillMode::for_this_host`]).
     pub fill: Option<FillMode>,
+    /// The NUMA nodes blocks are held on, one memory table each, which
+    /// share `cache_bytes` evenly: a VM's blocks are held in its guest
+    /// memory's node's table (a VM whose node is unknown or not listed
+    /// uses the first). Empty or one node: one table, placed nowhere.
+    pub nodes: Vec<usize>,
 }
 
 /// How a fetch writes a block's bytes into its memfd.
@@ -98,6 +103,7 @@ impl Default for HostConfig {
             vm_cache_share: u64::MAX,
             reply_timeout: std::time::Duration::from_secs(10),
             fill: None,
+            nodes: Vec::new(),
         }
     }
 }
@@ -117,6 +123,9 @@ pub struct HostStats {
     pub file_hits: AtomicU64,
     /// GETs that joined a fetch another GET started.
     pub joined: AtomicU64,
+    /// Blocks copied from one NUMA node's memory table into another's
+    /// (no GET: another node's VMs had it already).
+    pub node_copies: AtomicU64,
     /// Clients dropped for a protocol error.
     pub dropped: AtomicU64,
 }
@@ -173,6 +182,8 @@ impl Attached {
 #[derive(Debug)]
 struct Client {
     id: u64,
+    /// The memory table its blocks are held in (its node's).
+    slot: usize,
     name: String,
     pid: i32,
     uid: u32,
@@ -234,10 +245,30 @@ impl Client {
     }
 }
 
-/// A fetch in progress and who waits for it.
+/// A fetch in progress, who waits for it, and the memory tables (NUMA
+/// nodes) it is to land in: the first is fetched into, the others get
+/// copies before the flight ends.
 #[derive(Debug, Default)]
 struct Flight {
     waiters: Vec<(Arc<Client>, u64)>,
+    slots: Vec<usize>,
+}
+
+impl Flight {
+    fn wants(&mut self, slot: usize) {
+        if !self.slots.contains(&slot) {
+            self.slots.push(slot);
+        }
+    }
+}
+
+/// One NUMA node's memory table: sealed blocks by name, weighed in bytes.
+#[derive(Debug)]
+struct Table {
+    node: Option<usize>,
+    lru: Mutex<Lru<BlockName, Arc<SealedBlock>>>,
+    /// Most bytes of it one client may be charged.
+    share: u64,
 }
 
 /// Fetches queued per client, served round robin.
@@ -283,8 +314,8 @@ impl Schedule {
 struct Service {
     vol: Arc<Volume>,
     cfg: HostConfig,
-    /// The memory table: sealed blocks by name, weighed in bytes.
-    table: Mutex<Lru<BlockName, Arc<SealedBlock>>>,
+    /// The memory tables, one per NUMA node blocks are held on.
+    tables: Vec<Table>,
     flights: Mutex<HashMap<BlockName, Flight>>,
     schedule: Mutex<Schedule>,
     schedule_cv: Condvar,
@@ -325,8 +356,37 @@ impl Host {
                  (docs/tuning.md)"
             ),
         }
+        let placed: Vec<Option<usize>> = if cfg.nodes.len() > 1 {
+            cfg.nodes.iter().copied().map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let n = placed.len() as u64;
+        let tables = placed
+            .into_iter()
+            .map(|node| Table {
+                node,
+                lru: Mutex::new(Lru::new(cfg.cache_bytes / n)),
+                share: if cfg.vm_cache_share == u64::MAX {
+                    u64::MAX
+                } else {
+                    cfg.vm_cache_share / n
+                },
+            })
+            .collect::<Vec<_>>();
+        if tables.len() > 1 {
+            log::info!(
+                "host: one memory table per NUMA node ({}), {} MiB each",
+                cfg.nodes
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                (cfg.cache_bytes / n) >> 20
+            );
+        }
         let service = Arc::new(Service {
-            table: Mutex::new(Lru::new(cfg.cache_bytes)),
+            tables,
             vol,
             cfg,
             flights: Mutex::new(HashMap::new()),
@@ -367,10 +427,24 @@ impl Host {
         &self.service.stats
     }
 
-    /// Bytes and blocks in the memory table.
+    /// Bytes and blocks in the memory tables, all nodes together.
     pub fn memory_used(&self) -> (u64, usize) {
-        let t = self.service.table.lock();
-        (t.used(), t.len())
+        self.memory_by_node()
+            .iter()
+            .fold((0, 0), |(b, n), (_, tb, tn)| (b + tb, n + tn))
+    }
+
+    /// Bytes and blocks in each node's memory table (node `None`: one
+    /// table, placed nowhere).
+    pub fn memory_by_node(&self) -> Vec<(Option<usize>, u64, usize)> {
+        self.service
+            .tables
+            .iter()
+            .map(|t| {
+                let l = t.lru.lock();
+                (t.node, l.used(), l.len())
+            })
+            .collect()
     }
 
     /// The connected clients.
@@ -491,12 +565,13 @@ impl Service {
             Ok(Some(p)) if p.fd.is_none() => Request::decode(&buf[..p.len]),
             _ => return,
         };
-        let name = match hello {
+        let (name, node) = match hello {
             Ok(Request::Hello {
                 version,
                 volume,
                 name,
-            }) if version == wire::VERSION && volume == self.vol.format.uuid => name,
+                node,
+            }) if version == wire::VERSION && volume == self.vol.format.uuid => (name, node),
             Ok(Request::Hello {
                 version, volume, ..
             }) => {
@@ -519,8 +594,10 @@ impl Service {
             .take(wire::MAX_NAME)
             .collect();
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let slot = self.slot_of(node);
         let client = Arc::new(Client {
             id,
+            slot,
             name: format!("{}-{pid}", if label.is_empty() { "vm" } else { &label }),
             pid,
             uid,
@@ -540,7 +617,18 @@ impl Service {
             return;
         }
         self.clients.lock().insert(id, client.clone());
-        log::info!("host: VM {} attached (pid {pid}, uid {uid})", client.name);
+        let placed = match (node, self.tables[slot].node) {
+            (_, None) => String::new(),
+            (Some(n), Some(t)) if usize::from(n) == t => format!(", node {t}"),
+            (n, Some(t)) => format!(
+                ", node {} not one of the host's: blocks held on node {t}",
+                n.map_or_else(|| "unknown".to_string(), |n| n.to_string())
+            ),
+        };
+        log::info!(
+            "host: VM {} attached (pid {pid}, uid {uid}{placed})",
+            client.name
+        );
         client.reply(
             Reply::Welcome {
                 version: wire::VERSION,
@@ -612,7 +700,8 @@ impl Service {
             client.answer_error(tag, libc::EINVAL);
             return;
         };
-        if let Some(block) = self.table.lock().get(&name) {
+        let table = &self.tables[client.slot].lru;
+        if let Some(block) = table.lock().get(&name) {
             self.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
             client.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
             client.answer_memory(tag, block);
@@ -650,8 +739,9 @@ impl Service {
         }
         let mut flights = self.flights.lock();
         // A fetch may have ended between the look-up and here: it puts the
-        // block in the table before it leaves the flight map.
-        if let Some(block) = self.table.lock().get(&name) {
+        // block in every table it was wanted in before it leaves the flight
+        // map.
+        if let Some(block) = table.lock().get(&name) {
             drop(flights);
             self.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
             client.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
@@ -660,6 +750,7 @@ impl Service {
         }
         let started = !flights.contains_key(&name);
         let flight = flights.entry(name).or_default();
+        flight.wants(client.slot);
         if flags & NO_WAIT == 0 {
             flight.waiters.push((client.clone(), tag));
         }
@@ -721,32 +812,152 @@ impl Service {
                     self.schedule_cv.wait(&mut s);
                 }
             };
-            let fetched = self.fetch(&name);
-            if let Ok(block) = &fetched {
-                self.table.lock().insert_within(
-                    name,
-                    block.clone(),
-                    block.len() as u64,
-                    owner,
-                    self.cfg.vm_cache_share,
-                );
-            }
-            let waiters = self
+            let first = self
                 .flights
                 .lock()
-                .remove(&name)
-                .map(|f| f.waiters)
-                .unwrap_or_default();
-            for (client, tag) in waiters {
-                match &fetched {
-                    Ok(block) => {
-                        client.stats.fetched.fetch_add(1, Ordering::Relaxed);
-                        client.answer_memory(tag, block.clone());
+                .get(&name)
+                .and_then(|f| f.slots.first().copied())
+                .unwrap_or(0);
+            let fetched = {
+                let _placed = self.prefer(first);
+                self.fetch_or_copy(&name, first)
+            };
+            let block = match fetched {
+                Ok(block) => block,
+                Err(e) => {
+                    let waiters = self
+                        .flights
+                        .lock()
+                        .remove(&name)
+                        .map(|f| f.waiters)
+                        .unwrap_or_default();
+                    for (client, tag) in waiters {
+                        client.answer_error(tag, errno_of(&e));
                     }
-                    Err(e) => client.answer_error(tag, errno_of(e)),
+                    continue;
                 }
+            };
+            self.hold(first, name, &block, owner);
+            // The other nodes that want it get copies before the flight
+            // ends (askers may join meanwhile: loop until none is missing).
+            let mut held = vec![(first, block.clone())];
+            let waiters = loop {
+                let missing: Vec<(usize, u64)> = {
+                    let mut flights = self.flights.lock();
+                    let Some(f) = flights.get(&name) else {
+                        break Vec::new();
+                    };
+                    let missing: Vec<(usize, u64)> = f
+                        .slots
+                        .iter()
+                        .filter(|s| !held.iter().any(|(h, _)| h == *s))
+                        .map(|&s| {
+                            // Charged to a VM of that node that waits for it.
+                            let payer = f.waiters.iter().find(|(c, _)| c.slot == s);
+                            (s, payer.map_or(owner, |(c, _)| c.id))
+                        })
+                        .collect();
+                    if missing.is_empty() {
+                        break flights.remove(&name).map(|f| f.waiters).unwrap_or_default();
+                    }
+                    missing
+                };
+                for (slot, payer) in missing {
+                    let copy = {
+                        let _placed = self.prefer(slot);
+                        self.copy_block(&block)
+                    };
+                    match copy {
+                        Ok(copy) => {
+                            self.stats.node_copies.fetch_add(1, Ordering::Relaxed);
+                            self.hold(slot, name, &copy, payer);
+                            held.push((slot, copy));
+                        }
+                        Err(e) => {
+                            // Served from the other node's copy, not held.
+                            log::warn!("host: cannot copy a block to another node: {e}");
+                            held.push((slot, block.clone()));
+                        }
+                    }
+                }
+            };
+            for (client, tag) in waiters {
+                let own = held
+                    .iter()
+                    .find(|(s, _)| *s == client.slot)
+                    .map_or_else(|| block.clone(), |(_, b)| b.clone());
+                client.stats.fetched.fetch_add(1, Ordering::Relaxed);
+                client.answer_memory(tag, own);
             }
         }
+    }
+
+    /// Which memory table a client whose guest memory is on `node` uses.
+    fn slot_of(&self, node: Option<u16>) -> usize {
+        node.and_then(|n| {
+            self.tables
+                .iter()
+                .position(|t| t.node == Some(usize::from(n)))
+        })
+        .unwrap_or(0)
+    }
+
+    /// Makes the calling thread allocate on the node of table `slot`
+    /// while the guard lives (nothing with one table).
+    fn prefer(&self, slot: usize) -> Option<sluice_numa::PreferNode> {
+        let node = self.tables.get(slot)?.node?;
+        match sluice_numa::PreferNode::new(node) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                log::warn!("host: cannot prefer NUMA node {node} for a block: {e}");
+                None
+            }
+        }
+    }
+
+    /// Inserts a block into table `slot`, charged to client `owner`.
+    fn hold(&self, slot: usize, name: BlockName, block: &Arc<SealedBlock>, owner: u64) {
+        let t = &self.tables[slot];
+        t.lru
+            .lock()
+            .insert_within(name, block.clone(), block.len() as u64, owner, t.share);
+    }
+
+    /// The block for table `slot`: copied from another node's table that
+    /// holds it (no GET), fetched otherwise.
+    fn fetch_or_copy(
+        &self,
+        name: &BlockName,
+        slot: usize,
+    ) -> sluice_engine::Result<Arc<SealedBlock>> {
+        let elsewhere = self
+            .tables
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .find_map(|(_, t)| t.lru.lock().get(name));
+        if let Some(other) = elsewhere
+            && let Ok(copy) = self.copy_block(&other)
+        {
+            self.stats.node_copies.fetch_add(1, Ordering::Relaxed);
+            return Ok(copy);
+        }
+        self.fetch(name)
+    }
+
+    /// A copy of `block` in a new sealed memfd, its pages where the
+    /// calling thread allocates ([`Service::prefer`]).
+    fn copy_block(&self, block: &SealedBlock) -> std::io::Result<Arc<SealedBlock>> {
+        let src = block.map()?;
+        let bytes = src.as_ref();
+        let copy = match self.cfg.fill {
+            Some(FillMode::InPlace) => SealedBlock::fill(bytes.len(), |room| {
+                room[..bytes.len()].copy_from_slice(bytes);
+                Ok::<(), std::io::Error>(())
+            })?,
+            _ => SealedBlock::new(bytes)?,
+        };
+        Ok(Arc::new(copy))
     }
 
     /// Gets, checks and decompresses a block into a sealed memfd, in place

@@ -58,6 +58,10 @@ pub enum Request {
         volume: String,
         /// The VM's name (a label).
         name: String,
+        /// The NUMA node of the VM's guest memory, if the server knows it
+        /// (bytes 2–3: the node + 1, 0 for unknown — what a client built
+        /// before the field sends, so both sides of either age agree).
+        node: Option<u16>,
     },
     /// A block.
     Get {
@@ -194,6 +198,7 @@ impl Request {
                     version: u16_at(b, 8),
                     volume,
                     name,
+                    node: u16_at(b, 2).checked_sub(1),
                 })
             }
             GET => {
@@ -225,9 +230,13 @@ impl Request {
                 version,
                 volume,
                 name,
+                node,
             } => {
                 let name = &name.as_bytes()[..name.len().min(MAX_NAME)];
-                out.extend_from_slice(&[HELLO, 0, 0, 0]);
+                // A node past u16::MAX - 1 cannot be said: unknown.
+                let node = node.and_then(|n| n.checked_add(1)).unwrap_or(0);
+                out.extend_from_slice(&[HELLO, 0]);
+                out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&MAGIC);
                 out.extend_from_slice(&version.to_le_bytes());
                 out.push(name.len() as u8);
@@ -381,6 +390,13 @@ mod tests {
                 version: VERSION,
                 volume: "0123456789abcdef0123456789abcdef0123".into(),
                 name: "vm-1".into(),
+                node: Some(1),
+            },
+            Request::Hello {
+                version: VERSION,
+                volume: "0123456789abcdef0123456789abcdef0123".into(),
+                name: "vm-2".into(),
+                node: None,
             },
             Request::Get {
                 tag: 77,
@@ -435,8 +451,10 @@ mod tests {
             version: 1,
             volume: "u".repeat(36),
             name: "n".into(),
+            node: Some(0),
         }
         .encode();
+        assert_eq!(&hello[2..4], &[1, 0], "node 0 is sent as 1");
         hello[10] = 200;
         assert_eq!(
             Request::decode(&hello),

@@ -18,7 +18,7 @@ pub mod reactor;
 pub mod topology;
 
 pub use cpuset::CpuSet;
-pub use memory::{NodeBuffer, PageLocations, PageSize};
+pub use memory::{NodeBuffer, PageLocations, PageSize, PreferNode};
 pub use placement::{PlacementOptions, Plan, VmRequest, plan};
 pub use reactor::{BackendKind, Reactor, ReactorConfig, ReactorHandle};
 pub use topology::{NodeId, Topology};

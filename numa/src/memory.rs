@@ -298,12 +298,69 @@ impl Drop for NodeBuffer {
     }
 }
 
-fn bind(addr: *mut libc::c_void, len: usize, node: NodeId) -> Result<Binding, MemoryError> {
+/// A node mask holding `node`, and the `maxnode` argument that covers it
+/// (the kernel reads `maxnode - 1` bits).
+fn node_mask(node: NodeId) -> (Vec<u64>, libc::c_ulong) {
     let bits = u64::BITS as usize;
     let mut mask = vec![0u64; node / bits + 1];
     mask[node / bits] |= 1 << (node % bits);
-    // The kernel reads maxnode - 1 bits.
     let maxnode = (mask.len() * bits + 1) as libc::c_ulong;
+    (mask, maxnode)
+}
+
+/// While alive, memory this thread allocates — anonymous pages, and the
+/// pages of shared memory (a memfd) it writes or faults in first — comes
+/// from `node` where it has room (`set_mempolicy(MPOL_PREFERRED)`); the
+/// thread's default policy (local allocation) comes back on drop. Where
+/// the kernel has no memory policies (ENOSYS, qemu-user) it changes
+/// nothing.
+#[derive(Debug)]
+pub struct PreferNode {
+    set: bool,
+}
+
+impl PreferNode {
+    /// Prefers `node` for this thread's allocations until the guard drops.
+    pub fn new(node: NodeId) -> io::Result<PreferNode> {
+        let (mask, maxnode) = node_mask(node);
+        // SAFETY: mask outlives the call and holds maxnode - 1 bits.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_set_mempolicy,
+                libc::MPOL_PREFERRED as libc::c_ulong,
+                mask.as_ptr(),
+                maxnode,
+            )
+        };
+        if rc == 0 {
+            return Ok(PreferNode { set: true });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSYS) {
+            return Ok(PreferNode { set: false });
+        }
+        Err(err)
+    }
+}
+
+impl Drop for PreferNode {
+    fn drop(&mut self) {
+        if self.set {
+            // SAFETY: MPOL_DEFAULT takes no mask.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_set_mempolicy,
+                    libc::MPOL_DEFAULT as libc::c_ulong,
+                    std::ptr::null::<u64>(),
+                    0 as libc::c_ulong,
+                )
+            };
+        }
+    }
+}
+
+fn bind(addr: *mut libc::c_void, len: usize, node: NodeId) -> Result<Binding, MemoryError> {
+    let (mask, maxnode) = node_mask(node);
     // SAFETY: addr/len is a mapping owned by the caller; mask outlives the call and holds
     // maxnode - 1 bits.
     let rc = unsafe {
@@ -458,6 +515,23 @@ mod tests {
                 buf.binding(),
                 Binding::Unsupported(0) | Binding::Bound(0)
             ));
+        }
+    }
+
+    /// Memory a thread touches first while it prefers a node lands there;
+    /// a node the host lacks is an error (where the kernel has policies).
+    #[test]
+    fn a_thread_preferring_node_zero_allocates_there() {
+        let guard = PreferNode::new(0).unwrap();
+        let len = 1 << 20;
+        let mut v = vec![0u8; len];
+        v.iter_mut().step_by(page_size()).for_each(|b| *b = 1);
+        if numa_syscalls_work() {
+            // SAFETY: `v` is mapped for the whole call.
+            let loc = unsafe { locate_pages(v.as_ptr(), len, DEFAULT_SAMPLES) }.unwrap();
+            assert_eq!(loc.majority_node(), Some(0));
+            drop(guard);
+            assert!(PreferNode::new(1000).is_err());
         }
     }
 

@@ -34,7 +34,8 @@ pub struct HostArgs {
     #[arg(long, value_name = "GROUP")]
     pub socket_group: Option<String>,
     /// Memory block cache shared by the VMs: a size (16G; a bare number is
-    /// MiB). Each block is held once, however many VMs read it.
+    /// MiB). Each block is held once, however many VMs read it — once per
+    /// NUMA node on a host with several, each node's table a share of it.
     #[arg(
         long,
         value_name = "SIZE",
@@ -148,6 +149,7 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
     };
     // Read before the sandbox closes /sys to the daemon.
     let fill = FillMode::for_this_host();
+    let nodes = memory_nodes();
     sandbox.lock_down(&state)?;
     let cfg = HostConfig {
         cache_bytes: args.cache_size,
@@ -159,6 +161,7 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
             args.cache_size / 100 * u64::from(args.vm_cache_share)
         },
         fill: Some(fill),
+        nodes,
         ..HostConfig::default()
     };
     let host =
@@ -220,4 +223,21 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
         n(&stats.joined)
     );
     Ok(())
+}
+
+/// The NUMA nodes with memory, where the host holds blocks (one memory
+/// table each); empty where the topology cannot be read.
+fn memory_nodes() -> Vec<usize> {
+    match sluice_numa::topology::Topology::host() {
+        Ok(t) => t
+            .nodes()
+            .iter()
+            .filter(|n| n.mem_bytes > 0)
+            .map(|n| n.id)
+            .collect(),
+        Err(e) => {
+            log::warn!("cannot read the NUMA topology ({e}); one memory table for all VMs");
+            Vec::new()
+        }
+    }
 }

@@ -340,6 +340,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             name,
             mappings: args.host_mappings,
             locate: locate.clone(),
+            // The host holds this VM's blocks on its guest memory's node.
+            node: placement
+                .as_ref()
+                .and_then(|(plan, _)| plan.vms.first())
+                .and_then(|vm| vm.memory_node.or(Some(vm.worker_node)))
+                .and_then(|n| u16::try_from(n).ok()),
         })
     });
     if let Some((_, described)) = &placement {

@@ -923,6 +923,13 @@ fn host_daemon(x: &mut Exposition, host: &sluice_host::Host) {
         st.joined.load(Relaxed) as f64,
     );
     x.single(
+        "sluice_host_node_copies_total",
+        "Blocks copied from one NUMA node's memory table into another's for that node's VMs \
+         (no object GET).",
+        Kind::Counter,
+        st.node_copies.load(Relaxed) as f64,
+    );
+    x.single(
         "sluice_host_dropped_total",
         "VM servers dropped for breaking the protocol.",
         Kind::Counter,
@@ -931,7 +938,7 @@ fn host_daemon(x: &mut Exposition, host: &sluice_host::Host) {
     let (bytes, blocks) = host.memory_used();
     x.single(
         "sluice_host_memory_bytes",
-        "Bytes of blocks in the host daemon's memory table (each held once).",
+        "Bytes of blocks in the host daemon's memory tables (each held once per NUMA node).",
         Kind::Gauge,
         bytes as f64,
     );
