@@ -734,7 +734,16 @@ impl Service {
             }
         }
         if flags & CACHED_ONLY != 0 {
-            client.answer_error(tag, libc::ENODATA);
+            // A small read: another node's copy beats a ranged GET, and is
+            // not worth a copy to this node.
+            match self.held_elsewhere(&name, client.slot) {
+                Some(block) => {
+                    self.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
+                    client.stats.memory_hits.fetch_add(1, Ordering::Relaxed);
+                    client.answer_memory(tag, block);
+                }
+                None => client.answer_error(tag, libc::ENODATA),
+            }
             return;
         }
         let mut flights = self.flights.lock();
@@ -915,6 +924,15 @@ impl Service {
         }
     }
 
+    /// The block from a memory table other than `slot`'s, if one holds it.
+    fn held_elsewhere(&self, name: &BlockName, slot: usize) -> Option<Arc<SealedBlock>> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .find_map(|(_, t)| t.lru.lock().get(name))
+    }
+
     /// Inserts a block into table `slot`, charged to client `owner`.
     fn hold(&self, slot: usize, name: BlockName, block: &Arc<SealedBlock>, owner: u64) {
         let t = &self.tables[slot];
@@ -930,13 +948,7 @@ impl Service {
         name: &BlockName,
         slot: usize,
     ) -> sluice_engine::Result<Arc<SealedBlock>> {
-        let elsewhere = self
-            .tables
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != slot)
-            .find_map(|(_, t)| t.lru.lock().get(name));
-        if let Some(other) = elsewhere
+        if let Some(other) = self.held_elsewhere(name, slot)
             && let Ok(copy) = self.copy_block(&other)
         {
             self.stats.node_copies.fetch_add(1, Ordering::Relaxed);

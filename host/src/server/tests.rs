@@ -255,7 +255,7 @@ fn fetched_blocks_land_in_shared_memory_whole_and_checked() {
 /// pages is then refused and logged, and the tables still work.)
 #[test]
 fn blocks_are_fetched_once_and_held_once_per_numa_node() {
-    let fx = Fixture::new(8);
+    let fx = Fixture::new(9);
     let cfg = HostConfig {
         nodes: vec![0, 1],
         ..HostConfig::default()
@@ -295,12 +295,24 @@ fn blocks_are_fetched_once_and_held_once_per_numa_node() {
             (Some(1), 8 * u64::from(BLOCK), 8)
         ]
     );
+    // A small read asks only for a cached copy: another node's will do,
+    // with no copy to its own node and no GET.
+    assert!(bytes_of(get(&a, 8).unwrap().unwrap()) == block_bytes(8));
+    let only = |c: &HostClient, i| c.block(7, 64 * BLOCK, i, Ask::CachedOnly);
+    let b2 = fx.client_on("b2", Some(1));
+    assert!(bytes_of(only(&b2, 8).unwrap().unwrap()) == block_bytes(8));
+    assert!(only(&b2, 5).is_some(), "its own node's copy");
+    let c9 = fx.client_on("c9", Some(0));
+    assert!(only(&c9, 9).is_none(), "a block nobody holds");
+    assert_eq!(stats.fetches.load(Ordering::Relaxed), 9);
+    assert_eq!(stats.node_copies.load(Ordering::Relaxed), 8);
+    assert_eq!(host.memory_by_node()[1].2, 8, "nothing copied to node 1");
     // A VM whose node the host does not list uses the first table: hits.
     let c = fx.client_on("c", Some(7));
     let hits = stats.memory_hits.load(Ordering::Relaxed);
     assert!(bytes_of(get(&c, 2).unwrap().unwrap()) == block_bytes(2));
     assert_eq!(stats.memory_hits.load(Ordering::Relaxed), hits + 1);
-    assert_eq!(stats.fetches.load(Ordering::Relaxed), 8);
+    assert_eq!(stats.fetches.load(Ordering::Relaxed), 9);
 }
 
 #[test]
