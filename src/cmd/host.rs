@@ -225,14 +225,17 @@ pub fn run(args: HostArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The NUMA nodes with memory, where the host holds blocks (one memory
-/// table each); empty where the topology cannot be read.
+/// The NUMA nodes with both CPUs and memory, where the host holds blocks
+/// (one memory table each); empty where the topology cannot be read.
+/// Memory-only nodes (CXL expanders, the GPU memory Grace Hopper shows as
+/// nodes) get none: guest memory lives on CPU nodes, and a table each
+/// would split `--cache-size` among nodes no VM reads from.
 fn memory_nodes() -> Vec<usize> {
     match sluice_numa::topology::Topology::host() {
         Ok(t) => t
             .nodes()
             .iter()
-            .filter(|n| n.mem_bytes > 0)
+            .filter(|n| n.mem_bytes > 0 && !n.cpus.is_empty())
             .map(|n| n.id)
             .collect(),
         Err(e) => {
