@@ -246,6 +246,16 @@ pub(crate) fn writable_dir<T: NsTx>(
     Ok(a)
 }
 
+/// A symlink's target: 1 to 4096 bytes (PATH_MAX), no NUL.
+pub(crate) fn check_symlink_target(target: &[u8]) -> Result<(), Error> {
+    if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+        return Err(Error::Invalid(
+            "a symlink target must be 1..4096 bytes without NUL".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// What making a name (a new node or a hard link) in `parent` can refuse
 /// before looking at the volume.
 pub(crate) fn check_new_name(parent: Ino, name: &[u8]) -> Result<(), Error> {

@@ -1069,11 +1069,7 @@ impl Meta for RedisMeta {
         name: &[u8],
         target: &[u8],
     ) -> Result<(Ino, Attr)> {
-        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
-            return Err(Error::Invalid(
-                "a symlink target must be 1..4096 bytes without NUL".into(),
-            ));
-        }
+        crate::meta::namespace::check_symlink_target(target)?;
         namespace::mknod(
             &self.inner,
             ctx,
