@@ -322,6 +322,9 @@ struct Service {
     clients: Mutex<BTreeMap<u64, Arc<Client>>>,
     next_client: AtomicU64,
     stats: HostStats,
+    /// Whether placing a block's pages on its node failed once already
+    /// (said once in the log, not at every fetch).
+    placing_failed: AtomicBool,
 }
 
 /// The running block service of `sluice host`.
@@ -395,6 +398,7 @@ impl Host {
             clients: Mutex::new(BTreeMap::new()),
             next_client: AtomicU64::new(1),
             stats: HostStats::default(),
+            placing_failed: AtomicBool::new(false),
         });
         let host = Arc::new(Host {
             service: service.clone(),
@@ -846,59 +850,76 @@ impl Service {
                     continue;
                 }
             };
-            self.hold(first, name, &block, owner);
-            // The other nodes that want it get copies before the flight
-            // ends (askers may join meanwhile: loop until none is missing).
-            let mut held = vec![(first, block.clone())];
-            let waiters = loop {
-                let missing: Vec<(usize, u64)> = {
-                    let mut flights = self.flights.lock();
-                    let Some(f) = flights.get(&name) else {
-                        break Vec::new();
-                    };
-                    let missing: Vec<(usize, u64)> = f
-                        .slots
-                        .iter()
-                        .filter(|s| !held.iter().any(|(h, _)| h == *s))
-                        .map(|&s| {
-                            // Charged to a VM of that node that waits for it.
-                            let payer = f.waiters.iter().find(|(c, _)| c.slot == s);
-                            (s, payer.map_or(owner, |(c, _)| c.id))
-                        })
-                        .collect();
-                    if missing.is_empty() {
-                        break flights.remove(&name).map(|f| f.waiters).unwrap_or_default();
-                    }
-                    missing
-                };
-                for (slot, payer) in missing {
-                    let copy = {
-                        let _placed = self.prefer(slot);
-                        self.copy_block(&block)
-                    };
-                    match copy {
-                        Ok(copy) => {
-                            self.stats.node_copies.fetch_add(1, Ordering::Relaxed);
-                            self.hold(slot, name, &copy, payer);
-                            held.push((slot, copy));
-                        }
-                        Err(e) => {
-                            // Served from the other node's copy, not held.
-                            log::warn!("host: cannot copy a block to another node: {e}");
-                            held.push((slot, block.clone()));
-                        }
-                    }
-                }
-            };
-            for (client, tag) in waiters {
-                let own = held
-                    .iter()
-                    .find(|(s, _)| *s == client.slot)
-                    .map_or_else(|| block.clone(), |(_, b)| b.clone());
+            for (client, tag, own) in self.hold_everywhere(name, first, &block, owner) {
                 client.stats.fetched.fetch_add(1, Ordering::Relaxed);
                 client.answer_memory(tag, own);
             }
         }
+    }
+
+    /// Holds a fetched `block` in table `first`, then copies it into every
+    /// other table its flight wants (askers may join meanwhile: loops until
+    /// none is missing) and only then ends the flight. Returns its waiters,
+    /// each with the copy on its own node.
+    fn hold_everywhere(
+        &self,
+        name: BlockName,
+        first: usize,
+        block: &Arc<SealedBlock>,
+        owner: u64,
+    ) -> Vec<(Arc<Client>, u64, Arc<SealedBlock>)> {
+        self.hold(first, name, block, owner);
+        let mut held = vec![(first, block.clone())];
+        let waiters = loop {
+            let missing: Vec<(usize, u64)> = {
+                let mut flights = self.flights.lock();
+                let Some(f) = flights.get(&name) else {
+                    break Vec::new();
+                };
+                let missing: Vec<(usize, u64)> = f
+                    .slots
+                    .iter()
+                    .filter(|s| !held.iter().any(|(h, _)| h == *s))
+                    .map(|&s| {
+                        // Charged to a VM of that node that waits for it.
+                        let payer = f.waiters.iter().find(|(c, _)| c.slot == s);
+                        (s, payer.map_or(owner, |(c, _)| c.id))
+                    })
+                    .collect();
+                if missing.is_empty() {
+                    break flights.remove(&name).map(|f| f.waiters).unwrap_or_default();
+                }
+                missing
+            };
+            for (slot, payer) in missing {
+                let copy = {
+                    let _placed = self.prefer(slot);
+                    self.copy_block(block)
+                };
+                match copy {
+                    Ok(copy) => {
+                        self.stats.node_copies.fetch_add(1, Ordering::Relaxed);
+                        self.hold(slot, name, &copy, payer);
+                        held.push((slot, copy));
+                    }
+                    Err(e) => {
+                        // Served from the other node's copy, not held.
+                        log::warn!("host: cannot copy a block to another node: {e}");
+                        held.push((slot, block.clone()));
+                    }
+                }
+            }
+        };
+        waiters
+            .into_iter()
+            .map(|(client, tag)| {
+                let own = held
+                    .iter()
+                    .find(|(s, _)| *s == client.slot)
+                    .map_or_else(|| block.clone(), |(_, b)| b.clone());
+                (client, tag, own)
+            })
+            .collect()
     }
 
     /// Which memory table a client whose guest memory is on `node` uses.
@@ -918,7 +939,12 @@ impl Service {
         match sluice_numa::PreferNode::new(node) {
             Ok(g) => Some(g),
             Err(e) => {
-                log::warn!("host: cannot prefer NUMA node {node} for a block: {e}");
+                if !self.placing_failed.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "host: cannot place blocks' pages on NUMA node {node} ({e}); \
+                         they go where the kernel puts them (said once)"
+                    );
+                }
                 None
             }
         }
