@@ -11,7 +11,7 @@
 //!    (a `file://` bucket: an `fdatasync` of each object and an `fsync` of
 //!    each directory, all at once; S3 and writeback staging: nothing);
 //! 2. records the slices of every job whose objects are durable with one
-//!    [`Meta::write_chunks`] (SQLite: one transaction for the group);
+//!    [`Store::write_chunks`](crate::meta::Store::write_chunks) (SQLite: one transaction for the group);
 //! 3. drops each chunk it recorded from the reader's resolved slice lists,
 //!    and only then tells each job how it went.
 //!

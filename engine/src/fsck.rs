@@ -791,7 +791,7 @@ mod tests {
 
     use super::*;
     use crate::meta::conformance::test_format;
-    use crate::meta::{Meta, SqliteMeta, Timestamp};
+    use crate::meta::{Meta, SqliteMeta, Store, Timestamp};
     use crate::object::{FileStore, ObjectStore};
 
     /// A SQLite volume in `dir` holding /f (one 5000-byte slice, stored) and

@@ -11,7 +11,7 @@
 //! fsync, release — or early, once the buffer passes its limit — the rest of
 //! each slice is stored and its uploads are waited for; the stored slices
 //! then go to the volume's group commit ([`crate::commit`]), which makes
-//! their objects durable and records them with `Meta::write_chunk`, in
+//! their objects durable and records them with `Store::write_chunk`, in
 //! write order, with the commits of other files. So a sequential writer's
 //! fsync waits for about one block, not for the whole buffer, and a commit
 //! is never durable before the objects it names. A close does not wait for

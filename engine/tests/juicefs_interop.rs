@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use sluice_engine::format::Format;
 use sluice_engine::meta::{
-    CHUNK_SIZE, Context, FileType, Meta, ROOT_INO, Slice, SqliteMeta, TRASH_INO, Timestamp,
+    CHUNK_SIZE, Context, FileType, Meta, ROOT_INO, Slice, SqliteMeta, Store, TRASH_INO, Timestamp,
     TruncateVia, XattrMode,
 };
 

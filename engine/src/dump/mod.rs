@@ -34,7 +34,7 @@ mod tests {
     use crate::meta::conformance::test_format;
     use crate::meta::rules::align4k;
     use crate::meta::{
-        Context, Meta, QuotaChange, ROOT_INO, Slice, SqliteMeta, Timestamp, XattrMode,
+        Context, Meta, QuotaChange, ROOT_INO, Slice, SqliteMeta, Store, Timestamp, XattrMode,
     };
 
     #[test]

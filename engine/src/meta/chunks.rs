@@ -72,8 +72,6 @@ pub(crate) trait ChunkTx: NsTx {
         range: RangeInclusive<u32>,
         limit: usize,
     ) -> Result<Vec<u32>, Self::Error>;
-    /// Every directory holding an entry for `ino`, with how many entries.
-    fn parents(&mut self, ino: Ino) -> Result<Vec<(Ino, i64)>, Self::Error>;
     /// Replaces the chunk's first `old.len()` records by `new` if they are
     /// still exactly `old` (the records after them stay); whether it did.
     fn replace_head(

@@ -13,7 +13,7 @@
 //! [`Deleter::drain`] waits), then takes everything queued at once: it
 //! deletes the removed files' chunk records first (each a transaction of the engine, whose
 //! released slices come back to this queue), then releases the slices —
-//! one [`Meta::sync`](super::Meta::sync) for all of them (an object is
+//! one [`Store::sync`](super::Store::sync) for all of them (an object is
 //! deleted only once the change that released it is durable), then the
 //! objects, then one transaction forgetting their references. Many unlinks
 //! pay for one sync.

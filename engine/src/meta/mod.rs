@@ -1,8 +1,11 @@
-//! Metadata: the types every metadata engine shares and the [`Meta`] trait
-//! that the SQLite and Redis engines implement on JuiceFS 1.x's schema.
+//! Metadata: the types every metadata engine shares, and the two traits of
+//! an engine on JuiceFS 1.x's schema: [`Store`], what the SQLite and Redis
+//! engines each implement (their storage-shaped operations), and [`Meta`],
+//! the operations written once over them (`engine.rs`).
 //!
-//! The trait speaks in inodes, names, attributes and slices — never in SQL or
-//! Redis keys — so the data path and the FUSE layer work with any engine.
+//! The traits speak in inodes, names, attributes and slices — never in SQL
+//! or Redis keys — so the data path and the FUSE layer work with any
+//! engine.
 
 use std::sync::Arc;
 
@@ -13,6 +16,7 @@ pub(crate) mod chunks;
 pub(crate) mod conformance;
 pub mod copy_range;
 mod deleter;
+pub(crate) mod engine;
 pub(crate) mod namespace;
 mod open_files;
 pub mod quota;
@@ -137,7 +141,7 @@ impl Slice {
     }
 }
 
-/// One [`Meta::write_chunk`]: slice `slice` appended to chunk `indx` of
+/// One [`Store::write_chunk`]: slice `slice` appended to chunk `indx` of
 /// `ino`, with `mtime`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkWrite {
@@ -151,7 +155,7 @@ pub struct ChunkWrite {
     pub mtime: Timestamp,
 }
 
-/// What [`Meta::write_chunks`] did with one commit's writes.
+/// What [`Store::write_chunks`] did with one commit's writes.
 #[derive(Debug, Default)]
 pub struct CommitResult {
     /// For each write applied, in order, how many slices its chunk holds
@@ -189,12 +193,17 @@ pub struct ReleasedSlice {
 /// kept by the engine (JuiceFS's `jfs_delslices`) and retried by `cleanup`.
 pub type SliceReleaser = Arc<dyn Fn(ReleasedSlice) -> bool + Send + Sync>;
 
-/// A metadata engine on JuiceFS 1.x's schema. A method that changes the
+/// What each metadata engine implements itself: the volume's settings,
+/// sessions, open files, getattr and lookup, chunks and slices, reading
+/// extended attributes, quota records, dump/load and fsck's scans; [`Meta`]
+/// adds the operations written once. Both keep these rules.
+///
+/// A method that changes the
 /// namespace or a node commits its change as one transaction (one SQL
 /// transaction, one Redis MULTI/EXEC), so no reader sees half of it; what
 /// follows a commit is not part of it — the objects and chunk records it
 /// released are deleted afterwards, in the background (see `deleter`), a
-/// Redis rename whose quotas need checking checks them before its
+/// rename whose directory quotas need checking checks them before its
 /// transaction (JuiceFS's rule), an unlink or rmdir into the trash makes
 /// the hour's trash directory in a transaction of its own first, and inode
 /// and slice ids come from counters taken outside the transaction (numbers
@@ -203,7 +212,7 @@ pub type SliceReleaser = Arc<dyn Fn(ReleasedSlice) -> bool + Send + Sync>;
 ///
 /// Permission checks (`Access`/`Perm`) happen inside the engine against
 /// `ctx`, as JuiceFS's do, unless `ctx.privileged`.
-pub trait Meta: Send + Sync + std::fmt::Debug {
+pub trait Store: Send + Sync + std::fmt::Debug {
     /// The engine's name for logs ("sqlite3", "redis").
     fn name(&self) -> &'static str;
 
@@ -244,16 +253,16 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     fn cleanup(&self) -> Result<()>;
     /// Installs the callback that deletes the objects of released slices.
     /// The engine calls it only once the change that released them is
-    /// durable ([`Meta::sync`]): an object deleted while a power loss could
+    /// durable ([`Store::sync`]): an object deleted while a power loss could
     /// still roll that change back would leave a file naming it.
     fn set_slice_releaser(&self, releaser: SliceReleaser);
     /// From now on, the data of removed files and the objects of released
     /// slices are deleted by a background thread, many at a time behind
-    /// one [`Meta::sync`], rather than by the call that removed or released
+    /// one [`Store::sync`], rather than by the call that removed or released
     /// them (an unlink then costs its own transaction alone). The `Vfs`
     /// asks for it; tools and tests keep deleting in the call. What the
     /// queue loses in a crash the metadata still records, and
-    /// [`Meta::cleanup`] finds it.
+    /// [`Store::cleanup`] finds it.
     fn delete_in_background(&self) -> Result<()> {
         Ok(())
     }
@@ -270,21 +279,17 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
-    /// Why this engine cannot promise that [`Meta::sync`] makes commits
+    /// Why this engine cannot promise that [`Store::sync`] makes commits
     /// durable, if it cannot (a Redis server without `appendonly yes` and
     /// `appendfsync always`): one line for a warning at mount.
     fn durability_gap(&self) -> Option<String> {
         None
     }
 
-    /// Space and inode usage.
-    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
     /// Looks up `name` in directory `parent` (`.` and `..` included).
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)>;
     /// The attributes of a node.
     fn getattr(&self, ino: Ino) -> Result<Attr>;
-    /// Changes mode, owner or times.
-    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr>;
     /// Sets a regular file's length; chunks past the end are dropped and
     /// their slices released. `via` says whether the caller holds the file
     /// open for writing (then the mode is not checked). Returns the new
@@ -294,96 +299,12 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
 
-    /// Creates a node of any type but directory and symlink (mknod).
-    #[allow(clippy::too_many_arguments)]
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        typ: FileType,
-        mode: u16,
-        umask: u16,
-        rdev: u32,
-    ) -> Result<(Ino, Attr)>;
-    /// Creates a directory.
-    fn mkdir(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)>;
-    /// Creates a symbolic link.
-    fn symlink(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        target: &[u8],
-    ) -> Result<(Ino, Attr)>;
-    /// The target of a symbolic link.
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
-    /// Removes a non-directory entry. With trash enabled the node moves to
-    /// the trash; a file still open somewhere is kept until its last close.
-    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
-    /// Removes an empty directory.
-    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
-    /// Renames (or exchanges) an entry; a replaced destination is unlinked as
-    /// `unlink` would. Returns the moved node.
-    fn rename(
-        &self,
-        ctx: &Context,
-        parent_src: Ino,
-        name_src: &[u8],
-        parent_dst: Ino,
-        name_dst: &[u8],
-        flags: RenameFlags,
-    ) -> Result<(Ino, Attr)>;
-    /// Adds a hard link to `ino` as `name` in `parent`.
-    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr>;
-    /// All entries of a directory, `.` and `..` first; with `plus`, each
-    /// entry carries full attributes (otherwise only `typ` is meaningful).
-    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>>;
-    /// One page of a directory's entries: about `max` of them (at least
-    /// one unless the directory ends; Redis may return more for a small
-    /// directory), from `cursor` on. The first page ([`DirCursor::Start`])
-    /// checks access as [`Meta::readdir`] does and begins with `.` and `..`.
-    /// The work of a call is bounded by its page, not by the directory.
-    /// An entry that exists for the whole listing appears in it (once, but
-    /// see [`DirPage::may_repeat`]); one added or removed meanwhile may or
-    /// may not, as POSIX allows.
-    fn readdir_page(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        plus: bool,
-        cursor: &DirCursor,
-        max: usize,
-    ) -> Result<DirPage>;
-
-    /// Creates and opens a regular file (or fails with `Exists`).
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)>;
     /// Checks `flags` (`O_ACCMODE` bits; an execve's `__FMODE_EXEC` open
     /// needs execute, not read) against the node's permissions and records
     /// that this session holds it open.
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr>;
     /// Records one close; the last close of an unlinked file releases it.
     fn close(&self, ino: Ino) -> Result<()>;
-    /// Checks access `mask` (`R_OK|W_OK|X_OK`, or `F_OK`).
-    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()>;
-    /// Sets the access time alone, as a read or a directory listing does:
-    /// no permission check (the caller could read) and no ctime change.
-    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()>;
-
     /// The slice list of chunk `indx` of a file, as stored (in write order;
     /// later slices win). Empty when the chunk holds no data.
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>>;
@@ -396,8 +317,6 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
         range: std::ops::RangeInclusive<u32>,
         limit: usize,
     ) -> Result<Vec<u32>>;
-    /// What range operations (fallocate, chunk listings) visited so far.
-    fn work(&self) -> WorkStats;
     /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
     /// one transaction: the source's bytes over the range (bounded by its
     /// length and [`MAX_COPY_LEN`]) appear in the destination as slice
@@ -406,7 +325,7 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// grows to cover the copy, gets new mtime and ctime, and usage and
     /// directory statistics follow. Access was proven by the caller's open
     /// handles (source readable, destination writable), as for
-    /// [`Meta::write_chunk`]. Returns the bytes copied (0 when the source
+    /// [`Store::write_chunk`]. Returns the bytes copied (0 when the source
     /// ends before `off_in`: nothing changes) and the destination's
     /// attributes.
     fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)>;
@@ -416,7 +335,7 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// length to cover it, sets mtime, and updates usage and directory stats.
     /// Returns how many slices the chunk now holds (a hint for compaction).
     fn write_chunk(&self, ino: Ino, indx: u32, slice: Slice, mtime: Timestamp) -> Result<usize>;
-    /// The [`Meta::write_chunk`]s of several files' commits, as a group
+    /// The [`Store::write_chunk`]s of several files' commits, as a group
     /// commit gathers them: each commit's writes are applied in order and
     /// stop at its first failure, which fails that commit alone. An engine
     /// that can applies the whole group as one transaction (SQLite: one
@@ -455,40 +374,15 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// with holes); with `remove`, they are deleted. For fsck.
     fn orphan_space_records(&self, remove: bool) -> Result<u64>;
 
-    /// How many of a node's names are in the trash: the links the trash
-    /// keeps of a hard-linked file one of whose names was removed (JuiceFS
-    /// moves the name there and keeps the link count). The stored count
-    /// includes them; what a user is shown leaves them out (the Vfs).
-    fn trash_links(&self, ino: Ino) -> Result<u32>;
-
     /// Reads an extended attribute.
     fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>>;
     /// Lists extended attribute names.
     fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>>;
-    /// Sets an extended attribute.
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        name: &[u8],
-        value: &[u8],
-        mode: XattrMode,
-    ) -> Result<()>;
-    /// Removes an extended attribute.
-    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
-    /// A node's ACL of type `typ` (`None`: it has none, its mode is its
-    /// access ACL). Only for volumes with ACLs (`Format::enable_acl`; the
-    /// caller checks).
-    fn get_facl(&self, ino: Ino, typ: acl::AclType) -> Result<Option<acl::Rule>>;
-    /// Sets a node's ACL of type `typ` by [`rules::apply_facl`]'s rules (an
-    /// empty rule removes it). Only for volumes with ACLs.
-    fn set_facl(&self, ctx: &Context, ino: Ino, typ: acl::AclType, rule: &acl::Rule) -> Result<()>;
-
     /// The limits and usage this client checks changes against (see
     /// [`quota`]).
     fn quotas(&self) -> &Quotas;
     /// Reads the settings, the usage counters and every directory quota
-    /// again into [`Meta::quotas`] (done at load and at each heartbeat).
+    /// again into [`Store::quotas`] (done at load and at each heartbeat).
     fn reload_quotas(&self) -> Result<()>;
     /// Every directory quota record (JuiceFS `jfs_dir_quota` / `dirQuota`).
     fn dir_quotas(&self) -> Result<Vec<(Ino, DirQuota)>>;
@@ -522,4 +416,124 @@ pub trait Meta: Send + Sync + std::fmt::Debug {
     /// The removed files whose chunks still await deletion (JuiceFS
     /// `jfs_delfile` / `delfiles`): their chunk records have no node.
     fn deleted_files(&self) -> Result<Vec<Ino>>;
+}
+
+/// The operations written once over every engine (`meta/engine.rs`): the
+/// namespace's changes, listings, permissions, attributes and ACLs, each
+/// run as one transaction (or one read) of the engine's storage
+/// primitives. An engine implements [`Store`] and the crate's `Engine`
+/// (its transactions and a few hooks); `Meta` comes with them.
+pub trait Meta: Store {
+    /// Space and inode usage.
+    fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
+    /// The target of a symbolic link.
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>>;
+    /// All entries of a directory, `.` and `..` first; with `plus`, each
+    /// entry carries full attributes (otherwise only `typ` is meaningful).
+    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>>;
+    /// One page of a directory's entries: about `max` of them (at least
+    /// one unless the directory ends; Redis may return more for a small
+    /// directory), from `cursor` on. The first page ([`DirCursor::Start`])
+    /// checks access as [`Meta::readdir`] does and begins with `.` and `..`.
+    /// The work of a call is bounded by its page, not by the directory.
+    /// An entry that exists for the whole listing appears in it (once, but
+    /// see [`DirPage::may_repeat`]); one added or removed meanwhile may or
+    /// may not, as POSIX allows.
+    fn readdir_page(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        plus: bool,
+        cursor: &DirCursor,
+        max: usize,
+    ) -> Result<DirPage>;
+    /// What range operations (fallocate, chunk listings) visited so far.
+    fn work(&self) -> WorkStats;
+    /// How many of a node's names are in the trash: the links the trash
+    /// keeps of a hard-linked file one of whose names was removed (JuiceFS
+    /// moves the name there and keeps the link count). The stored count
+    /// includes them; what a user is shown leaves them out (the Vfs).
+    fn trash_links(&self, ino: Ino) -> Result<u32>;
+    /// Changes mode, owner or times.
+    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr>;
+    /// Creates a node of any type but directory and symlink (mknod).
+    #[allow(clippy::too_many_arguments)]
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        typ: FileType,
+        mode: u16,
+        umask: u16,
+        rdev: u32,
+    ) -> Result<(Ino, Attr)>;
+    /// Creates a directory.
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)>;
+    /// Creates a symbolic link.
+    fn symlink(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<(Ino, Attr)>;
+    /// Removes a non-directory entry. With trash enabled the node moves to
+    /// the trash; a file still open somewhere is kept until its last close.
+    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Removes an empty directory.
+    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Renames (or exchanges) an entry; a replaced destination is unlinked as
+    /// `unlink` would. Returns the moved node.
+    fn rename(
+        &self,
+        ctx: &Context,
+        parent_src: Ino,
+        name_src: &[u8],
+        parent_dst: Ino,
+        name_dst: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(Ino, Attr)>;
+    /// Adds a hard link to `ino` as `name` in `parent`.
+    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr>;
+    /// Creates and opens a regular file (or fails with `Exists`).
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: Ino,
+        name: &[u8],
+        mode: u16,
+        umask: u16,
+    ) -> Result<(Ino, Attr)>;
+    /// Checks access `mask` (`R_OK|W_OK|X_OK`, or `F_OK`).
+    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()>;
+    /// Sets the access time alone, as a read or a directory listing does:
+    /// no permission check (the caller could read) and no ctime change.
+    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()>;
+
+    /// Sets an extended attribute.
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()>;
+    /// Removes an extended attribute.
+    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()>;
+    /// A node's ACL of type `typ` (`None`: it has none, its mode is its
+    /// access ACL). Only for volumes with ACLs (`Format::enable_acl`; the
+    /// caller checks).
+    fn get_facl(&self, ino: Ino, typ: acl::AclType) -> Result<Option<acl::Rule>>;
+    /// Sets a node's ACL of type `typ` by [`rules::apply_facl`]'s rules (an
+    /// empty rule removes it). Only for volumes with ACLs.
+    fn set_facl(&self, ctx: &Context, ino: Ino, typ: acl::AclType, rule: &acl::Rule) -> Result<()>;
 }

@@ -30,6 +30,15 @@ pub(crate) struct Edge {
     pub(crate) typ: u8,
 }
 
+/// What [`NsRead::list`] read: the records it visited (a corrupt one
+/// included), where the next page starts (`None`: the directory ends), and
+/// whether a later page may repeat an entry of an earlier one.
+pub(crate) struct Listed {
+    pub(crate) rows: usize,
+    pub(crate) next: Option<crate::meta::DirCursor>,
+    pub(crate) may_repeat: bool,
+}
+
 /// What reading the namespace needs of an engine, in a transaction or a
 /// read-only snapshot.
 pub(crate) trait NsRead {
@@ -44,6 +53,27 @@ pub(crate) trait NsRead {
     fn check(&mut self, ctx: &Context, a: &Attr, mask: u8) -> Result<(), Self::Error>;
     /// The entry `name` of `dir`.
     fn edge(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Edge>, Self::Error>;
+    /// An ACL rule by its id.
+    fn rule(&mut self, id: u32) -> Result<std::sync::Arc<Rule>, Self::Error>;
+    /// Every directory holding an entry for `ino`, with how many entries
+    /// (Redis records them only for a hard-linked node).
+    fn parents(&mut self, ino: Ino) -> Result<Vec<(Ino, i64)>, Self::Error>;
+    /// A symlink's target, as stored.
+    fn symlink(&mut self, ino: Ino) -> Result<Option<Vec<u8>>, Self::Error>;
+    /// Appends the entries of directory `dir` to `into` (with their
+    /// attributes when `plus`, their type alone otherwise; an entry whose
+    /// record cannot be read is logged and left out): all of them
+    /// (`page` None), or about `max` from the cursor (`Some((cursor,
+    /// max))`; `Start` is the first page). Each engine pages in its own
+    /// order: SQLite by name after the last one read, Redis by `HSCAN`
+    /// cursor; a cursor of the other engine is refused.
+    fn list(
+        &mut self,
+        dir: Ino,
+        plus: bool,
+        page: Option<(&crate::meta::DirCursor, usize)>,
+        into: &mut Vec<crate::meta::Entry>,
+    ) -> Result<Listed, Self::Error>;
 
     /// A node that must exist.
     fn must_node(&mut self, ino: Ino) -> Result<Attr, Self::Error> {
@@ -116,8 +146,6 @@ pub(crate) trait NsTx: NsRead {
     fn set_symlink(&mut self, ino: Ino, target: &[u8]) -> Result<(), Self::Error>;
     /// Starts the statistics of a directory just made (where kept).
     fn new_dir_stats(&mut self, dir: Ino) -> Result<(), Self::Error>;
-    /// An ACL rule by its id.
-    fn rule(&mut self, id: u32) -> Result<std::sync::Arc<Rule>, Self::Error>;
     /// The id of `rule`, stored if new (0 for an empty rule).
     fn store_rule(&mut self, rule: &Rule) -> Result<u32, Self::Error>;
     /// An extended attribute's value.
@@ -134,6 +162,12 @@ pub(crate) trait NsTx: NsRead {
     ) -> Result<(), Self::Error>;
     /// Removes an extended attribute that exists.
     fn delete_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<(), Self::Error>;
+    /// The next number of an hour's trash directory (the counter
+    /// `nextTrash`, taken now: a conflict wastes one, harmlessly).
+    fn next_trash_dir(&mut self) -> Result<u64, Self::Error>;
+    /// Quotas were checked before this transaction (a rename's, by
+    /// `quota::before_rename`): its changes are not checked again.
+    fn quotas_checked(&mut self);
 
     /// Reads `dir`'s attributes and its entry `name` ahead, together (a
     /// round trip saved on Redis); nothing elsewhere.

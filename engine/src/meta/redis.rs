@@ -11,7 +11,7 @@
 //! `delfiles`, `delSlices`; `allSessions`, `sessionInfos`, `session{sid}`;
 //! `dirDataLength`/`dirUsedSpace`/`dirUsedInodes`.
 //!
-//! Every [`Meta`] method that changes something is one optimistic
+//! Every `Meta` or `Store` method that changes something is one optimistic
 //! transaction (`tx.rs`). Work that must follow a commit — deleting the
 //! objects of released slices, the chunks of removed files — runs after it.
 //!
@@ -44,14 +44,11 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::meta::acl::{self, AclType, acl_id};
 use crate::meta::rules;
-use crate::meta::rules::statfs_from;
 use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::{
-    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
-    QuotaChange, Quotas, ROOT_INO, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser,
-    StatFs, TRASH_INO, Timestamp, TruncateVia, XattrMode, quota,
+    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Ino, QuotaChange, Quotas,
+    ROOT_INO, ReleasedSlice, Slice, SliceReleaser, Store, TRASH_INO, Timestamp, TruncateVia, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -99,7 +96,7 @@ struct Inner {
     closes: Mutex<Vec<Ino>>,
     releaser: RwLock<Option<SliceReleaser>>,
     /// Deletes removed files' data and released slices' objects in the
-    /// background, once asked to ([`Meta::delete_in_background`]).
+    /// background, once asked to ([`Store::delete_in_background`]).
     deleter: Mutex<Option<Arc<Deleter>>>,
     heartbeat: Mutex<Option<crate::meta::session::Heartbeat>>,
     trash_dir: Mutex<Option<(String, Ino)>>,
@@ -263,7 +260,7 @@ impl RedisMeta {
     /// `SENTINEL_PASSWORD`). Without a password in the URL,
     /// `REDIS_PASSWORD` or `META_PASSWORD` from the environment is used, as
     /// JuiceFS does. `?fsync-replicas=N` makes every fsync wait until N
-    /// replicas hold every write so far ([`Meta::sync`]).
+    /// replicas hold every write so far ([`Store::sync`]).
     pub fn open(url: &str) -> Result<RedisMeta> {
         use redis::IntoConnectionInfo;
         let shown = crate::redact::redact_url(url);
@@ -841,7 +838,7 @@ impl Inner {
     }
 }
 
-impl Meta for RedisMeta {
+impl Store for RedisMeta {
     fn name(&self) -> &'static str {
         "redis"
     }
@@ -878,7 +875,7 @@ impl Meta for RedisMeta {
     }
 
     fn cleanup(&self) -> Result<()> {
-        session::cleanup(&self.inner)
+        session::cleanup(&self.inner, self)
     }
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
@@ -970,13 +967,6 @@ impl Meta for RedisMeta {
         }
     }
 
-    fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {
-        let fmt = self.inner.format()?;
-        let used = self.inner.counter_value(counter::USED_SPACE)?;
-        let inodes = self.inner.counter_value(counter::TOTAL_INODES)?;
-        Ok(statfs_from(&fmt, used, inodes))
-    }
-
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         namespace::lookup_name(&self.inner, ctx, parent, name)
     }
@@ -996,168 +986,12 @@ impl Meta for RedisMeta {
         Ok(a)
     }
 
-    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        let inner = &*self.inner;
-        inner.write(ino, |tx| {
-            crate::meta::namespace::setattr(&mut namespace::Ns::new(tx, inner), ctx, ino, set)
-        })
-    }
-
     fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
         chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
         chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
-    }
-
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        typ: FileType,
-        mode: u16,
-        umask: u16,
-        rdev: u32,
-    ) -> Result<(Ino, Attr)> {
-        if matches!(typ, FileType::Directory | FileType::Symlink) {
-            return Err(Error::Invalid(
-                "mknod makes neither directories nor symlinks".into(),
-            ));
-        }
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            typ,
-            mode,
-            umask,
-            rdev,
-            b"",
-            false,
-        )
-    }
-
-    fn mkdir(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)> {
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::Directory,
-            mode,
-            umask,
-            0,
-            b"",
-            false,
-        )
-    }
-
-    fn symlink(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        target: &[u8],
-    ) -> Result<(Ino, Attr)> {
-        crate::meta::namespace::check_symlink_target(target)?;
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::Symlink,
-            0o777,
-            0,
-            0,
-            target,
-            false,
-        )
-    }
-
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        namespace::readlink(&self.inner, ino)
-    }
-
-    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        namespace::unlink(&self.inner, ctx, parent, name)
-    }
-
-    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        namespace::rmdir(&self.inner, ctx, parent, name)
-    }
-
-    fn rename(
-        &self,
-        ctx: &Context,
-        parent_src: Ino,
-        name_src: &[u8],
-        parent_dst: Ino,
-        name_dst: &[u8],
-        flags: RenameFlags,
-    ) -> Result<(Ino, Attr)> {
-        let moved = quota::before_rename(self, ctx, parent_src, name_src, parent_dst)?;
-        let out = namespace::rename(
-            &self.inner,
-            ctx,
-            parent_src,
-            name_src,
-            parent_dst,
-            name_dst,
-            flags,
-        )?;
-        quota::after_rename(self, moved, parent_dst, flags, &out)?;
-        Ok(out)
-    }
-
-    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
-        namespace::link(&self.inner, ctx, ino, parent, name)
-    }
-
-    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
-        namespace::readdir(&self.inner, ctx, ino, plus)
-    }
-
-    fn readdir_page(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        plus: bool,
-        cursor: &crate::meta::DirCursor,
-        max: usize,
-    ) -> Result<crate::meta::DirPage> {
-        namespace::readdir_page(&self.inner, ctx, ino, plus, cursor, max)
-    }
-
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)> {
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::File,
-            mode,
-            umask,
-            0,
-            b"",
-            true,
-        )
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
@@ -1196,22 +1030,6 @@ impl Meta for RedisMeta {
         session::closed(&self.inner, ino)
     }
 
-    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
-        self.inner.read(|tx| {
-            let attr = node::must_get(tx, ino)?;
-            node::check(tx, ctx, &attr, (mask & 7) as u8)
-        })
-    }
-
-    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
-        self.inner.write(ino, |tx| {
-            let mut a = node::must_get(tx, ino)?;
-            a.atime = atime;
-            node::put(tx, ino, &a);
-            Ok(())
-        })
-    }
-
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
     }
@@ -1223,10 +1041,6 @@ impl Meta for RedisMeta {
         limit: usize,
     ) -> Result<Vec<u32>> {
         chunk::chunk_indices(&self.inner, ino, range, limit)
-    }
-
-    fn work(&self) -> crate::meta::WorkStats {
-        self.inner.work.snapshot()
     }
 
     fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
@@ -1268,55 +1082,6 @@ impl Meta for RedisMeta {
 
     fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         xattr::list(&self.inner, ino)
-    }
-
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        name: &[u8],
-        value: &[u8],
-        mode: XattrMode,
-    ) -> Result<()> {
-        xattr::set(&self.inner, ctx, ino, name, value, mode)
-    }
-
-    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-        xattr::remove(&self.inner, ctx, ino, name)
-    }
-
-    fn trash_links(&self, ino: Ino) -> Result<u32> {
-        self.inner.read(|tx| {
-            let n: i64 = node::parents(tx, ino)?
-                .into_iter()
-                .filter(|&(p, _)| p >= TRASH_INO)
-                .map(|(_, n)| n)
-                .sum();
-            Ok(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-        })
-    }
-
-    fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {
-        self.inner.read(|tx| {
-            let a = node::must_get(tx, ino)?;
-            match acl_id(&a, typ) {
-                0 => Ok(None),
-                id => Ok(Some(node::rule(tx, id)?.as_ref().clone())),
-            }
-        })
-    }
-
-    fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
-        let inner = &*self.inner;
-        inner.write(ino, |tx| {
-            crate::meta::namespace::set_facl(
-                &mut namespace::Ns::new(tx, inner),
-                ctx,
-                ino,
-                typ,
-                rule,
-            )
-        })
     }
 
     fn quotas(&self) -> &Quotas {
@@ -1369,5 +1134,87 @@ impl Meta for RedisMeta {
 
     fn deleted_files(&self) -> Result<Vec<Ino>> {
         self.inner.deleted_files()
+    }
+}
+
+impl crate::meta::engine::Engine for RedisMeta {
+    type TxError = TxError;
+    type Ns<'a, 'c>
+        = namespace::Ns<'a, 'c>
+    where
+        'c: 'a;
+    type View<'a, 'c>
+        = namespace::Ns<'a, 'c>
+    where
+        'c: 'a;
+
+    fn write_ns<R>(
+        &self,
+        hint: Ino,
+        mut f: impl FnMut(&mut namespace::Ns<'_, '_>) -> TxResult<R>,
+    ) -> Result<R> {
+        let inner = &*self.inner;
+        inner.write(hint, |tx| f(&mut namespace::Ns::new(tx, inner)))
+    }
+
+    fn read_ns<R>(
+        &self,
+        mut f: impl FnMut(&mut namespace::Ns<'_, '_>) -> TxResult<R>,
+    ) -> Result<R> {
+        let inner = &*self.inner;
+        inner.read(|tx| f(&mut namespace::Ns::new(tx, inner)))
+    }
+
+    fn next_inode(&self) -> Result<Ino> {
+        self.inner.format()?;
+        self.inner.next_inode()
+    }
+
+    /// A create's open is recorded in `open{ino}` with the node, as
+    /// `session::opened` records later opens; the metadata cache learns
+    /// the new node has no extended attributes.
+    fn make_node(
+        &self,
+        parent: Ino,
+        ino: Ino,
+        open: bool,
+        mut make: impl FnMut(&mut namespace::Ns<'_, '_>) -> TxResult<Attr>,
+    ) -> Result<Attr> {
+        let inner = &*self.inner;
+        let sid = inner.sid.load(Ordering::Relaxed);
+        let ticket = inner.cache().and_then(|c| c.ticket());
+        let attr = inner.write(parent, |tx| {
+            let attr = make(&mut namespace::Ns::new(tx, inner))?;
+            if open && sid > 0 {
+                let key = tx.keys.opened(ino);
+                tx.hset(&key, sid.to_string().as_bytes(), b"1");
+            }
+            Ok(attr)
+        })?;
+        if let Some(c) = inner.cache() {
+            c.put_no_xattrs(ticket, ino);
+        }
+        if open {
+            session::created_open(inner, ino);
+        }
+        Ok(attr)
+    }
+
+    fn format(&self) -> Result<Format> {
+        self.inner.format()
+    }
+
+    fn work_counters(&self) -> &crate::meta::WorkCounters {
+        &self.inner.work
+    }
+
+    fn usage(&self) -> Result<(i64, i64)> {
+        let used = self.inner.counter_value(counter::USED_SPACE)?;
+        let inodes = self.inner.counter_value(counter::TOTAL_INODES)?;
+        Ok((used, inodes))
+    }
+
+    fn trash_hour(&self) -> &Mutex<Option<(String, Ino)>> {
+        &self.inner.trash_dir
     }
 }

@@ -2,10 +2,11 @@
 //! SQL schema, so `juicefs` mounts what sluice writes and sluice serves what
 //! `juicefs` wrote.
 //!
-//! Every [`Meta`] method is one SQLite transaction: writes take the single
-//! writer connection and begin `IMMEDIATE` (SQLite has one writer at a time;
-//! taking the lock up front avoids the deadlock-then-retry dance), reads use a
-//! small pool of reader connections that WAL lets run beside a writer.
+//! Every `Meta` or `Store` method is one SQLite transaction: writes take the
+//! single writer connection and begin `IMMEDIATE` (SQLite has one writer at
+//! a time; taking the lock up front avoids the deadlock-then-retry dance),
+//! reads use a small pool of reader connections that WAL lets run beside a
+//! writer.
 //! `SQLITE_BUSY` (another process, e.g. a `juicefs` client, holding the lock
 //! past the busy timeout) restarts the transaction, as JuiceFS does.
 //!
@@ -39,12 +40,10 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::meta::acl::{self, AclType, acl_id};
-use crate::meta::rules::{self, statfs_from};
+use crate::meta::rules::{self};
 use crate::meta::{
-    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Entry, FileType, Ino, Meta,
-    QuotaChange, Quotas, ReleasedSlice, RenameFlags, SetAttr, Slice, SliceReleaser, StatFs,
-    TRASH_INO, Timestamp, TruncateVia, XattrMode, quota,
+    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Ino, QuotaChange, Quotas,
+    ReleasedSlice, Slice, SliceReleaser, Store, Timestamp, TruncateVia, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -96,7 +95,7 @@ const MAX_TRIES: u32 = 50;
 /// An error inside a transaction: a file-system answer, or a SQLite failure
 /// (which may only mean "busy, try again").
 #[derive(Debug)]
-enum TxError {
+pub(crate) enum TxError {
     Fs(Error),
     Sql(rusqlite::Error),
 }
@@ -113,7 +112,7 @@ impl From<Error> for TxError {
     }
 }
 
-type TxResult<T> = std::result::Result<T, TxError>;
+pub(crate) type TxResult<T> = std::result::Result<T, TxError>;
 
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
@@ -185,12 +184,12 @@ struct Inner {
     open_files: Mutex<super::open_files::OpenFiles>,
     releaser: RwLock<Option<SliceReleaser>>,
     /// Deletes removed files' data and released slices' objects in the
-    /// background, once asked to ([`Meta::delete_in_background`]).
+    /// background, once asked to ([`Store::delete_in_background`]).
     deleter: Mutex<Option<Arc<Deleter>>>,
     heartbeat: Mutex<Option<crate::meta::session::Heartbeat>>,
     /// The hourly trash directory in use: (name, inode).
     trash_dir: Mutex<Option<(String, Ino)>>,
-    /// Whether a commit can be lost to a power loss until [`Meta::sync`]
+    /// Whether a commit can be lost to a power loss until [`Store::sync`]
     /// syncs the WAL (WAL mode with `synchronous=NORMAL`).
     lazy_commits: bool,
     /// Write transactions committed by this client so far, plus one for
@@ -370,7 +369,7 @@ fn sync_wal(conn: &Connection, path: &Path) -> Result<()> {
 
 impl SqliteMeta {
     /// Opens (creating if needed) the SQLite database at `path`. The volume
-    /// itself is created by [`Meta::init`]; [`Meta::load`] reads it.
+    /// itself is created by [`Store::init`]; [`Store::load`] reads it.
     pub fn open(path: impl AsRef<Path>) -> Result<SqliteMeta> {
         SqliteMeta::open_with(path, SqliteOptions::default())
     }
@@ -731,7 +730,7 @@ fn get_counter(c: &Connection, name: &str) -> TxResult<i64> {
     .unwrap_or(0))
 }
 
-impl Meta for SqliteMeta {
+impl Store for SqliteMeta {
     fn name(&self) -> &'static str {
         "sqlite3"
     }
@@ -763,7 +762,7 @@ impl Meta for SqliteMeta {
     }
 
     fn cleanup(&self) -> Result<()> {
-        session::cleanup(&self.inner)
+        session::cleanup(&self.inner, self)
     }
 
     fn set_slice_releaser(&self, releaser: SliceReleaser) {
@@ -789,17 +788,6 @@ impl Meta for SqliteMeta {
         self.inner.sync()
     }
 
-    fn statfs(&self, _ctx: &Context, _ino: Ino) -> Result<StatFs> {
-        let fmt = self.inner.format()?;
-        let (used, inodes) = self.inner.read(|c| {
-            Ok((
-                get_counter(c, counter::USED_SPACE)?,
-                get_counter(c, counter::TOTAL_INODES)?,
-            ))
-        })?;
-        Ok(statfs_from(&fmt, used, inodes))
-    }
-
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)> {
         namespace::lookup(&self.inner, ctx, parent, name)
     }
@@ -809,153 +797,12 @@ impl Meta for SqliteMeta {
             .read(|c| node::get(c, ino)?.ok_or(TxError::Fs(Error::NotFound)))
     }
 
-    fn setattr(&self, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
-        node::setattr(&self.inner, ctx, ino, set)
-    }
-
     fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
         chunk::truncate(&self.inner, ctx, ino, length, via)
     }
 
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
         chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
-    }
-
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        typ: FileType,
-        mode: u16,
-        umask: u16,
-        rdev: u32,
-    ) -> Result<(Ino, Attr)> {
-        if matches!(typ, FileType::Directory | FileType::Symlink) {
-            return Err(Error::Invalid(
-                "mknod makes neither directories nor symlinks".into(),
-            ));
-        }
-        namespace::mknod(&self.inner, ctx, parent, name, typ, mode, umask, rdev, b"")
-    }
-
-    fn mkdir(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)> {
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::Directory,
-            mode,
-            umask,
-            0,
-            b"",
-        )
-    }
-
-    fn symlink(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        target: &[u8],
-    ) -> Result<(Ino, Attr)> {
-        crate::meta::namespace::check_symlink_target(target)?;
-        namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::Symlink,
-            0o777,
-            0,
-            0,
-            target,
-        )
-    }
-
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        namespace::readlink(&self.inner, ino)
-    }
-
-    fn unlink(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        namespace::unlink(&self.inner, ctx, parent, name)
-    }
-
-    fn rmdir(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-        namespace::rmdir(&self.inner, ctx, parent, name)
-    }
-
-    fn rename(
-        &self,
-        ctx: &Context,
-        parent_src: Ino,
-        name_src: &[u8],
-        parent_dst: Ino,
-        name_dst: &[u8],
-        flags: RenameFlags,
-    ) -> Result<(Ino, Attr)> {
-        let moved = quota::before_rename(self, ctx, parent_src, name_src, parent_dst)?;
-        let out = namespace::rename(
-            &self.inner,
-            ctx,
-            parent_src,
-            name_src,
-            parent_dst,
-            name_dst,
-            flags,
-        )?;
-        quota::after_rename(self, moved, parent_dst, flags, &out)?;
-        Ok(out)
-    }
-
-    fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
-        namespace::link(&self.inner, ctx, ino, parent, name)
-    }
-
-    fn readdir(&self, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
-        namespace::readdir(&self.inner, ctx, ino, plus)
-    }
-
-    fn readdir_page(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        plus: bool,
-        cursor: &crate::meta::DirCursor,
-        max: usize,
-    ) -> Result<crate::meta::DirPage> {
-        namespace::readdir_page(&self.inner, ctx, ino, plus, cursor, max)
-    }
-
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: Ino,
-        name: &[u8],
-        mode: u16,
-        umask: u16,
-    ) -> Result<(Ino, Attr)> {
-        let (ino, attr) = namespace::mknod(
-            &self.inner,
-            ctx,
-            parent,
-            name,
-            FileType::File,
-            mode,
-            umask,
-            0,
-            b"",
-        )?;
-        session::opened(&self.inner, ino);
-        Ok((ino, attr))
     }
 
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
@@ -973,21 +820,6 @@ impl Meta for SqliteMeta {
         session::closed(&self.inner, ino)
     }
 
-    fn access(&self, ctx: &Context, ino: Ino, mask: u32) -> Result<()> {
-        self.inner.read(|c| {
-            let attr = node::must_get(c, ino)?;
-            node::check(c, ctx, &attr, (mask & 7) as u8)
-        })
-    }
-
-    fn set_atime(&self, ino: Ino, atime: Timestamp) -> Result<()> {
-        self.inner.write(|tx| {
-            let mut a = node::must_get(tx, ino)?;
-            a.atime = atime;
-            node::update(tx, ino, &a)
-        })
-    }
-
     fn read_chunk(&self, ino: Ino, indx: u32) -> Result<Vec<Slice>> {
         chunk::read_chunk(&self.inner, ino, indx)
     }
@@ -999,10 +831,6 @@ impl Meta for SqliteMeta {
         limit: usize,
     ) -> Result<Vec<u32>> {
         chunk::chunk_indices(&self.inner, ino, range, limit)
-    }
-
-    fn work(&self) -> crate::meta::WorkStats {
-        self.inner.work.snapshot()
     }
 
     fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
@@ -1051,55 +879,6 @@ impl Meta for SqliteMeta {
 
     fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         xattr::list(&self.inner, ino)
-    }
-
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: Ino,
-        name: &[u8],
-        value: &[u8],
-        mode: XattrMode,
-    ) -> Result<()> {
-        xattr::set(&self.inner, ctx, ino, name, value, mode)
-    }
-
-    fn removexattr(&self, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-        xattr::remove(&self.inner, ctx, ino, name)
-    }
-
-    fn trash_links(&self, ino: Ino) -> Result<u32> {
-        self.inner.read(|c| {
-            let n: i64 = node::parents(c, ino)?
-                .into_iter()
-                .filter(|&(p, _)| p >= TRASH_INO)
-                .map(|(_, n)| n)
-                .sum();
-            Ok(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-        })
-    }
-
-    fn get_facl(&self, ino: Ino, typ: AclType) -> Result<Option<acl::Rule>> {
-        self.inner.read(|c| {
-            let a = node::must_get(c, ino)?;
-            match acl_id(&a, typ) {
-                0 => Ok(None),
-                id => Ok(Some(node::rule(c, id)?.as_ref().clone())),
-            }
-        })
-    }
-
-    fn set_facl(&self, ctx: &Context, ino: Ino, typ: AclType, rule: &acl::Rule) -> Result<()> {
-        let inner = &*self.inner;
-        inner.write(|tx| {
-            crate::meta::namespace::set_facl(
-                &mut namespace::Ns::new(tx, inner),
-                ctx,
-                ino,
-                typ,
-                rule,
-            )
-        })
     }
 
     fn quotas(&self) -> &Quotas {
@@ -1152,5 +931,77 @@ impl Meta for SqliteMeta {
 
     fn deleted_files(&self) -> Result<Vec<Ino>> {
         self.inner.deleted_files()
+    }
+}
+
+impl crate::meta::engine::Engine for SqliteMeta {
+    type TxError = TxError;
+    type Ns<'a, 'c>
+        = namespace::Ns<'a, 'c>
+    where
+        'c: 'a;
+    type View<'a, 'c>
+        = namespace::View<'a>
+    where
+        'c: 'a;
+
+    fn write_ns<R>(
+        &self,
+        _hint: Ino,
+        mut f: impl FnMut(&mut namespace::Ns<'_, '_>) -> TxResult<R>,
+    ) -> Result<R> {
+        let inner = &*self.inner;
+        inner.write(|tx| f(&mut namespace::Ns::new(tx, inner)))
+    }
+
+    fn read_ns<R>(&self, mut f: impl FnMut(&mut namespace::View<'_>) -> TxResult<R>) -> Result<R> {
+        self.inner.read(|c| f(&mut namespace::View(c)))
+    }
+
+    fn next_inode(&self) -> Result<Ino> {
+        self.inner.format()?;
+        self.inner.next_inode()
+    }
+
+    /// A create's open is recorded after the commit, in this client's
+    /// table of open files.
+    fn make_node(
+        &self,
+        _parent: Ino,
+        ino: Ino,
+        open: bool,
+        mut make: impl FnMut(&mut namespace::Ns<'_, '_>) -> TxResult<Attr>,
+    ) -> Result<Attr> {
+        let inner = &*self.inner;
+        let attr = inner.write(|tx| make(&mut namespace::Ns::new(tx, inner)))?;
+        if open {
+            session::opened(inner, ino);
+        }
+        Ok(attr)
+    }
+
+    fn format(&self) -> Result<Format> {
+        self.inner.format()
+    }
+
+    fn work_counters(&self) -> &crate::meta::WorkCounters {
+        &self.inner.work
+    }
+
+    fn usage(&self) -> Result<(i64, i64)> {
+        self.inner.read(|c| {
+            Ok((
+                get_counter(c, counter::USED_SPACE)?,
+                get_counter(c, counter::TOTAL_INODES)?,
+            ))
+        })
+    }
+
+    fn trash_hour(&self) -> &Mutex<Option<(String, Ino)>> {
+        &self.inner.trash_dir
+    }
+
+    fn check_xattr_name(&self, name: &[u8]) -> Result<()> {
+        xattr::text_name(name).map(|_| ())
     }
 }

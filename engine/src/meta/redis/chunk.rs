@@ -316,7 +316,7 @@ fn existing(
     Ok(out)
 }
 
-/// [`Meta::chunk_indices`](crate::meta::Meta::chunk_indices).
+/// [`Store::chunk_indices`](crate::meta::Store::chunk_indices).
 pub(super) fn chunk_indices(
     inner: &Inner,
     ino: Ino,
@@ -662,9 +662,6 @@ impl chunks::ChunkTx for Ns<'_, '_> {
         limit: usize,
     ) -> TxResult<Vec<u32>> {
         existing(self.tx, &self.inner.work, ino, range, limit)
-    }
-    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
-        node::parents(self.tx, ino)
     }
     fn replace_head(
         &mut self,

@@ -12,11 +12,9 @@ use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::rules::type_only;
 use crate::meta::rules::{self, MASK_X};
-use crate::meta::trash::hour_name;
-use crate::meta::trash::{TRASH_NAME, is_trash};
+use crate::meta::trash::TRASH_NAME;
 use crate::meta::{
-    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, RenameFlags,
-    TRASH_INO, Timestamp,
+    Attr, Context, DirCursor, Entry, FileType, Ino, MAX_NAME_LEN, ROOT_INO, Timestamp,
 };
 
 pub(super) use crate::meta::trash::new_trash_attr;
@@ -67,39 +65,6 @@ fn delete_edge(tx: &mut Tx<'_>, parent: Ino, name: &[u8]) {
 fn has_children(tx: &mut Tx<'_>, dir: Ino) -> TxResult<bool> {
     let key = tx.keys.entry(dir);
     Ok(tx.hlen(&key)? > 0)
-}
-
-/// The hourly trash directory for a removal from `parent`, created on first
-/// use; `None` when the volume keeps no trash or `parent` is in it already.
-fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
-    let days = inner.format()?.trash_days;
-    if days == 0 || is_trash(parent) {
-        return Ok(None);
-    }
-    let name = hour_name(Timestamp::now().secs);
-    if let Some((cached, ino)) = inner.trash_dir.lock().as_ref()
-        && *cached == name
-    {
-        return Ok(Some(*ino));
-    }
-    let ino = inner.write(TRASH_INO, |tx| {
-        if let Some(e) = get_edge(tx, TRASH_INO, name.as_bytes())? {
-            return Ok(e.inode);
-        }
-        if node::get(tx, TRASH_INO)?.is_none() {
-            node::put(tx, TRASH_INO, &new_trash_attr(ROOT_INO));
-        }
-        let key = tx.keys.counter(counter::NEXT_TRASH);
-        let next: i64 = tx.now(redis::cmd("INCR").arg(&key))?;
-        let ino = TRASH_INO + next as u64;
-        node::put(tx, ino, &new_trash_attr(TRASH_INO));
-        insert_edge(tx, TRASH_INO, name.as_bytes(), ino, FileType::Directory);
-        node::new_dir_stats(tx, ino);
-        node::add_usage(tx, align4k(0), 1)?;
-        Ok(ino)
-    })?;
-    *inner.trash_dir.lock() = Some((name, ino));
-    Ok(Some(ino))
 }
 
 /// Looks up a name ([`ns::lookup`]).
@@ -227,65 +192,6 @@ fn cached_lookup(
     Some(check_parent(inner, ctx, &pa).and_then(|()| found.ok_or(Error::NotFound)))
 }
 
-/// Creates a node of any type (the rules in `meta/namespace.rs`); `open`:
-/// the creating open's record goes with it.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn mknod(
-    inner: &Inner,
-    ctx: &Context,
-    parent: Ino,
-    name: &[u8],
-    typ: FileType,
-    mode: u16,
-    umask: u16,
-    rdev: u32,
-    target: &[u8],
-    open: bool,
-) -> Result<(Ino, Attr)> {
-    ns::check_new_name(parent, name)?;
-    inner.format()?;
-    let ino = inner.next_inode()?;
-    let sid = inner.sid.load(std::sync::atomic::Ordering::Relaxed);
-    let ticket = inner.cache().and_then(|c| c.ticket());
-    let new = ns::NewNode {
-        typ,
-        mode,
-        umask,
-        rdev,
-        target,
-    };
-    let attr = inner.write(parent, |tx| {
-        let attr = ns::mknod(&mut Ns { tx, inner }, ctx, parent, name, ino, &new)?;
-        if open && sid > 0 {
-            // The creating open's record, with the node (as
-            // `session::opened` records later opens).
-            let key = tx.keys.opened(ino);
-            tx.hset(&key, sid.to_string().as_bytes(), b"1");
-        }
-        Ok(attr)
-    })?;
-    if let Some(c) = inner.cache() {
-        c.put_no_xattrs(ticket, ino);
-    }
-    if open {
-        session::created_open(inner, ino);
-    }
-    Ok((ino, attr))
-}
-
-/// The target of a symlink.
-pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
-    inner.read(|tx| {
-        let a = node::must_get(tx, ino)?;
-        if a.typ != FileType::Symlink {
-            return Err(Error::Invalid(format!("inode {ino} is not a symlink")).into());
-        }
-        let key = tx.keys.symlink(ino);
-        tx.get(&key)?
-            .ok_or_else(|| TxError::Fs(Error::Corrupt(format!("symlink {ino} has no target"))))
-    })
-}
-
 /// Drops a non-directory node from the namespace when its last entry goes.
 fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxResult<()> {
     if attr.typ == FileType::File {
@@ -330,25 +236,6 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
     Ok(())
 }
 
-/// Removes a non-directory entry; with a trash the node moves there (the
-/// rules in `meta/namespace.rs`).
-pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    ns::check_unlink(ctx, parent, name)?;
-    let trash = trash_for(inner, parent)?;
-    inner.write(parent, |tx| {
-        ns::unlink(&mut Ns { tx, inner }, ctx, parent, name, trash)
-    })
-}
-
-/// Removes an empty directory; with a trash it moves there.
-pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    ns::check_rmdir(ctx, parent, name)?;
-    let trash = trash_for(inner, parent)?;
-    inner.write(parent, |tx| {
-        ns::rmdir(&mut Ns { tx, inner }, ctx, parent, name, trash)
-    })
-}
-
 /// Moves the parent of a moved node from `from` to `to`: in its attribute
 /// for singly linked nodes, in `p{ino}` for hard-linked ones.
 fn move_parent(tx: &mut Tx<'_>, ino: Ino, a: &mut Attr, from: Ino, to: Ino) {
@@ -361,7 +248,7 @@ fn move_parent(tx: &mut Tx<'_>, ino: Ino, a: &mut Attr, from: Ino, to: Ino) {
 }
 
 /// The namespace rules' view of a Redis transaction (`meta/namespace.rs`).
-pub(super) struct Ns<'a, 'c> {
+pub(crate) struct Ns<'a, 'c> {
     pub(super) tx: &'a mut Tx<'c>,
     pub(super) inner: &'a Inner,
 }
@@ -383,6 +270,25 @@ impl ns::NsRead for Ns<'_, '_> {
     }
     fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
         get_edge(self.tx, dir, name)
+    }
+    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
+        node::rule(self.tx, id)
+    }
+    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+        node::parents(self.tx, ino)
+    }
+    fn symlink(&mut self, ino: Ino) -> TxResult<Option<Vec<u8>>> {
+        let key = self.tx.keys.symlink(ino);
+        self.tx.get(&key)
+    }
+    fn list(
+        &mut self,
+        dir: Ino,
+        plus: bool,
+        page: Option<(&DirCursor, usize)>,
+        into: &mut Vec<Entry>,
+    ) -> TxResult<ns::Listed> {
+        list(self.tx, dir, plus, page, into)
     }
 }
 
@@ -458,9 +364,6 @@ impl ns::NsTx for Ns<'_, '_> {
         node::new_dir_stats(self.tx, dir);
         Ok(())
     }
-    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
-        node::rule(self.tx, id)
-    }
     fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
         node::store_rule(self.tx, rule)
     }
@@ -483,6 +386,14 @@ impl ns::NsTx for Ns<'_, '_> {
         self.tx.hdel(&key, name);
         Ok(())
     }
+    fn next_trash_dir(&mut self) -> TxResult<u64> {
+        let key = self.tx.keys.counter(counter::NEXT_TRASH);
+        let next: i64 = self.tx.now(redis::cmd("INCR").arg(&key))?;
+        Ok(next as u64)
+    }
+    fn quotas_checked(&mut self) {
+        self.tx.check_quota = false;
+    }
     fn prefetch_entry(&mut self, dir: Ino, name: &[u8]) -> TxResult<()> {
         prefetch_entry(self.tx, dir, name)
     }
@@ -491,116 +402,51 @@ impl ns::NsTx for Ns<'_, '_> {
     }
 }
 
-/// Renames or exchanges an entry (JuiceFS `Rename`; the rules in
-/// `meta/namespace.rs`).
-pub(super) fn rename(
-    inner: &Inner,
-    ctx: &Context,
-    psrc: Ino,
-    nsrc: &[u8],
-    pdst: Ino,
-    ndst: &[u8],
-    flags: RenameFlags,
-) -> Result<(Ino, Attr)> {
-    ns::check_rename(ctx, psrc, nsrc, pdst, ndst, flags)?;
-    // Only a replaced target goes to the trash; look before making the
-    // hour's directory.
-    let replaces =
-        ns::may_replace(flags) && inner.read(|tx| Ok(get_edge(tx, pdst, ndst)?.is_some()))?;
-    let trash = if replaces {
-        trash_for(inner, pdst)?
-    } else {
-        None
-    };
-    inner.write(psrc.min(pdst), |tx| {
-        // Checked before the transaction (`quota::before_rename`).
-        tx.check_quota = false;
-        ns::rename(
-            &mut Ns { tx, inner },
-            ctx,
-            psrc,
-            nsrc,
-            pdst,
-            ndst,
-            flags,
-            trash,
-        )
-    })
-}
-
-/// Adds a hard link (the rules in `meta/namespace.rs`).
-pub(super) fn link(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    parent: Ino,
-    name: &[u8],
-) -> Result<Attr> {
-    ns::check_new_name(parent, name)?;
-    inner.write(parent, |tx| {
-        ns::link(&mut Ns { tx, inner }, ctx, ino, parent, name)
-    })
-}
-
-/// Lists a directory, `.` and `..` first.
-pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
-    inner.read(|tx| {
-        let mut out = ns::dots(&mut Ns::new(tx, inner), ctx, ino, plus)?;
-        let key = tx.keys.entry(ino);
-        for (name, v) in tx.hgetall(&key)? {
-            push_entry(&mut out, ino, name, &v);
-        }
-        if plus {
-            fill_attrs(tx, ino, &mut out[2..])?;
-        }
-        Ok(out)
-    })
-}
-
 /// A field of a hash and its value.
 type Field = (Vec<u8>, Vec<u8>);
 
-/// One page of a directory: an `HSCAN` step over its entry hash (about
-/// `max` fields; a small hash, kept as a listpack, comes whole). A scan
-/// may return a field twice when the hash is resized meanwhile, hence
-/// [`DirPage::may_repeat`].
-pub(super) fn readdir_page(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
+/// A directory's entries: its whole entry hash, or one `HSCAN` step over
+/// it (about `max` fields; a small hash, kept as a listpack, comes whole).
+/// A scan may return a field twice when the hash is resized meanwhile,
+/// hence `may_repeat`.
+fn list(
+    tx: &mut Tx<'_>,
+    dir: Ino,
     plus: bool,
-    cursor: &DirCursor,
-    max: usize,
-) -> Result<DirPage> {
-    let (entries, read, next) = inner.read(|tx| {
-        let (mut out, scan) = match cursor {
-            DirCursor::Start => (ns::dots(&mut Ns::new(tx, inner), ctx, ino, plus)?, 0),
-            DirCursor::Scan(at) => (Vec::new(), *at),
-            DirCursor::AfterName(_) => {
-                return Err(Error::Invalid("a SQLite cursor for a Redis listing".into()).into());
-            }
-        };
-        let first = out.len();
-        let key = tx.keys.entry(ino);
-        let (next, fields): (u64, Vec<Field>) = tx.now(
-            redis::cmd("HSCAN")
-                .arg(&key)
-                .arg(scan)
-                .arg("COUNT")
-                .arg(max.max(1)),
-        )?;
-        let read = fields.len();
-        for (name, v) in fields {
-            push_entry(&mut out, ino, name, &v);
+    page: Option<(&DirCursor, usize)>,
+    into: &mut Vec<Entry>,
+) -> TxResult<ns::Listed> {
+    let first = into.len();
+    let key = tx.keys.entry(dir);
+    let (fields, next): (Vec<Field>, u64) = match page {
+        None => (tx.hgetall(&key)?, 0),
+        Some((cursor, max)) => {
+            let at = match cursor {
+                DirCursor::Start => 0,
+                DirCursor::Scan(at) => *at,
+                DirCursor::AfterName(_) => {
+                    return Err(Error::Invalid("a SQLite cursor for a Redis listing".into()).into());
+                }
+            };
+            let (next, fields) = tx.now(
+                redis::cmd("HSCAN")
+                    .arg(&key)
+                    .arg(at)
+                    .arg("COUNT")
+                    .arg(max.max(1)),
+            )?;
+            (fields, next)
         }
-        if plus {
-            fill_attrs(tx, ino, &mut out[first..])?;
-        }
-        Ok((out, read, next))
-    })?;
-    inner.work.listed(read);
-    Ok(DirPage {
-        entries,
+    };
+    let rows = fields.len();
+    for (name, v) in fields {
+        push_entry(into, dir, name, &v);
+    }
+    if plus {
+        fill_attrs(tx, dir, &mut into[first..])?;
+    }
+    Ok(ns::Listed {
+        rows,
         next: (next != 0).then_some(DirCursor::Scan(next)),
         may_repeat: true,
     })

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::RedisMeta;
 use crate::Error;
 use crate::meta::conformance::{self, test_format};
-use crate::meta::{Context, FileType, Meta, ROOT_INO, SetAttr, Slice, Timestamp};
+use crate::meta::{Context, FileType, Meta, ROOT_INO, SetAttr, Slice, Store, Timestamp};
 
 /// A `redis-server` of one test.
 pub(crate) struct RedisServer {
@@ -1678,7 +1678,7 @@ fn a_sentinel_failover_loses_nothing_fsynced() {
 #[test]
 fn acls_travel_from_sqlite_to_redis_through_a_dump() {
     use crate::meta::acl::{AclEntry, AclType, Rule};
-    use crate::meta::{Meta, SqliteMeta};
+    use crate::meta::{Meta, SqliteMeta, Store};
     let Some((server, m)) = fresh() else { return };
     let dir = tempfile::tempdir().unwrap();
     let a = SqliteMeta::open(dir.path().join("a.db")).unwrap();

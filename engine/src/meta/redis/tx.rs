@@ -38,7 +38,7 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An error inside a transaction.
 #[derive(Debug)]
-pub(super) enum TxError {
+pub(crate) enum TxError {
     /// A file-system answer: ends the transaction.
     Fs(Error),
     /// Redis failed.
@@ -57,7 +57,7 @@ impl From<Error> for TxError {
     }
 }
 
-pub(super) type TxResult<T> = std::result::Result<T, TxError>;
+pub(crate) type TxResult<T> = std::result::Result<T, TxError>;
 
 /// Whether the connection is unusable after this error.
 fn is_connection_error(e: &RedisError) -> bool {

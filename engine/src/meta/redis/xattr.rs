@@ -1,12 +1,11 @@
 //! Extended attributes on Redis: one hash `x{ino}`, name → value.
 
 use super::Inner;
-use super::namespace::Ns;
 use super::node;
 use super::tx::{Tx, TxError};
 use crate::error::{Error, Result};
+use crate::meta::Ino;
 use crate::meta::namespace as ns;
-use crate::meta::{Context, Ino, XattrMode};
 
 fn missing(tx: &mut Tx<'_>, ino: Ino) -> TxError {
     match node::get(tx, ino) {
@@ -50,29 +49,5 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
         node::must_get(tx, ino)?;
         let key = tx.keys.xattr(ino);
         Ok(tx.hgetall(&key)?.into_iter().map(|(n, _)| n).collect())
-    })
-}
-
-/// Sets an attribute with create/replace semantics (the rules in
-/// `meta/namespace.rs`).
-pub(super) fn set(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    name: &[u8],
-    value: &[u8],
-    mode: XattrMode,
-) -> Result<()> {
-    ns::check_xattr(name, Some(value))?;
-    inner.write(ino, |tx| {
-        ns::set_xattr(&mut Ns::new(tx, inner), ctx, ino, name, value, mode)
-    })
-}
-
-/// Removes an attribute.
-pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-    ns::check_xattr(name, None)?;
-    inner.write(ino, |tx| {
-        ns::remove_xattr(&mut Ns::new(tx, inner), ctx, ino, name)
     })
 }

@@ -9,12 +9,7 @@ use super::{Inner, Tx, TxError, TxResult, counter, session};
 use crate::error::{Error, Result};
 use crate::meta::rules::align4k;
 use crate::meta::rules::type_only;
-use crate::meta::trash::is_trash;
-use crate::meta::trash::{hour_name, new_trash_attr};
-use crate::meta::{
-    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, ROOT_INO, RenameFlags, TRASH_INO,
-    Timestamp,
-};
+use crate::meta::{Attr, Context, DirCursor, Entry, FileType, Ino, Timestamp};
 
 use crate::meta::namespace::{self as ns, Edge};
 
@@ -61,47 +56,6 @@ fn has_children(c: &Connection, dir: Ino) -> TxResult<bool> {
     )?)
 }
 
-/// The hourly trash directory for a removal from `parent`, created on first
-/// use; `None` when the volume keeps no trash or `parent` is in it already.
-pub(super) fn trash_for(inner: &Inner, parent: Ino) -> Result<Option<Ino>> {
-    let days = inner.format()?.trash_days;
-    if days == 0 || is_trash(parent) {
-        return Ok(None);
-    }
-    let name = hour_name(Timestamp::now().secs);
-    if let Some((cached, ino)) = inner.trash_dir.lock().as_ref()
-        && *cached == name
-    {
-        return Ok(Some(*ino));
-    }
-    let ino = inner.write(|tx| {
-        if let Some(e) = get_edge(tx, TRASH_INO, name.as_bytes())? {
-            return Ok(e.inode);
-        }
-        if node::get(tx, TRASH_INO)?.is_none() {
-            node::insert(tx, TRASH_INO, &new_trash_attr(ROOT_INO))?;
-        }
-        let next = super::incr_counter(tx, counter::NEXT_TRASH, 1)?;
-        let ino = TRASH_INO + next as u64;
-        node::insert(tx, ino, &new_trash_attr(TRASH_INO))?;
-        insert_edge(tx, TRASH_INO, name.as_bytes(), ino, FileType::Directory)?;
-        insert_dir_stats(tx, ino)?;
-        node::add_usage(tx, align4k(0), 1)?;
-        Ok(ino)
-    })?;
-    *inner.trash_dir.lock() = Some((name, ino));
-    Ok(Some(ino))
-}
-
-fn insert_dir_stats(c: &Connection, dir: Ino) -> TxResult<()> {
-    c.execute(
-        "INSERT OR IGNORE INTO jfs_dir_stats (inode, data_length, used_space, used_inodes) \
-         VALUES (?,0,0,0)",
-        params![dir as i64],
-    )?;
-    Ok(())
-}
-
 /// Looks up a name ([`ns::lookup`]), in a read snapshot.
 pub(super) fn lookup(
     inner: &Inner,
@@ -110,50 +64,6 @@ pub(super) fn lookup(
     name: &[u8],
 ) -> Result<(Ino, Attr)> {
     inner.read(|c| ns::lookup(&mut View(c), ctx, parent, name))
-}
-
-/// Creates a node of any type (the rules in `meta/namespace.rs`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn mknod(
-    inner: &Inner,
-    ctx: &Context,
-    parent: Ino,
-    name: &[u8],
-    typ: FileType,
-    mode: u16,
-    umask: u16,
-    rdev: u32,
-    target: &[u8],
-) -> Result<(Ino, Attr)> {
-    ns::check_new_name(parent, name)?;
-    inner.format()?;
-    let ino = inner.next_inode()?;
-    let new = ns::NewNode {
-        typ,
-        mode,
-        umask,
-        rdev,
-        target,
-    };
-    let attr = inner.write(|tx| ns::mknod(&mut Ns { tx, inner }, ctx, parent, name, ino, &new))?;
-    Ok((ino, attr))
-}
-
-/// The target of a symlink.
-pub(super) fn readlink(inner: &Inner, ino: Ino) -> Result<Vec<u8>> {
-    inner.read(|c| {
-        let a = node::must_get(c, ino)?;
-        if a.typ != FileType::Symlink {
-            return Err(Error::Invalid(format!("inode {ino} is not a symlink")).into());
-        }
-        c.query_row(
-            "SELECT target FROM jfs_symlink WHERE inode=?",
-            params![ino as i64],
-            |r| Ok(r.get_ref(0)?.as_bytes()?.to_vec()),
-        )
-        .optional()?
-        .ok_or_else(|| TxError::Fs(Error::Corrupt(format!("symlink {ino} has no target"))))
-    })
 }
 
 /// How a non-directory node is dropped from the namespace when its last
@@ -185,23 +95,8 @@ fn drop_last_link(tx: &mut Tx<'_>, inner: &Inner, ino: Ino, attr: &Attr) -> TxRe
     Ok(())
 }
 
-/// Removes a non-directory entry; with a trash the node moves there (the
-/// rules in `meta/namespace.rs`).
-pub(super) fn unlink(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    ns::check_unlink(ctx, parent, name)?;
-    let trash = trash_for(inner, parent)?;
-    inner.write(|tx| ns::unlink(&mut Ns { tx, inner }, ctx, parent, name, trash))
-}
-
-/// Removes an empty directory; with a trash it moves there.
-pub(super) fn rmdir(inner: &Inner, ctx: &Context, parent: Ino, name: &[u8]) -> Result<()> {
-    ns::check_rmdir(ctx, parent, name)?;
-    let trash = trash_for(inner, parent)?;
-    inner.write(|tx| ns::rmdir(&mut Ns { tx, inner }, ctx, parent, name, trash))
-}
-
 /// The namespace rules' view of a SQLite transaction (`meta/namespace.rs`).
-pub(super) struct Ns<'a, 'c> {
+pub(crate) struct Ns<'a, 'c> {
     pub(super) tx: &'a mut Tx<'c>,
     pub(super) inner: &'a Inner,
 }
@@ -213,7 +108,7 @@ impl<'a, 'c> Ns<'a, 'c> {
 }
 
 /// The namespace rules' view of a read snapshot (no writes).
-pub(super) struct View<'c>(pub(super) &'c Connection);
+pub(crate) struct View<'c>(pub(super) &'c Connection);
 
 impl ns::NsRead for View<'_> {
     type Error = TxError;
@@ -226,6 +121,24 @@ impl ns::NsRead for View<'_> {
     }
     fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
         get_edge(self.0, dir, name)
+    }
+    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
+        node::rule(self.0, id)
+    }
+    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+        node::parents(self.0, ino)
+    }
+    fn symlink(&mut self, ino: Ino) -> TxResult<Option<Vec<u8>>> {
+        symlink(self.0, ino)
+    }
+    fn list(
+        &mut self,
+        dir: Ino,
+        plus: bool,
+        page: Option<(&DirCursor, usize)>,
+        into: &mut Vec<Entry>,
+    ) -> TxResult<ns::Listed> {
+        list(self.0, dir, plus, page, into)
     }
 }
 
@@ -240,6 +153,24 @@ impl ns::NsRead for Ns<'_, '_> {
     }
     fn edge(&mut self, dir: Ino, name: &[u8]) -> TxResult<Option<Edge>> {
         get_edge(self.tx, dir, name)
+    }
+    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
+        node::rule(self.tx, id)
+    }
+    fn parents(&mut self, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
+        node::parents(self.tx, ino)
+    }
+    fn symlink(&mut self, ino: Ino) -> TxResult<Option<Vec<u8>>> {
+        symlink(self.tx, ino)
+    }
+    fn list(
+        &mut self,
+        dir: Ino,
+        plus: bool,
+        page: Option<(&DirCursor, usize)>,
+        into: &mut Vec<Entry>,
+    ) -> TxResult<ns::Listed> {
+        list(self.tx, dir, plus, page, into)
     }
 }
 
@@ -317,10 +248,12 @@ impl ns::NsTx for Ns<'_, '_> {
         Ok(())
     }
     fn new_dir_stats(&mut self, dir: Ino) -> TxResult<()> {
-        insert_dir_stats(self.tx, dir)
-    }
-    fn rule(&mut self, id: u32) -> TxResult<std::sync::Arc<crate::meta::acl::Rule>> {
-        node::rule(self.tx, id)
+        self.tx.execute(
+            "INSERT OR IGNORE INTO jfs_dir_stats (inode, data_length, used_space, used_inodes) \
+             VALUES (?,0,0,0)",
+            params![dir as i64],
+        )?;
+        Ok(())
     }
     fn store_rule(&mut self, rule: &crate::meta::acl::Rule) -> TxResult<u32> {
         node::store_rule(self.tx, rule)
@@ -368,101 +301,59 @@ impl ns::NsTx for Ns<'_, '_> {
         )?;
         Ok(())
     }
+    fn next_trash_dir(&mut self) -> TxResult<u64> {
+        Ok(super::incr_counter(self.tx, counter::NEXT_TRASH, 1)? as u64)
+    }
+    fn quotas_checked(&mut self) {
+        self.tx.check_quota = false;
+    }
 }
 
-/// Renames or exchanges an entry (JuiceFS `Rename`; the rules in
-/// `meta/namespace.rs`).
-pub(super) fn rename(
-    inner: &Inner,
-    ctx: &Context,
-    psrc: Ino,
-    nsrc: &[u8],
-    pdst: Ino,
-    ndst: &[u8],
-    flags: RenameFlags,
-) -> Result<(Ino, Attr)> {
-    ns::check_rename(ctx, psrc, nsrc, pdst, ndst, flags)?;
-    // Only a replaced target goes to the trash; look before making the
-    // hour's directory.
-    let replaces =
-        ns::may_replace(flags) && inner.read(|c| Ok(get_edge(c, pdst, ndst)?.is_some()))?;
-    let trash = if replaces {
-        trash_for(inner, pdst)?
-    } else {
-        None
-    };
-    inner.write(|tx| {
-        // Checked before the transaction (`quota::before_rename`).
-        tx.check_quota = false;
-        ns::rename(
-            &mut Ns { tx, inner },
-            ctx,
-            psrc,
-            nsrc,
-            pdst,
-            ndst,
-            flags,
-            trash,
-        )
-    })
+/// A symlink's target.
+fn symlink(c: &Connection, ino: Ino) -> TxResult<Option<Vec<u8>>> {
+    Ok(c.query_row(
+        "SELECT target FROM jfs_symlink WHERE inode=?",
+        params![ino as i64],
+        |r| Ok(r.get_ref(0)?.as_bytes()?.to_vec()),
+    )
+    .optional()?)
 }
 
-/// Adds a hard link (the rules in `meta/namespace.rs`).
-pub(super) fn link(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    parent: Ino,
-    name: &[u8],
-) -> Result<Attr> {
-    ns::check_new_name(parent, name)?;
-    inner.write(|tx| ns::link(&mut Ns { tx, inner }, ctx, ino, parent, name))
-}
-
-/// Lists a directory, `.` and `..` first.
-pub(super) fn readdir(inner: &Inner, ctx: &Context, ino: Ino, plus: bool) -> Result<Vec<Entry>> {
-    inner.read(|c| {
-        let mut out = ns::dots(&mut View(c), ctx, ino, plus)?;
-        edges(c, ino, plus, None, None, &mut out)?;
-        Ok(out)
-    })
-}
-
-/// One page of a directory, in name order (the `(parent, name)` index, so
-/// a page costs its own entries: no sort, no scan of what came before).
-pub(super) fn readdir_page(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
+/// A directory's entries: all of them, or a page in name order (the
+/// `(parent, name)` index, so a page costs its own entries: no sort, no
+/// scan of what came before).
+fn list(
+    c: &Connection,
+    dir: Ino,
     plus: bool,
-    cursor: &DirCursor,
-    max: usize,
-) -> Result<DirPage> {
+    page: Option<(&DirCursor, usize)>,
+    into: &mut Vec<Entry>,
+) -> TxResult<ns::Listed> {
+    let Some((cursor, max)) = page else {
+        let (rows, _) = edges(c, dir, plus, None, None, into)?;
+        return Ok(ns::Listed {
+            rows,
+            next: None,
+            may_repeat: false,
+        });
+    };
     let max = max.max(1);
-    let (entries, rows, last) = inner.read(|c| {
-        let mut out = Vec::new();
-        let after = match cursor {
-            DirCursor::Start => {
-                out = ns::dots(&mut View(c), ctx, ino, plus)?;
-                None
-            }
-            DirCursor::AfterName(name) => Some(name.as_slice()),
-            DirCursor::Scan(_) => {
-                return Err(Error::Invalid("a Redis cursor for a SQLite listing".into()).into());
-            }
-        };
-        let (rows, last) = edges(c, ino, plus, after, Some(max), &mut out)?;
-        Ok((out, rows, last))
-    })?;
-    inner.work.listed(rows);
+    let after = match cursor {
+        DirCursor::Start => None,
+        DirCursor::AfterName(name) => Some(name.as_slice()),
+        DirCursor::Scan(_) => {
+            return Err(Error::Invalid("a Redis cursor for a SQLite listing".into()).into());
+        }
+    };
+    let (rows, last) = edges(c, dir, plus, after, Some(max), into)?;
     // A short page is the last; after a full one the next may be empty.
     let next = if rows >= max {
         last.map(DirCursor::AfterName)
     } else {
         None
     };
-    Ok(DirPage {
-        entries,
+    Ok(ns::Listed {
+        rows,
         next,
         may_repeat: false,
     })

@@ -3,14 +3,14 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{Inner, TxError, TxResult, counter};
-use crate::error::{Error, Result};
+use super::{TxError, TxResult, counter};
+use crate::error::Error;
 use std::sync::Arc;
 
 use crate::meta::acl::{self, Rule};
 use crate::meta::rules::{self, align4k};
 use crate::meta::space::SpaceRecord;
-use crate::meta::{Attr, Context, FileType, Ino, SetAttr, Timestamp};
+use crate::meta::{Attr, Context, FileType, Ino, Timestamp};
 
 /// The columns [`from_row`] reads, in order: those of `jfs_node n`, then
 /// those of its space record `s` (joined with `space_join!`).
@@ -331,14 +331,6 @@ pub(super) fn parents(c: &Connection, ino: Ino) -> TxResult<Vec<(Ino, i64)>> {
         Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)?))
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-}
-
-/// setattr with Linux's rules ([`apply_setattr`]); a chmod of a node
-/// with an access ACL changes the ACL's entries with it.
-pub(super) fn setattr(inner: &Inner, ctx: &Context, ino: Ino, set: &SetAttr) -> Result<Attr> {
-    inner.write(|tx| {
-        crate::meta::namespace::setattr(&mut super::namespace::Ns::new(tx, inner), ctx, ino, set)
-    })
 }
 
 /// The access ACL of a node, when it has one.

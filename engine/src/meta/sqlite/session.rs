@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::meta::session::{self, DELFILE_GRACE_SECS, Heartbeat, SessionTx, expire_at};
 use crate::meta::session_info::session_info;
 use crate::meta::trash::{self, TrashOps};
-use crate::meta::{Context, Entry, Ino, ReleasedSlice, Timestamp};
+use crate::meta::{Ino, ReleasedSlice, Timestamp};
 
 /// Registers a session and starts its heartbeat.
 pub(super) fn new_session(inner: &Arc<Inner>, info: &str) -> Result<u64> {
@@ -167,7 +167,7 @@ pub(super) fn mark_removed_if_open(inner: &Inner, ino: Ino) -> bool {
 }
 
 /// Background maintenance (JuiceFS's hourly jobs, run when called).
-pub(super) fn cleanup(inner: &Inner) -> Result<()> {
+pub(super) fn cleanup(inner: &Inner, trash: &dyn TrashOps) -> Result<()> {
     let fmt = inner.format()?;
     let now = Timestamp::now().secs;
     // Sessions whose client stopped heartbeating.
@@ -196,7 +196,7 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
         inner.delete_file_data(ino)?;
     }
     // A trash left from when TrashDays was larger still empties (as JuiceFS).
-    match trash::empty_before(inner, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
+    match trash::empty_before(trash, now - (24 * i64::from(fmt.trash_days) + 2) * 3600) {
         Ok(()) | Err(Error::NotFound) => {}
         Err(e) => return Err(e),
     }
@@ -214,26 +214,6 @@ pub(super) fn cleanup(inner: &Inner) -> Result<()> {
     })?;
     inner.release_slices(&pending);
     Ok(())
-}
-
-/// Emptying the trash ([`crate::meta::trash::empty_before`]).
-impl TrashOps for Inner {
-    fn entries(&self, ctx: &Context, dir: Ino) -> Result<Vec<Entry>> {
-        let mut all = namespace::readdir(self, ctx, dir, false)?;
-        all.drain(..2.min(all.len()));
-        Ok(all)
-    }
-    fn unlink(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
-        namespace::unlink(self, ctx, dir, name)
-    }
-    fn rmdir(&self, ctx: &Context, dir: Ino, name: &[u8]) -> Result<()> {
-        namespace::rmdir(self, ctx, dir, name)
-    }
-    fn remove_hour(&self, name: &[u8]) -> Result<()> {
-        self.write(|tx| trash::remove_hour(&mut namespace::Ns::new(tx, self), name))?;
-        *self.trash_dir.lock() = None;
-        Ok(())
-    }
 }
 
 /// Drops the references compaction kept for the trash once they expire.

@@ -6,7 +6,7 @@ use rusqlite::Connection;
 use super::SqliteMeta;
 use crate::error::Error;
 use crate::meta::conformance::{self, test_format};
-use crate::meta::{Context, Meta, ROOT_INO, RenameFlags, Slice, TRASH_INO, Timestamp};
+use crate::meta::{Context, Meta, ROOT_INO, RenameFlags, Slice, Store, TRASH_INO, Timestamp};
 
 fn fresh() -> (tempfile::TempDir, SqliteMeta) {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -2,12 +2,11 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::namespace::Ns;
 use super::node;
 use super::{Inner, TxError};
 use crate::error::{Error, Result};
+use crate::meta::Ino;
 use crate::meta::namespace as ns;
-use crate::meta::{Context, Ino, XattrMode};
 
 /// JuiceFS keeps names in a TEXT column, so they must be UTF-8.
 pub(super) fn text_name(name: &[u8]) -> Result<&str> {
@@ -51,26 +50,4 @@ pub(super) fn list(inner: &Inner, ino: Ino) -> Result<Vec<Vec<u8>>> {
         })?;
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     })
-}
-
-/// Sets an attribute with create/replace semantics (the rules in
-/// `meta/namespace.rs`).
-pub(super) fn set(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    name: &[u8],
-    value: &[u8],
-    mode: XattrMode,
-) -> Result<()> {
-    ns::check_xattr(name, Some(value))?;
-    text_name(name)?;
-    inner.write(|tx| ns::set_xattr(&mut Ns::new(tx, inner), ctx, ino, name, value, mode))
-}
-
-/// Removes an attribute.
-pub(super) fn remove(inner: &Inner, ctx: &Context, ino: Ino, name: &[u8]) -> Result<()> {
-    ns::check_xattr(name, None)?;
-    text_name(name)?;
-    inner.write(|tx| ns::remove_xattr(&mut Ns::new(tx, inner), ctx, ino, name))
 }
