@@ -69,6 +69,8 @@ if compgen -G "../shared/tools/xfstests/xfstests-src-*.tar.zst" >/dev/null ||
     compgen -G "/work/shared/tools/xfstests/xfstests-src-*.tar.zst" >/dev/null; then
     cargo build --bin sluice
     bash tests/xfstests/run.sh --ci --sluice-bin "${CARGO_TARGET_DIR:-target}/debug/sluice"
+    step "xfstests: the metadata part of the CI subset (tests/xfstests/ci-redis.list), Redis metadata"
+    bash tests/xfstests/run.sh --ci --meta redis --sluice-bin "${CARGO_TARGET_DIR:-target}/debug/sluice"
 else
     echo "SKIPPED: no xfstests source (../shared/tools/xfstests/xfstests-src-*.tar.zst)" >&2
 fi

@@ -2,11 +2,13 @@
 # Runs xfstests' generic tests on a sluice FUSE mount (or, with --fs juicefs,
 # on JuiceFS 1.4 with the same harness, for comparison). Run as root.
 #
-#   tests/xfstests/run.sh --ci                     the CI subset (tests/xfstests/ci.list)
+#   tests/xfstests/run.sh --ci                     the CI subset (tests/xfstests/ci.list;
+#                                                  ci-redis.list with --meta redis)
 #   tests/xfstests/run.sh                          the quick group
 #   tests/xfstests/run.sh generic/001 generic/088  these tests
 #   tests/xfstests/run.sh -g auto                  any ./check selection
 #   tests/xfstests/run.sh --fs juicefs ...         the same on JuiceFS 1.4
+#   tests/xfstests/run.sh --meta redis ...         sluice with Redis metadata
 #   tests/xfstests/run.sh --setup-only             install, build, format, configure
 #
 # It installs the Debian packages and users xfstests needs, builds xfstests
@@ -15,7 +17,8 @@
 # --xfstests-dir, patches the built copy (see patch_xfstests), builds sluice
 # (cargo build --release, unless --sluice-bin), installs the mount helper as
 # /sbin/mount.fuse.FS, formats fresh TEST and SCRATCH
-# volumes, writes local.config and runs ./check, always excluding the groups
+# volumes (SQLite databases; with --meta redis, databases 1 and 2 of a
+# private redis-server it starts and stops), writes local.config and runs ./check, always excluding the groups
 # that fill the file system (sluice reports no capacity limit) or need a
 # shutdown/freeze the FUSE mount cannot do. Results go to --results.
 #
@@ -27,6 +30,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 fs=sluice
+meta=sqlite
+redis_port=${XFS_REDIS_PORT:-6479}
 ci=0
 setup_only=0
 xfs_dir=${XFSTESTS_DIR:-/var/tmp/sluice-xfstests/xfstests}
@@ -45,6 +50,9 @@ usage() {
 	cat <<EOF
 Options:
   --fs sluice|juicefs   the file system (default sluice)
+  --meta sqlite|redis   sluice's metadata engine (default sqlite); redis
+						starts a private redis-server on 127.0.0.1:\$XFS_REDIS_PORT
+						($redis_port), its data under --state
   --ci                  run tests/xfstests/ci.list
   --setup-only          prepare everything, run nothing
   --xfstests-dir DIR    where xfstests is built (default $xfs_dir)
@@ -62,6 +70,10 @@ while (($#)); do
 	case $1 in
 	--fs)
 		fs=$2
+		shift
+		;;
+	--meta)
+		meta=$2
 		shift
 		;;
 	--ci) ci=1 ;;
@@ -103,7 +115,18 @@ case $fs in sluice | juicefs) ;; *)
 	exit 2
 	;;
 esac
-results=${results:-/var/tmp/sluice-xfstests/results-$fs}
+case $meta in sqlite | redis) ;; *)
+	echo "--meta is sqlite or redis" >&2
+	exit 2
+	;;
+esac
+[[ $meta == sqlite || $fs == sluice ]] || {
+	echo "--meta redis is for --fs sluice" >&2
+	exit 2
+}
+label=$fs
+[[ $meta == redis ]] && label=$fs-redis
+results=${results:-/var/tmp/sluice-xfstests/results-$label}
 [[ $(id -u) == 0 ]] || {
 	echo "run.sh needs root (mount, mknod, users)" >&2
 	exit 2
@@ -116,6 +139,7 @@ install_packages() {
 		libacl1-dev libaio-dev liburing-dev xfslibs-dev libgdbm-dev pkg-config
 		xfsprogs attr acl bc psmisc fuse3 zstd util-linux quota python3-venv
 		e2fsprogs file gawk fio acct)
+	[[ $meta == redis ]] && pkgs+=(redis-server redis-tools)
 	local -a missing=() p
 	for p in "${pkgs[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -246,6 +270,10 @@ setup_volumes() {
 	sluice)
 		test_dev=sqlite3://$vdir/xfs-test.db
 		scratch_dev=sqlite3://$vdir/xfs-scratch.db
+		if [[ $meta == redis ]]; then
+			test_dev=redis://127.0.0.1:$redis_port/1
+			scratch_dev=redis://127.0.0.1:$redis_port/2
+		fi
 		;;
 	juicefs)
 		test_dev=JuiceFS:xfs-test
@@ -269,6 +297,28 @@ export RESULT_BASE=$results/results
 EOF
 }
 
+# A private redis-server for --meta redis (no persistence: each run formats
+# its volumes afresh), stopped when run.sh ends.
+start_redis() {
+	local dir=$state/redis
+	mkdir -p "$dir"
+	redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+	redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$dir" --save '' \
+		--appendonly no --daemonize yes --pidfile "$dir/redis.pid" \
+		--logfile "$dir/redis.log" >/dev/null
+	local i
+	for ((i = 0; i < 50; i++)); do
+		[[ $(redis-cli -p "$redis_port" ping 2>/dev/null) == PONG ]] && return 0
+		sleep 0.1
+	done
+	echo "redis-server did not start on port $redis_port (see $dir/redis.log)" >&2
+	exit 2
+}
+
+stop_redis() {
+	redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+}
+
 # Counts from ./check's output: "Ran:" lists every test started, "Not run:"
 # those that skipped themselves, "Failures:" those that failed.
 summarize() {
@@ -277,7 +327,7 @@ summarize() {
 	ran=$(sed -n 's/^Ran: //p' "$out" | tail -1 | wc -w)
 	notrun=$(sed -n 's/^Not run: //p' "$out" | tail -1 | wc -w)
 	failed=$(sed -n 's/^Failures: //p' "$out" | tail -1 | wc -w)
-	echo "$fs: $((ran - notrun - failed)) pass / $failed fail / $notrun not run (of $ran)"
+	echo "$label: $((ran - notrun - failed)) pass / $failed fail / $notrun not run (of $ran)"
 }
 
 install_packages
@@ -289,6 +339,10 @@ sluice) ensure_sluice ;;
 juicefs) ensure_juicefs ;;
 esac
 install_helper
+if [[ $meta == redis ]]; then
+	start_redis
+	((setup_only)) || trap stop_redis EXIT
+fi
 setup_volumes
 ((setup_only)) && {
 	log "ready: cd $xfs_dir && ./check -x $exclude_groups TESTS"
@@ -296,7 +350,9 @@ setup_volumes
 }
 
 if ((ci)); then
-	mapfile -t sel < <(grep -Ev '^[[:space:]]*(#|$)' "$here/ci.list" | awk '{print $1}')
+	list=$here/ci.list
+	[[ $meta == redis ]] && list=$here/ci-redis.list
+	mapfile -t sel < <(grep -Ev '^[[:space:]]*(#|$)' "$list" | awk '{print $1}')
 elif ((${#sel[@]} == 0)); then
 	sel=(-g quick)
 fi
