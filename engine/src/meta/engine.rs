@@ -13,12 +13,15 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::acl::{self, AclType, acl_id};
+use crate::meta::chunks::{self, ChunkTx};
+use crate::meta::copy_range;
 use crate::meta::namespace::{self as ns, NsRead, NsTx};
 use crate::meta::rules::{align4k, statfs_from};
 use crate::meta::trash::{self, TrashOps, hour_name, is_trash, new_trash_attr};
 use crate::meta::{
-    Attr, Context, DirCursor, DirPage, Entry, FileType, Ino, Meta, ROOT_INO, RenameFlags, SetAttr,
-    StatFs, Store, TRASH_INO, Timestamp, WorkCounters, WorkStats, XattrMode, quota,
+    Attr, Context, CopyRange, DirCursor, DirPage, Entry, FileType, Ino, Meta, ROOT_INO,
+    RenameFlags, SetAttr, StatFs, Store, TRASH_INO, Timestamp, TruncateVia, WorkCounters,
+    WorkStats, XattrMode, quota,
 };
 
 /// What an engine gives the shared operations: transactions over its
@@ -29,7 +32,7 @@ pub(crate) trait Engine: Store {
     type TxError: From<Error>;
     /// A write transaction's primitives; `'a` borrows the transaction,
     /// `'c` is the transaction's own lifetime.
-    type Ns<'a, 'c>: NsTx<Error = Self::TxError>
+    type Ns<'a, 'c>: ChunkTx<Error = Self::TxError>
     where
         'c: 'a;
     /// A read's primitives (a snapshot on SQLite; reads with nothing
@@ -263,6 +266,21 @@ impl<E: Engine> Meta for E {
         })?;
         quota::after_rename(self, moved, pdst, flags, &out)?;
         Ok(out)
+    }
+
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
+        chunks::check_truncate(length)?;
+        self.format()?;
+        self.write_ns(ino, |tx| chunks::truncate(tx, ctx, ino, length, via))
+    }
+
+    /// The source's chunks are read inside the transaction (watched on
+    /// Redis), so a compaction that replaces them meanwhile makes the copy
+    /// start again.
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
+        copy_range::check(req)?;
+        self.format()?;
+        self.write_ns(req.fout, |tx| chunks::copy_file_range(tx, req))
     }
 
     fn link(&self, ctx: &Context, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {

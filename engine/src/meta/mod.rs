@@ -290,11 +290,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)>;
     /// The attributes of a node.
     fn getattr(&self, ino: Ino) -> Result<Attr>;
-    /// Sets a regular file's length; chunks past the end are dropped and
-    /// their slices released. `via` says whether the caller holds the file
-    /// open for writing (then the mode is not checked). Returns the new
-    /// attributes.
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr>;
     /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
     /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
@@ -317,18 +312,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         range: std::ops::RangeInclusive<u32>,
         limit: usize,
     ) -> Result<Vec<u32>>;
-    /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
-    /// one transaction: the source's bytes over the range (bounded by its
-    /// length and [`MAX_COPY_LEN`]) appear in the destination as slice
-    /// records that reference the source's slices (zeros as holes), and
-    /// each such record adds a reference to its slice. The destination
-    /// grows to cover the copy, gets new mtime and ctime, and usage and
-    /// directory statistics follow. Access was proven by the caller's open
-    /// handles (source readable, destination writable), as for
-    /// [`Store::write_chunk`]. Returns the bytes copied (0 when the source
-    /// ends before `off_in`: nothing changes) and the destination's
-    /// attributes.
-    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)>;
     /// Hands out a new slice id (ids are taken from the counter in batches).
     fn new_slice_id(&self) -> Result<u64>;
     /// Appends a slice to chunk `indx`, creates its reference, grows the
@@ -424,6 +407,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 /// primitives. An engine implements [`Store`] and the crate's `Engine`
 /// (its transactions and a few hooks); `Meta` comes with them.
 pub trait Meta: Store {
+    /// Sets a regular file's length; chunks past the end are dropped and
+    /// their slices released. `via` says whether the caller holds the file
+    /// open for writing (then the mode is not checked). Returns the new
+    /// attributes.
+    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr>;
+    /// Linux `copy_file_range` by reference (JuiceFS `CopyFileRange`), as
+    /// one transaction: the source's bytes over the range (bounded by its
+    /// length and [`MAX_COPY_LEN`]) appear in the destination as slice
+    /// records that reference the source's slices (zeros as holes), and
+    /// each such record adds a reference to its slice. The destination
+    /// grows to cover the copy, gets new mtime and ctime, and usage and
+    /// directory statistics follow. Access was proven by the caller's open
+    /// handles (source readable, destination writable), as for
+    /// [`Store::write_chunk`]. Returns the bytes copied (0 when the source
+    /// ends before `off_in`: nothing changes) and the destination's
+    /// attributes.
+    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)>;
     /// Space and inode usage.
     fn statfs(&self, ctx: &Context, ino: Ino) -> Result<StatFs>;
     /// The target of a symbolic link.

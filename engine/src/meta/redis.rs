@@ -47,8 +47,8 @@ use crate::format::Format;
 use crate::meta::rules;
 use crate::meta::sqlite::volume::{merge, settings_json};
 use crate::meta::{
-    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Ino, QuotaChange, Quotas,
-    ROOT_INO, ReleasedSlice, Slice, SliceReleaser, Store, TRASH_INO, Timestamp, TruncateVia, quota,
+    Attr, ChunkWrite, CommitResult, Context, DirQuota, Ino, QuotaChange, Quotas, ROOT_INO,
+    ReleasedSlice, Slice, SliceReleaser, Store, TRASH_INO, Timestamp, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -986,10 +986,6 @@ impl Store for RedisMeta {
         Ok(a)
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length, via)
-    }
-
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
         chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
     }
@@ -1041,10 +1037,6 @@ impl Store for RedisMeta {
         limit: usize,
     ) -> Result<Vec<u32>> {
         chunk::chunk_indices(&self.inner, ino, range, limit)
-    }
-
-    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
-        chunk::copy_file_range(&self.inner, req)
     }
 
     fn new_slice_id(&self) -> Result<u64> {

@@ -42,8 +42,8 @@ use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::rules::{self};
 use crate::meta::{
-    Attr, ChunkWrite, CommitResult, Context, CopyRange, DirQuota, Ino, QuotaChange, Quotas,
-    ReleasedSlice, Slice, SliceReleaser, Store, Timestamp, TruncateVia, quota,
+    Attr, ChunkWrite, CommitResult, Context, DirQuota, Ino, QuotaChange, Quotas, ReleasedSlice,
+    Slice, SliceReleaser, Store, Timestamp, quota,
 };
 
 use super::deleter::{Deleter, Deletes};
@@ -797,10 +797,6 @@ impl Store for SqliteMeta {
             .read(|c| node::get(c, ino)?.ok_or(TxError::Fs(Error::NotFound)))
     }
 
-    fn truncate(&self, ctx: &Context, ino: Ino, length: u64, via: TruncateVia) -> Result<Attr> {
-        chunk::truncate(&self.inner, ctx, ino, length, via)
-    }
-
     fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
         chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
     }
@@ -831,10 +827,6 @@ impl Store for SqliteMeta {
         limit: usize,
     ) -> Result<Vec<u32>> {
         chunk::chunk_indices(&self.inner, ino, range, limit)
-    }
-
-    fn copy_file_range(&self, req: &CopyRange) -> Result<(u64, Attr)> {
-        chunk::copy_file_range(&self.inner, req)
     }
 
     fn new_slice_id(&self) -> Result<u64> {

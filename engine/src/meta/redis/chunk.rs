@@ -14,10 +14,9 @@ use super::tx::{Conn, Read, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::bounded::PROBE_SPAN;
 use crate::meta::chunks;
-use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::{
     Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, Slice, Timestamp,
-    TruncateVia, WorkCounters,
+    WorkCounters,
 };
 
 /// Chunk keys one pipeline probes.
@@ -185,21 +184,6 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Sets a file's length ([`chunks::truncate`]).
-pub(super) fn truncate(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    length: u64,
-    via: TruncateVia,
-) -> Result<Attr> {
-    chunks::check_truncate(length)?;
-    inner.format()?;
-    inner.write(ino, |tx| {
-        chunks::truncate(&mut Ns::new(tx, inner), ctx, ino, length, via)
-    })
-}
-
 /// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
 /// exist are listed once (see [`existing`]), then get their holes at most
 /// `CHUNKS_PER_TX` per MULTI/EXEC, in index order; the last one sets the
@@ -235,17 +219,6 @@ pub(super) fn fallocate(
         }
     }
     unreachable!("batches ends with a last one")
-}
-
-/// Linux `copy_file_range` by reference ([`chunks::copy_file_range`]). The
-/// source's chunks are watched, so a compaction that replaces them
-/// meanwhile makes the copy start again.
-pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
-    copy_range::check(req)?;
-    inner.format()?;
-    inner.write(req.fout, |tx| {
-        chunks::copy_file_range(&mut Ns::new(tx, inner), req)
-    })
 }
 
 /// The indexes of the chunks of `ino` in `range` that exist, ascending, at

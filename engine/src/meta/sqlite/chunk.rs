@@ -12,10 +12,8 @@ use super::node;
 use super::{Inner, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::chunks;
-use crate::meta::copy_range::{self, CopyRange};
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp,
-    TruncateVia,
 };
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
@@ -221,19 +219,6 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Sets a file's length ([`chunks::truncate`]).
-pub(super) fn truncate(
-    inner: &Inner,
-    ctx: &Context,
-    ino: Ino,
-    length: u64,
-    via: TruncateVia,
-) -> Result<Attr> {
-    chunks::check_truncate(length)?;
-    inner.format()?;
-    inner.write(|tx| chunks::truncate(&mut Ns::new(tx, inner), ctx, ino, length, via))
-}
-
 /// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
 /// exist are listed once (an index range), then get their holes at most
 /// `CHUNKS_PER_TX` per transaction, in index order; the last transaction
@@ -305,13 +290,6 @@ pub(super) fn chunk_indices(
     let found = inner.read(|c| existing(c, ino, range.clone(), limit))?;
     inner.work.visited(found.len());
     Ok(found)
-}
-
-/// Linux `copy_file_range` by reference ([`chunks::copy_file_range`]).
-pub(super) fn copy_file_range(inner: &Inner, req: &CopyRange) -> Result<(u64, Attr)> {
-    copy_range::check(req)?;
-    inner.format()?;
-    inner.write(|tx| chunks::copy_file_range(&mut Ns::new(tx, inner), req))
 }
 
 /// Every chunk of the volume.
