@@ -77,6 +77,10 @@ pub(crate) trait Engine: Store {
     /// The volume's usage counters: bytes (4 KiB-aligned per file) and
     /// inodes.
     fn usage(&self) -> Result<(i64, i64)>;
+    /// The chunks of `ino` a fallocate writes holes into (it writes holes:
+    /// `Fallocate::writes_holes`), listed once before its transactions,
+    /// after or with its checks.
+    fn fallocate_chunks(&self, f: &chunks::Fallocate<'_>, ino: Ino) -> Result<Vec<u32>>;
     /// What range operations and listings visited.
     fn work_counters(&self) -> &WorkCounters;
     /// The hour's trash directory this client made or found last (its
@@ -272,6 +276,28 @@ impl<E: Engine> Meta for E {
         chunks::check_truncate(length)?;
         self.format()?;
         self.write_ns(ino, |tx| chunks::truncate(tx, ctx, ino, length, via))
+    }
+
+    /// Holes go in `CHUNKS_PER_TX` chunks per transaction, in index order;
+    /// the last transaction sets the length and times
+    /// ([`chunks::Fallocate`]), so no transaction's work grows with the
+    /// range.
+    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
+        let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
+        self.format()?;
+        let found = if f.writes_holes() {
+            self.fallocate_chunks(&f, ino)?
+        } else {
+            Vec::new()
+        };
+        for (batch, last) in chunks::batches(&found) {
+            let a = self.write_ns(ino, |tx| f.batch(tx, batch, last))?;
+            self.work_counters().transaction();
+            if last {
+                return Ok(a);
+            }
+        }
+        unreachable!("batches ends with a last one")
     }
 
     /// The source's chunks are read inside the transaction (watched on

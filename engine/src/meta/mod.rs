@@ -290,9 +290,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn lookup(&self, ctx: &Context, parent: Ino, name: &[u8]) -> Result<(Ino, Attr)>;
     /// The attributes of a node.
     fn getattr(&self, ino: Ino) -> Result<Attr>;
-    /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
-    /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
-    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
 
     /// Checks `flags` (`O_ACCMODE` bits; an execve's `__FMODE_EXEC` open
     /// needs execute, not read) against the node's permissions and records
@@ -407,6 +404,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 /// primitives. An engine implements [`Store`] and the crate's `Engine`
 /// (its transactions and a few hooks); `Meta` comes with them.
 pub trait Meta: Store {
+    /// Linux fallocate: `mode` is the `FALLOC_FL_*` bits (KEEP_SIZE,
+    /// PUNCH_HOLE, ZERO_RANGE); holes are written as slice id 0.
+    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr>;
     /// Sets a regular file's length; chunks past the end are dropped and
     /// their slices released. `via` says whether the caller holds the file
     /// open for writing (then the mode is not checked). Returns the new

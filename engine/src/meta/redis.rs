@@ -986,10 +986,6 @@ impl Store for RedisMeta {
         Ok(a)
     }
 
-    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
-        chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
-    }
-
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
         // Recorded first, in the round trip that reads the attributes, so
         // that an unlink on another host either sees this open or has
@@ -1194,6 +1190,14 @@ impl crate::meta::engine::Engine for RedisMeta {
 
     fn format(&self) -> Result<Format> {
         self.inner.format()
+    }
+
+    fn fallocate_chunks(
+        &self,
+        f: &crate::meta::chunks::Fallocate<'_>,
+        ino: Ino,
+    ) -> Result<Vec<u32>> {
+        chunk::fallocate_chunks(&self.inner, f, ino)
     }
 
     fn work_counters(&self) -> &crate::meta::WorkCounters {

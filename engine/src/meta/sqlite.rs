@@ -797,10 +797,6 @@ impl Store for SqliteMeta {
             .read(|c| node::get(c, ino)?.ok_or(TxError::Fs(Error::NotFound)))
     }
 
-    fn fallocate(&self, ctx: &Context, ino: Ino, mode: u32, offset: u64, len: u64) -> Result<Attr> {
-        chunk::fallocate(&self.inner, ctx, ino, mode, offset, len)
-    }
-
     fn open(&self, ctx: &Context, ino: Ino, flags: u32) -> Result<Attr> {
         let attr = self.inner.read(|c| {
             let attr = node::must_get(c, ino)?;
@@ -974,6 +970,14 @@ impl crate::meta::engine::Engine for SqliteMeta {
 
     fn format(&self) -> Result<Format> {
         self.inner.format()
+    }
+
+    fn fallocate_chunks(
+        &self,
+        f: &crate::meta::chunks::Fallocate<'_>,
+        ino: Ino,
+    ) -> Result<Vec<u32>> {
+        chunk::fallocate_chunks(&self.inner, f, ino)
     }
 
     fn work_counters(&self) -> &crate::meta::WorkCounters {

@@ -15,8 +15,7 @@ use crate::error::{Error, Result};
 use crate::meta::bounded::PROBE_SPAN;
 use crate::meta::chunks;
 use crate::meta::{
-    Attr, CHUNK_SIZE, ChunkWrite, CommitResult, Context, FileType, Ino, Slice, Timestamp,
-    WorkCounters,
+    CHUNK_SIZE, ChunkWrite, CommitResult, FileType, Ino, Slice, Timestamp, WorkCounters,
 };
 
 /// Chunk keys one pipeline probes.
@@ -184,41 +183,22 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
-/// exist are listed once (see [`existing`]), then get their holes at most
-/// `CHUNKS_PER_TX` per MULTI/EXEC, in index order; the last one sets the
-/// length and times ([`chunks::Fallocate`]). JuiceFS queues a hole
-/// for every chunk of the range in one MULTI, which over a 2^58-byte range
-/// would block the server that every client shares.
-pub(super) fn fallocate(
+/// The chunks a fallocate of `ino` writes holes into, listed once before
+/// its transactions (see [`existing`]), after its checks. JuiceFS queues
+/// a hole for every chunk of the range in one MULTI, which over a
+/// 2^58-byte range would block the server that every client shares.
+pub(super) fn fallocate_chunks(
     inner: &Inner,
-    ctx: &Context,
+    f: &chunks::Fallocate<'_>,
     ino: Ino,
-    mode: u32,
-    offset: u64,
-    len: u64,
-) -> Result<Attr> {
-    let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
-    inner.format()?;
-    let found = if f.writes_holes() {
-        inner.read(|tx| {
-            let a = f.allowed(&mut Ns::new(tx, inner))?;
-            match f.span(a.length) {
-                Some(span) => existing(tx, &inner.work, ino, span, usize::MAX),
-                None => Ok(Vec::new()),
-            }
-        })?
-    } else {
-        Vec::new()
-    };
-    for (batch, last) in chunks::batches(&found) {
-        let a = inner.write(ino, |tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
-        inner.work.transaction();
-        if last {
-            return Ok(a);
+) -> Result<Vec<u32>> {
+    inner.read(|tx| {
+        let a = f.allowed(&mut Ns::new(tx, inner))?;
+        match f.span(a.length) {
+            Some(span) => existing(tx, &inner.work, ino, span, usize::MAX),
+            None => Ok(Vec::new()),
         }
-    }
-    unreachable!("batches ends with a last one")
+    })
 }
 
 /// The indexes of the chunks of `ino` in `range` that exist, ascending, at

@@ -12,9 +12,7 @@ use super::node;
 use super::{Inner, Tx, TxError, TxResult};
 use crate::error::{Error, Result};
 use crate::meta::chunks;
-use crate::meta::{
-    Attr, ChunkWrite, CommitResult, Context, FileType, Ino, ReleasedSlice, Slice, Timestamp,
-};
+use crate::meta::{ChunkWrite, CommitResult, FileType, Ino, ReleasedSlice, Slice, Timestamp};
 
 fn encode(slices: &[Slice]) -> Vec<u8> {
     slices.iter().flat_map(|s| s.encode()).collect()
@@ -219,40 +217,21 @@ pub(super) fn compact_chunk(
     Ok(done)
 }
 
-/// Linux fallocate (JuiceFS `Fallocate`): the chunks of the range that
-/// exist are listed once (an index range), then get their holes at most
-/// `CHUNKS_PER_TX` per transaction, in index order; the last transaction
-/// sets the length and times ([`chunks::Fallocate`]). JuiceFS writes
-/// a hole into every chunk of the range in one transaction, which over a
-/// 2^58-byte range of a sparse file would hold the volume's write lock for
-/// hours.
-pub(super) fn fallocate(
+/// The chunks a fallocate of `ino` writes holes into, listed once before
+/// its transactions on a read snapshot. JuiceFS writes a hole into every
+/// chunk of the range in one transaction, which over a 2^58-byte range of
+/// a sparse file would hold the volume's write lock for hours.
+pub(super) fn fallocate_chunks(
     inner: &Inner,
-    ctx: &Context,
+    f: &chunks::Fallocate<'_>,
     ino: Ino,
-    mode: u32,
-    offset: u64,
-    len: u64,
-) -> Result<Attr> {
-    let f = chunks::Fallocate::new(ctx, ino, mode, offset, len)?;
-    inner.format()?;
-    let found = if f.writes_holes() {
-        inner.read(|c| match f.span(node::must_get(c, ino)?.length) {
-            Some(span) => existing(c, ino, span, usize::MAX),
-            None => Ok(Vec::new()),
-        })?
-    } else {
-        Vec::new()
-    };
+) -> Result<Vec<u32>> {
+    let found = inner.read(|c| match f.span(node::must_get(c, ino)?.length) {
+        Some(span) => existing(c, ino, span, usize::MAX),
+        None => Ok(Vec::new()),
+    })?;
     inner.work.visited(found.len());
-    for (batch, last) in chunks::batches(&found) {
-        let a = inner.write(|tx| f.batch(&mut Ns::new(tx, inner), batch, last))?;
-        inner.work.transaction();
-        if last {
-            return Ok(a);
-        }
-    }
-    unreachable!("batches ends with a last one")
+    Ok(found)
 }
 
 /// The indexes of the chunks of `ino` in `range` that exist, ascending, at
