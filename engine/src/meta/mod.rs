@@ -25,6 +25,7 @@ pub mod restore;
 pub mod rules;
 pub(crate) mod session;
 pub mod session_info;
+pub(crate) mod settings;
 pub(crate) mod space;
 pub mod sqlite;
 pub mod trash;

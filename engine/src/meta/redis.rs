@@ -45,7 +45,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::meta::rules;
-use crate::meta::sqlite::volume::{merge, settings_json};
+use crate::meta::settings;
 use crate::meta::{
     Attr, ChunkWrite, CommitResult, Context, DirQuota, Ino, QuotaChange, Quotas, ROOT_INO,
     ReleasedSlice, Slice, SliceReleaser, Store, TRASH_INO, Timestamp, quota,
@@ -779,31 +779,11 @@ impl Inner {
 
     /// Formats the store, or updates the settings of the same volume.
     fn init(&self, format: &Format) -> Result<()> {
-        format.check_supported()?;
-        if format.name.is_empty() {
-            return Err(Error::Invalid("a volume needs a name".into()));
-        }
+        settings::check_new(format)?;
         let existing = self.read_format()?;
-        if let Some(old) = &existing {
-            old.check_supported()?;
-        }
-        let fmt = match &existing {
-            Some(old) => merge(old, format)?,
-            None => {
-                let mut f = format.clone();
-                if f.uuid.is_empty() {
-                    f.uuid = uuid::Uuid::new_v4().to_string();
-                }
-                if f.meta_version == 0 {
-                    f.meta_version = 1;
-                }
-                f
-            }
-        };
-        let json = settings_json(&fmt)?;
-        let drop_dir_stats = existing
-            .as_ref()
-            .is_some_and(|o| !o.dir_stats && fmt.dir_stats);
+        let fmt = settings::to_store(existing.as_ref(), format)?;
+        let json = settings::to_json(&fmt)?;
+        let drop_dir_stats = settings::drops_dir_stats(existing.as_ref(), &fmt);
         let new = existing.is_none();
         self.write(ROOT_INO, |tx| {
             let setting = tx.keys.setting();

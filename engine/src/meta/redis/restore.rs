@@ -10,7 +10,7 @@ use super::codec::{encode_attr, encode_entry};
 use super::keys::{counter, slice_field};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::meta::sqlite::volume::settings_json;
+use crate::meta::settings;
 use crate::meta::{Attr, Counters, DirQuota, DirStat, FileType, Ino, Restore, Slice};
 
 /// Commands sent in one pipeline.
@@ -272,7 +272,7 @@ impl Restore for RedisRestore<'_> {
         self.queued += 1;
         // Everything else is stored before the settings make it a volume.
         self.flush()?;
-        let json = settings_json(format)?;
+        let json = settings::to_json(format)?;
         let setting = self.inner.keys.setting();
         self.inner
             .pool

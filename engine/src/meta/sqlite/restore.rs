@@ -7,10 +7,10 @@ use parking_lot::MutexGuard;
 use rusqlite::{Connection, params};
 
 use super::schema::{CREATE_SPACE, CREATE_TABLES, counter};
-use super::volume::settings_json;
 use super::{Inner, TxError, get_counter, node, sql_error};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::meta::settings;
 use crate::meta::{Attr, Counters, DirQuota, DirStat, FileType, Ino, Restore, Slice};
 
 fn tx_error(e: TxError) -> Error {
@@ -206,7 +206,7 @@ impl Restore for SqliteRestore<'_> {
                 params![name, value],
             )?;
         }
-        let json = settings_json(format)?;
+        let json = settings::to_json(format)?;
         self.exec(
             "INSERT INTO jfs_setting (name, value) VALUES ('format', ?)",
             params![json],
